@@ -1,0 +1,3 @@
+from hapi.cli import main
+
+main()

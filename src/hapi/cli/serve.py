@@ -1,0 +1,59 @@
+"""`hapi serve`: run the storage-side server."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+
+import typer
+from rich.console import Console
+
+from hapi.data import StoreOptions
+from hapi.server import HapiServer, ServerConfig
+
+
+def register(app: typer.Typer) -> None:
+    """Add `serve` to `app`."""
+    app.command()(serve)
+
+
+def serve(
+    store: str = typer.Option(..., help="Object store to serve: a directory, s3://bucket/prefix."),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on."),
+    port: int = typer.Option(8815, help="Port to listen on (0: any free port)."),
+    egress_limit: str = typer.Option(
+        None, help="Cap on what the server sends, e.g. 50mbit (emulates a storage link)."
+    ),
+    batch_size: int = typer.Option(32, help="Largest feature-extraction batch."),
+    device: str = typer.Option("cpu", help="Where heads run: cpu, cuda, cuda:N."),
+    threads: int = typer.Option(None, help="torch threads for heads."),
+    token: str = typer.Option(None, envvar="HAPI_TOKEN", help="Bearer token callers must send."),
+    repo: str = typer.Option(None, envvar="HAPI_REPO", help="Model repository for repo:// refs."),
+    endpoint: str = typer.Option(None, help="S3 endpoint URL (default: AWS_ENDPOINT_URL)."),
+) -> None:
+    """Serve features computed next to the data over Arrow Flight, until Ctrl-C."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    config = ServerConfig(
+        store=store,
+        store_options=StoreOptions(endpoint=endpoint) if endpoint else None,
+        host=host,
+        port=port,
+        egress_limit=egress_limit,
+        batch_size=batch_size,
+        device=device,
+        threads=threads,
+        token=token,
+        repo=repo,
+    )
+    server = HapiServer(config)
+    limit = f", egress limited to {egress_limit}" if egress_limit else ""
+    Console().print(f"hapi serving [bold]{store}[/] at [bold]{server.address}[/]{limit}")
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    stop.wait()
+    server.shutdown()
+    thread.join(timeout=10)

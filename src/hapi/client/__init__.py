@@ -1,0 +1,19 @@
+"""The trainer side: connections, the feature loader, and `TransferJob`."""
+
+from hapi.client.config import JobConfig
+from hapi.client.connection import ChunkResult, Connection, connect
+from hapi.client.job import EpochStats, EvalResult, History, TransferJob
+from hapi.client.loader import FeatureLoader, LoaderStats
+
+__all__ = [
+    "ChunkResult",
+    "Connection",
+    "EpochStats",
+    "EvalResult",
+    "FeatureLoader",
+    "History",
+    "JobConfig",
+    "LoaderStats",
+    "TransferJob",
+    "connect",
+]

@@ -1,0 +1,74 @@
+"""`JobConfig`: everything that defines a transfer-learning job."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from hapi.data import Transforms
+from hapi.graph import RAW, ModelSpec
+
+__all__ = ["JobConfig"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobConfig:
+    """A transfer-learning job: which model, which data, where the cut is, how to train."""
+
+    model: ModelSpec
+    """The pre-trained model; both sides build it from this spec."""
+    dataset: str
+    """The training set's prefix in the server's store (ImageFolder layout)."""
+    server: str
+    """Address of the `hapi serve` beside the store (`grpc://host:port`)."""
+    eval_dataset: str | None = None
+    """The evaluation set's prefix; None evaluates on `dataset` with eval transforms."""
+    freeze: int | str | None = None
+    """Last frozen cut point: index, module name (`layer3`), or None for `requires_grad`."""
+    cut: int | None = None
+    """Where to split; None cuts at the freeze point (the most pushdown)."""
+    mode: Literal["pushdown", "local"] = "pushdown"
+    """`local`: the baseline, fetching raw bytes and running everything in the trainer."""
+    image_size: int = 224
+    """Input height and width."""
+    transforms: Transforms | None = None
+    """Training transforms; None: `Transforms.train(image_size)`."""
+    eval_transforms: Transforms | None = None
+    """Evaluation transforms; None: `Transforms.eval(image_size)`."""
+    batch_size: int = 32
+    """Training batch size."""
+    chunk_size: int = 64
+    """Keys per chunk request."""
+    prefetch: int = 4
+    """Chunks in flight at once."""
+    wire_dtype: Literal["fp32", "fp16", "bf16"] = "fp32"
+    """Dtype of features on the wire."""
+    device: str = "cpu"
+    """Where the tail trains: `cpu`, `cuda`, `cuda:N`."""
+    seed: int = 0
+    """Seeds the epoch order, the augmentations and the trainable layers' randomness."""
+    on_error: Literal["raise", "skip"] = "raise"
+    """A bad object fails the epoch (`raise`), or is skipped and reported (`skip`)."""
+    token: str | None = None
+    """The server's bearer token, if it has one."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("pushdown", "local"):
+            raise ValueError(f"mode must be 'pushdown' or 'local', got {self.mode!r}")
+        if self.cut is not None and self.cut < RAW:
+            raise ValueError(f"cut must be RAW (-1), INPUT (0) or a cut point, got {self.cut}")
+        for name in ("image_size", "batch_size", "chunk_size", "prefetch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.wire_dtype not in ("fp32", "fp16", "bf16"):
+            raise ValueError(f"wire_dtype must be fp32, fp16 or bf16, got {self.wire_dtype!r}")
+        if self.on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
+
+    @property
+    def train_transforms(self) -> Transforms:
+        return self.transforms or Transforms.train(self.image_size)
+
+    @property
+    def test_transforms(self) -> Transforms:
+        return self.eval_transforms or Transforms.eval(self.image_size)

@@ -1,0 +1,147 @@
+"""`Connection`: the trainer's handle on one hapi server."""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow.flight as flight
+
+from hapi.data import Manifest
+from hapi.wire import (
+    ChunkTicket,
+    FeatureBatch,
+    ManifestRequest,
+    SessionInfo,
+    SessionRequest,
+    decode_batch,
+    decode_error,
+)
+
+__all__ = ["ChunkResult", "Connection", "connect"]
+
+
+@dataclass(frozen=True)
+class ChunkResult:
+    """What one chunk brought back: its batches, the keys the server skipped, bytes moved."""
+
+    batches: list[FeatureBatch]
+    skipped: list[dict[str, str]]
+    nbytes: int
+
+
+@dataclass(eq=False)
+class Connection:
+    """A connection to a hapi server. Create it with `connect`.
+
+    The Flight client is made lazily, once per process, so a `Connection` can be pickled
+    into DataLoader workers; it is thread-safe, so K chunks can be in flight at once.
+    """
+
+    address: str
+    token: str | None = None
+    timeout: float | None = None
+    _client: Any = field(default=None, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"address": self.address, "token": self.token, "timeout": self.timeout}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)  # type: ignore[misc]
+
+    @property
+    def client(self) -> flight.FlightClient:
+        if self._client is None:
+            with self._lock:
+                if self._client is None:
+                    self._client = flight.connect(self.address)
+        return self._client
+
+    def _options(self) -> flight.FlightCallOptions:
+        headers = [(b"authorization", f"Bearer {self.token}".encode())] if self.token else []
+        return flight.FlightCallOptions(headers=headers, timeout=self.timeout)
+
+    def action(self, name: str, body: bytes = b"") -> Any:
+        """Run a Flight action and return its decoded JSON result."""
+        try:
+            results = list(self.client.do_action(flight.Action(name, body), self._options()))
+        except flight.FlightError as exc:
+            raise decode_error(exc, self.address) from None
+        return json.loads(results[0].body.to_pybytes()) if results else None
+
+    def open_session(self, request: SessionRequest) -> SessionInfo:
+        """Open a session on the server; its head is loaded (or reused) there."""
+        return SessionInfo.model_validate(self.action("open_session", request.to_bytes()))
+
+    def close_session(self, session: str) -> dict[str, float]:
+        """Close a session; returns the server's stats for it."""
+        result: dict[str, float] = self.action(
+            "close_session", json.dumps({"session": session}).encode()
+        )
+        return result
+
+    def manifest(self, prefix: str = "") -> Manifest:
+        """The dataset under `prefix` in the server's store."""
+        body = ManifestRequest(prefix=prefix).to_bytes()
+        return Manifest.from_dict(self.action("manifest", body))
+
+    def stats(self) -> dict[str, Any]:
+        """The server's counters."""
+        result: dict[str, Any] = self.action("stats")
+        return result
+
+    def fetch(self, ticket: ChunkTicket) -> ChunkResult:
+        """Run one chunk and read it whole.
+
+        A chunk is all or nothing: its batches are returned only when the stream ended
+        cleanly, so a failed chunk can be retried without delivering any key twice.
+        """
+        batches: list[FeatureBatch] = []
+        skipped: list[dict[str, str]] = []
+        nbytes = 0
+        try:
+            reader = self.client.do_get(flight.Ticket(ticket.to_bytes()), self._options())
+            while True:
+                try:
+                    chunk = reader.read_chunk()
+                except StopIteration:
+                    break
+                if chunk.data is not None and chunk.data.num_rows:
+                    nbytes += chunk.data.nbytes
+                    batches.append(decode_batch(chunk.data))
+                if chunk.app_metadata is not None:
+                    skipped += json.loads(chunk.app_metadata.to_pybytes()).get("skipped", [])
+        except flight.FlightError as exc:
+            raise decode_error(exc, self.address) from None
+        return ChunkResult(batches, skipped, nbytes)
+
+    def close(self) -> None:
+        """Close the Flight client (a later call opens a new one)."""
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def connect(address: str, *, token: str | None = None, timeout: float | None = None) -> Connection:
+    """Connect to a hapi server (nothing is opened until the first call).
+
+    Args:
+        address: `grpc://host:port` (a bare `host:port` is taken as grpc).
+        token: the server's bearer token, if it has one.
+        timeout: seconds before a call fails with `ServerUnavailable`; None waits.
+    """
+    if "://" not in address:
+        address = f"grpc://{address}"
+    return Connection(address, token, timeout)
+
+

@@ -1,0 +1,308 @@
+"""The object store facade: one small interface over a local directory, S3 and memory.
+
+Everything hapi keeps (datasets, the model repository's tensors and manifests) lives behind
+`ObjectStore`. The implementation is obstore (Rust's object_store): one well-kept library for
+local directories, memory, S3-compatible stores, GCS and Azure, with retries built in.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+from urllib.parse import urlparse
+
+from hapi.errors import InvalidRequest, ObjectNotFound, StoreUnavailable
+
+__all__ = ["ObjectStore", "Store", "StoreOptions", "open_store"]
+
+
+@runtime_checkable
+class ObjectStore(Protocol):
+    """What hapi needs of an object store.
+
+    Keys are `/`-separated strings relative to the store's root (never a leading `/`), because
+    the same key must name the same object on a local directory and in an S3 bucket. Values
+    are whole `bytes`: hapi's objects (images, tensor blobs, manifests) are read whole.
+    """
+
+    uri: str
+
+    def get(self, key: str) -> bytes:
+        """Return the object's bytes; raise `ObjectNotFound` if there is none."""
+        ...
+
+    def get_many(self, keys: Iterable[str]) -> list[bytes | BaseException]:
+        """Read many objects concurrently; a failed read gives its exception in place."""
+        ...
+
+    def put(self, key: str, data: bytes) -> None:
+        """Write (or overwrite) an object atomically: readers see the old or the new bytes."""
+        ...
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Write unless the key exists; return whether this call wrote it."""
+        ...
+
+    def exists(self, key: str) -> bool:
+        """Whether an object is stored under `key`."""
+        ...
+
+    def size(self, key: str) -> int:
+        """The object's size in bytes; raise `ObjectNotFound` if there is none."""
+        ...
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        """Yield every key under `prefix` (recursively), in no particular order."""
+        ...
+
+    def delete(self, key: str) -> None:
+        """Remove an object; removing a missing object is not an error."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoreOptions:
+    """How to reach an S3-compatible store. Unset fields fall back to the AWS variables."""
+
+    endpoint: str | None = None
+    """S3 endpoint URL (e.g. `http://127.0.0.1:8333`); default `AWS_ENDPOINT_URL`."""
+    access_key_id: str | None = None
+    """Access key; default `AWS_ACCESS_KEY_ID`."""
+    secret_access_key: str | None = None
+    """Secret key; default `AWS_SECRET_ACCESS_KEY`."""
+    region: str | None = None
+    """Region; default `AWS_REGION`, else `us-east-1`."""
+    concurrency: int = 16
+    """Reads in flight at once in `get_many`."""
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+
+
+def open_store(uri: str | os.PathLike[str], options: StoreOptions | None = None) -> Store:
+    """Open the store named by `uri`.
+
+    Args:
+        uri: `memory://`, `file:///abs/dir`, a plain directory path, or `s3://bucket/prefix`.
+        options: endpoint and credentials for `s3://`; the AWS variables otherwise.
+
+    Raises:
+        InvalidRequest: the scheme is not one hapi knows.
+    """
+    return Store(str(uri), options or StoreOptions())
+
+
+# Memory stores are process-wide by URI so two `open_store("memory://x")` calls see the same
+# objects, as two handles on one bucket would.
+_MEMORY: dict[str, Any] = {}
+_MEMORY_LOCK = threading.Lock()
+
+
+@dataclass(eq=False)
+class Store:
+    """An `ObjectStore` on obstore. Create it with `open_store`.
+
+    The obstore client is made lazily on first use, so a `Store` can be pickled into
+    DataLoader workers or subprocesses and each process opens its own connection pool.
+    """
+
+    uri: str
+    options: StoreOptions = field(default_factory=StoreOptions)
+
+    def __post_init__(self) -> None:
+        self._client: Any = None
+        self._lock = threading.Lock()
+        scheme = urlparse(self.uri).scheme
+        if scheme not in ("", "file", "memory", "s3") and not _is_windows_drive(self.uri):
+            raise InvalidRequest(
+                f"unknown store URI scheme {scheme!r} in {self.uri!r}: use a directory path, "
+                "file:///dir, s3://bucket/prefix or memory://"
+            )
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"uri": self.uri, "options": self.options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.uri = state["uri"]
+        self.options = state["options"]
+        self.__post_init__()
+
+    def __repr__(self) -> str:
+        return f"Store({self.uri!r})"
+
+    @property
+    def client(self) -> Any:
+        """The obstore store, made on first use."""
+        if self._client is None:
+            with self._lock:
+                if self._client is None:
+                    self._client = _make_client(self.uri, self.options)
+        return self._client
+
+    def get(self, key: str) -> bytes:
+        import obstore
+
+        try:
+            return bytes(obstore.get(self.client, _check_key(key)).bytes())
+        except Exception as exc:
+            raise _translate(exc, self.uri, key) from exc
+
+    def get_many(self, keys: Iterable[str]) -> list[bytes | BaseException]:
+        keys = list(keys)
+        if len(keys) <= 1:
+            return [self._get_or_error(k) for k in keys]
+        workers = min(self.options.concurrency, len(keys))
+        with ThreadPoolExecutor(workers, thread_name_prefix="hapi-get") as pool:
+            return list(pool.map(self._get_or_error, keys))
+
+    def _get_or_error(self, key: str) -> bytes | BaseException:
+        try:
+            return self.get(key)
+        except Exception as exc:
+            return exc
+
+    def put(self, key: str, data: bytes) -> None:
+        import obstore
+
+        try:
+            obstore.put(self.client, _check_key(key), data)
+        except Exception as exc:
+            raise _translate(exc, self.uri, key) from exc
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        import obstore
+        from obstore.exceptions import AlreadyExistsError
+
+        try:
+            obstore.put(self.client, _check_key(key), data, mode="create")
+            return True
+        except AlreadyExistsError:
+            return False
+        except Exception as exc:
+            # Some S3-compatible stores do not implement conditional puts; there the check
+            # and the write are two requests, which is safe for content-addressed keys.
+            if _is_not_implemented(exc):
+                if self.exists(key):
+                    return False
+                self.put(key, data)
+                return True
+            raise _translate(exc, self.uri, key) from exc
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.size(key)
+            return True
+        except ObjectNotFound:
+            return False
+
+    def size(self, key: str) -> int:
+        import obstore
+
+        try:
+            return int(obstore.head(self.client, _check_key(key))["size"])
+        except Exception as exc:
+            raise _translate(exc, self.uri, key) from exc
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        import obstore
+
+        prefix = prefix.strip("/")
+        try:
+            for page in obstore.list(self.client, prefix or None):
+                for meta in page:
+                    yield str(meta["path"])
+        except Exception as exc:
+            raise _translate(exc, self.uri, prefix) from exc
+
+    def delete(self, key: str) -> None:
+        import obstore
+
+        try:
+            obstore.delete(self.client, _check_key(key))
+        except Exception as exc:
+            err = _translate(exc, self.uri, key)
+            if not isinstance(err, ObjectNotFound):
+                raise err from exc
+
+
+def _check_key(key: str) -> str:
+    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in key.split("/")):
+        raise InvalidRequest(
+            f"invalid object key {key!r}: keys are relative '/'-separated paths "
+            "without empty, '.' or '..' parts"
+        )
+    return key
+
+
+def _is_windows_drive(uri: str) -> bool:
+    return len(uri) > 1 and uri[1] == ":"
+
+
+def _make_client(uri: str, options: StoreOptions) -> Any:
+    from obstore.store import LocalStore, MemoryStore, S3Store
+
+    parsed = urlparse(uri)
+    if parsed.scheme == "memory":
+        with _MEMORY_LOCK:
+            return _MEMORY.setdefault(uri, MemoryStore())
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise InvalidRequest(f"{uri!r} names no bucket: use s3://bucket/prefix")
+        endpoint = options.endpoint or os.environ.get("AWS_ENDPOINT_URL")
+        config: dict[str, str] = {
+            "region": options.region or os.environ.get("AWS_REGION", "us-east-1"),
+        }
+        key_id = options.access_key_id or os.environ.get("AWS_ACCESS_KEY_ID")
+        secret = options.secret_access_key or os.environ.get("AWS_SECRET_ACCESS_KEY")
+        if key_id and secret:
+            config["access_key_id"] = key_id
+            config["secret_access_key"] = secret
+        else:
+            config["skip_signature"] = "true"
+        if endpoint:
+            config["endpoint"] = endpoint
+        return S3Store(
+            parsed.netloc,
+            prefix=parsed.path.strip("/") or None,
+            config=config,  # type: ignore[arg-type]
+            client_options={"allow_http": True, "timeout": "30s", "connect_timeout": "5s"},
+            retry_config={
+                "max_retries": 2,
+                "backoff": {"init_backoff": 0.05, "max_backoff": 0.5, "base": 2},
+                "retry_timeout": 10.0,
+            },
+        )
+    path = Path(parsed.path if parsed.scheme == "file" else uri).expanduser().resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return LocalStore(path)
+
+
+def _is_not_implemented(exc: Exception) -> bool:
+    from obstore.exceptions import NotImplementedError as ObstoreNotImplemented
+
+    return isinstance(exc, ObstoreNotImplemented)
+
+
+def _translate(exc: Exception, uri: str, key: str) -> Exception:
+    """Map obstore's exceptions onto hapi's errors, naming the key and the store."""
+    from obstore.exceptions import NotFoundError
+
+    if isinstance(exc, InvalidRequest | ObjectNotFound | StoreUnavailable):
+        return exc
+    if isinstance(exc, NotFoundError | FileNotFoundError):
+        return ObjectNotFound(f"object {key!r} not found in store {uri}")
+    return StoreUnavailable(
+        f"store {uri} failed on {key!r}: {type(exc).__name__}: {_first_line(exc)}. "
+        "Check that the store is running and the endpoint and credentials are right."
+    )
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""

@@ -1,0 +1,137 @@
+"""`hapi demo`: the baseline and pushdown, side by side, through one emulated link.
+
+It makes a synthetic labelled image set in a temporary local store, starts a server on
+loopback whose egress is shaped to a storage link, and fine-tunes EfficientNet-Lite0
+(real ImageNet weights, shipped in a package) twice: once as the baseline, which fetches
+the images' bytes and runs everything in the trainer, and once with pushdown, which gets
+the frozen layers' features. Same samples, same order, same seed: the same model trains.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hapi.client import EpochStats, EvalResult, TransferJob
+from hapi.data import Transforms, open_store, synth_dataset
+from hapi.graph import ModelSpec, build_model, trace
+from hapi.server import ServerConfig, serve
+
+__all__ = ["DemoConfig", "DemoRun", "run_demo"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoConfig:
+    """What the demo runs."""
+
+    model: str = "efficientnet_lite0"
+    """A model `build_model` knows; the demo loads its ImageNet weights."""
+    weights: str | None = "imagenet"
+    """Pre-trained weights of `model`."""
+    classes: int = 4
+    """Classes in the synthetic dataset."""
+    train_per_class: int = 48
+    """Training images per class."""
+    val_per_class: int = 16
+    """Evaluation images per class."""
+    stored_size: int = 320
+    """Side of the stored JPEGs (photos are stored larger than the model's input)."""
+    image_size: int = 112
+    """The model's input side."""
+    epochs: int = 2
+    """Training epochs per run."""
+    link: str = "50mbit"
+    """The emulated storage link between server and trainer."""
+    batch_size: int = 32
+    """Training batch size."""
+    wire_dtype: str = "fp16"
+    """Dtype of pushed-down features on the wire."""
+    seed: int = 0
+    """Seeds the data, the epoch order and the training."""
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1 or self.classes < 2:
+            raise ValueError("the demo needs at least 1 epoch and 2 classes")
+
+
+@dataclass(frozen=True)
+class DemoRun:
+    """One mode's result."""
+
+    mode: str
+    cut: int
+    cut_name: str
+    epochs: list[EpochStats]
+    evaluation: EvalResult
+
+    @property
+    def bytes_per_epoch(self) -> float:
+        return sum(e.bytes_received for e in self.epochs) / len(self.epochs)
+
+    @property
+    def seconds_per_epoch(self) -> float:
+        return sum(e.seconds for e in self.epochs) / len(self.epochs)
+
+
+Progress = Callable[[str, int, int], None]
+
+
+def run_demo(config: DemoConfig | None = None, progress: Progress | None = None) -> list[DemoRun]:
+    """Run the baseline and pushdown; return their results, baseline first.
+
+    Args:
+        config: what to run; the defaults finish in a few minutes on two CPU cores.
+        progress: called with (phase, done, total) as work advances.
+    """
+    config = config or DemoConfig()
+    report = progress or (lambda phase, done, total: None)
+    with tempfile.TemporaryDirectory(prefix="hapi-demo-") as root:
+        store = open_store(root)
+        for prefix, per_class, seed in (
+            ("train", config.train_per_class, config.seed),
+            ("val", config.val_per_class, config.seed + 1),
+        ):
+            total = per_class * config.classes
+            synth_dataset(
+                store,
+                prefix,
+                classes=config.classes,
+                per_class=per_class,
+                size=config.stored_size,
+                seed=seed,
+                progress=lambda n, p=prefix, t=total: report(f"writing {p} images", n, t),
+            )
+        with serve(ServerConfig(store=root, egress_limit=config.link)) as server:
+            return [_run(config, server.address, mode, report) for mode in ("local", "pushdown")]
+
+
+def _run(config: DemoConfig, address: str, mode: str, report: Progress) -> DemoRun:
+    spec = ModelSpec(
+        name=config.model, weights=config.weights, num_classes=config.classes, seed=config.seed
+    )
+    # Freeze everything before the classifier (the last cut point): a linear probe.
+    freeze = trace(build_model(spec), (3, config.image_size, config.image_size)).num_cuts - 1
+    job = TransferJob(
+        spec,
+        "train",
+        address,
+        eval_dataset="val",
+        mode=mode,
+        freeze=freeze,
+        image_size=config.image_size,
+        transforms=Transforms.train(config.image_size),
+        batch_size=config.batch_size,
+        wire_dtype=config.wire_dtype,
+        seed=config.seed,
+    )
+    label = "baseline" if mode == "local" else "pushdown"
+    for epoch in range(config.epochs):
+        job.fit(
+            1,
+            lr=0.05,
+            progress=lambda done, total, e=epoch: report(f"{label} epoch {e + 1}", done, total),
+        )
+    evaluation = job.evaluate(progress=lambda d, t: report(f"{label} evaluate", d, t))
+    cut_name = job.graph.cut_points[job.cut - 1].name if job.cut > 0 else "input"
+    return DemoRun(label, job.cut, cut_name, list(job.history.epochs), evaluation)

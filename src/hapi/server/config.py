@@ -1,0 +1,45 @@
+"""`ServerConfig`: how a `hapi serve` runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hapi.data import StoreOptions
+
+__all__ = ["ServerConfig"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerConfig:
+    """Settings of one storage-side server."""
+
+    store: str
+    """URI of the object store the server reads (a directory, `s3://bucket/prefix`, ...)."""
+    store_options: StoreOptions | None = None
+    """Endpoint and credentials for an S3 store; the AWS variables when unset."""
+    host: str = "127.0.0.1"
+    """Address to listen on. Loopback by default: expose it on purpose, with a token."""
+    port: int = 0
+    """Port to listen on; 0 picks a free one (see `HapiServer.port`)."""
+    egress_limit: str | float | None = None
+    """Cap on bytes sent per second over all streams (`50mbit`, `1gbit`); None: no cap."""
+    batch_size: int = 32
+    """Largest feature-extraction batch the server runs at once (independent of training)."""
+    device: str = "cpu"
+    """Where heads run: `cpu`, `cuda` or `cuda:N`."""
+    threads: int | None = None
+    """torch intra-op threads for heads; None keeps torch's default."""
+    token: str | None = None
+    """Bearer token callers must send; None accepts every caller (loopback use)."""
+    repo: str | None = None
+    """URI of a model repository for `repo://` model references; None: named models only."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be 0..65535, got {self.port}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")

@@ -1,0 +1,255 @@
+"""`HapiServer`: the storage-side Arrow Flight server, and `serve()` to run one."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.flight as flight
+import torch
+
+from hapi.data import Manifest, Store, Transforms, open_store
+from hapi.errors import HapiError, InvalidRequest, SessionNotFound
+from hapi.graph import INPUT, RAW
+from hapi.server.auth import TokenMiddlewareFactory
+from hapi.server.config import ServerConfig
+from hapi.server.heads import HeadCache
+from hapi.server.session import Session
+from hapi.server.shaping import TokenBucket, parse_rate
+from hapi.wire import (
+    ChunkTicket,
+    ManifestRequest,
+    SessionInfo,
+    SessionRequest,
+    encode_error,
+    feature_schema,
+    parse,
+    raw_schema,
+)
+
+__all__ = ["HapiServer", "serve"]
+
+log = logging.getLogger("hapi.server")
+
+_ACTIONS = {
+    "open_session": "Open a session (JSON SessionRequest) and load its head; returns SessionInfo.",
+    "close_session": "Close a session (JSON {'session': id}); returns its stats.",
+    "manifest": "List a dataset under a prefix (JSON {'prefix': ...}): keys, labels, classes.",
+    "stats": "Server and per-session counters.",
+}
+
+
+class HapiServer(flight.FlightServerBase):
+    """Serves chunks of features computed next to the data.
+
+    Every handler turns a `HapiError` into a Flight error carrying the error's class and
+    message, so one bad request fails only itself: other sessions and chunks go on.
+    """
+
+    def __init__(self, config: ServerConfig) -> None:
+        middleware = {"auth": TokenMiddlewareFactory(config.token)} if config.token else None
+        super().__init__(f"grpc://{config.host}:{config.port}", middleware=middleware)
+        self.config = config
+        self.store: Store = open_store(config.store, config.store_options)
+        self.heads = HeadCache(config.device, loader=_model_loader(config))
+        self.shaper = (
+            TokenBucket(parse_rate(config.egress_limit)) if config.egress_limit else None
+        )
+        self._sessions: dict[str, Session] = {}
+        self._closed: dict[str, dict[str, float]] = {}
+        self._lock = threading.Lock()
+        if config.threads:
+            torch.set_num_threads(config.threads)
+
+    @property
+    def address(self) -> str:
+        """The `grpc://host:port` clients connect to."""
+        return f"grpc://{self.config.host}:{self.port}"
+
+    # Flight handlers -------------------------------------------------------------------
+
+    def list_actions(self, context: flight.ServerCallContext) -> list[tuple[str, str]]:
+        return list(_ACTIONS.items())
+
+    def do_action(
+        self, context: flight.ServerCallContext, action: flight.Action
+    ) -> Iterator[bytes]:
+        body = action.body.to_pybytes() if action.body is not None else b""
+        try:
+            if action.type == "open_session":
+                result: Any = self.open_session(parse(SessionRequest, body)).model_dump()
+            elif action.type == "close_session":
+                result = self.close_session(_session_id(body))
+            elif action.type == "manifest":
+                result = self.manifest(parse(ManifestRequest, body).prefix)
+            elif action.type == "stats":
+                result = self.stats()
+            else:
+                raise InvalidRequest(
+                    f"unknown action {action.type!r}: known actions are {sorted(_ACTIONS)}"
+                )
+        except HapiError as exc:
+            log.info("action %s failed: %s", action.type, exc)
+            raise encode_error(exc) from exc
+        return iter([json.dumps(result).encode()])
+
+    def do_get(
+        self, context: flight.ServerCallContext, ticket: flight.Ticket
+    ) -> flight.FlightDataStream:
+        try:
+            chunk = parse(ChunkTicket, ticket.ticket)
+            session = self._session(chunk.session)
+        except HapiError as exc:
+            raise encode_error(exc) from exc
+        return flight.GeneratorStream(session.schema, self._stream(session, chunk))
+
+    def _stream(
+        self, session: Session, chunk: ChunkTicket
+    ) -> Iterator[tuple[pa.RecordBatch, pa.Buffer | None]]:
+        try:
+            for batch, report in session.run_chunk(chunk, self.store):
+                nbytes = batch.nbytes
+                if self.shaper is not None:
+                    session.stats.add(shaping_wait_s=self.shaper.consume(nbytes))
+                session.stats.add(bytes_sent=nbytes)
+                yield batch, (pa.py_buffer(report) if report is not None else None)
+        except HapiError as exc:
+            log.info("chunk %d of session %s failed: %s", chunk.chunk, session.id, exc)
+            raise encode_error(exc) from exc
+
+    # The library API behind the handlers -------------------------------------------------
+
+    def open_session(self, request: SessionRequest) -> SessionInfo:
+        """Load (or reuse) the head a request needs and register a session for it."""
+        transforms = Transforms.from_dict(request.transforms)
+        loaded = self.heads.model(request.model, request.image_size)
+        graph = loaded.graph
+        freeze = graph.resolve_freeze(request.freeze) if request.freeze is not None else None
+        if freeze is None:
+            freeze = graph.num_cuts
+        if request.cut != RAW:
+            graph.check_cut(request.cut, freeze)
+        if request.cut == RAW:
+            schema, shape, per_sample, head = raw_schema(), [], 0, None
+        else:
+            if request.cut == INPUT:
+                shape = list(graph.input_shape)
+            else:
+                shape = list(graph.cut_points[request.cut - 1].shape)
+            head = self.heads.head(loaded, request.cut) if request.cut > INPUT else None
+            schema = feature_schema(shape, request.wire_dtype)
+            width = 4 if request.wire_dtype == "fp32" else 2
+            per_sample = width * _numel(shape)
+        info = SessionInfo(
+            session=uuid.uuid4().hex,
+            cut=request.cut,
+            freeze=freeze,
+            num_cuts=graph.num_cuts,
+            feature_shape=shape,
+            wire_dtype=request.wire_dtype,
+            bytes_per_sample=per_sample,
+        )
+        session = Session(
+            id=info.session,
+            request=request,
+            info=info,
+            schema=schema,
+            head=head,
+            transforms=transforms,
+            device=self.heads.device,
+            batch_size=self.config.batch_size,
+        )
+        with self._lock:
+            self._sessions[session.id] = session
+        log.info("opened session %s: cut %d of %d", session.id, request.cut, graph.num_cuts)
+        return info
+
+    def close_session(self, session_id: str) -> dict[str, float]:
+        """Forget a session; return its final stats."""
+        with self._lock:
+            session = self._sessions.pop(session_id, None)
+            if session is None:
+                raise SessionNotFound(_unknown_session(session_id))
+            stats = session.stats.as_dict()
+            self._closed[session_id] = stats
+            return stats
+
+    def manifest(self, prefix: str) -> dict[str, Any]:
+        """The dataset under `prefix` in this server's store."""
+        return Manifest.from_store(self.store, prefix).to_dict()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of open and closed sessions, and the server's settings."""
+        with self._lock:
+            sessions = {sid: s.stats.as_dict() for sid, s in self._sessions.items()}
+            closed = dict(self._closed)
+        every = list(sessions.values()) + list(closed.values())
+        return {
+            "store": self.store.uri,
+            "egress_limit_bytes_per_s": self.shaper.rate if self.shaper else None,
+            "heads_cached": len(self.heads),
+            "bytes_sent": sum(s["bytes_sent"] for s in every),
+            "sessions": sessions,
+            "closed_sessions": closed,
+        }
+
+    def _session(self, session_id: str) -> Session:
+        with self._lock:
+            session = self._sessions.get(session_id)
+        if session is None:
+            raise SessionNotFound(_unknown_session(session_id))
+        return session
+
+
+@contextlib.contextmanager
+def serve(config: ServerConfig | None = None, **options: Any) -> Iterator[HapiServer]:
+    """Run a server in a background thread for the duration of a `with` block.
+
+    Args:
+        config: the server's settings; or give them as keyword arguments (`store=...`).
+    """
+    server = HapiServer(config or ServerConfig(**options))
+    thread = threading.Thread(target=server.serve, name="hapi-serve", daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        thread.join(timeout=10)
+
+
+def _model_loader(config: ServerConfig) -> Any:
+    from hapi.server.heads import load_named_model
+
+    return load_named_model
+
+
+def _session_id(body: bytes) -> str:
+    try:
+        session = json.loads(body)["session"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InvalidRequest('close_session needs a JSON body {"session": "<id>"}') from exc
+    if not isinstance(session, str):
+        raise InvalidRequest("close_session: 'session' must be a string")
+    return session
+
+
+def _unknown_session(session_id: str) -> str:
+    return (
+        f"no session {session_id!r} on this server (closed, or the server restarted): "
+        "open a new session"
+    )
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+

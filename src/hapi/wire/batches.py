@@ -1,0 +1,96 @@
+"""The Arrow schema of what a server streams, and its encoding to and from torch.
+
+A feature batch has columns `key` (string), `label` (int64) and `features`, a
+`fixed_shape_tensor` column, so the receiver gets a zero-copy numpy view of the batch.
+Arrow has no bfloat16, so bf16 travels as its raw 16 bits (uint16) and the schema's
+metadata says how to read them back. A RAW batch carries `data` (binary object bytes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from hapi.errors import InvalidRequest
+
+__all__ = ["FeatureBatch", "decode_batch", "encode_batch", "feature_schema", "raw_schema"]
+
+_ARROW = {"fp32": pa.float32(), "fp16": pa.float16(), "bf16": pa.uint16()}
+_TORCH = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class FeatureBatch:
+    """One decoded batch: keys, labels, and features (a tensor) or raw object bytes."""
+
+    keys: list[str]
+    labels: torch.Tensor
+    features: torch.Tensor | None = None
+    data: list[bytes] | None = None
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+def feature_schema(shape: tuple[int, ...] | list[int], wire_dtype: str) -> pa.Schema:
+    """The schema of a feature batch of per-sample `shape` sent as `wire_dtype`."""
+    if wire_dtype not in _ARROW:
+        raise InvalidRequest(f"unknown wire dtype {wire_dtype!r}: use fp32, fp16 or bf16")
+    return pa.schema(
+        [
+            ("key", pa.string()),
+            ("label", pa.int64()),
+            ("features", pa.fixed_shape_tensor(_ARROW[wire_dtype], list(shape))),
+        ],
+        metadata={"hapi.wire_dtype": wire_dtype},
+    )
+
+
+def raw_schema() -> pa.Schema:
+    """The schema of a RAW batch: object bytes instead of features."""
+    return pa.schema([("key", pa.string()), ("label", pa.int64()), ("data", pa.binary())])
+
+
+def encode_batch(
+    schema: pa.Schema,
+    keys: list[str],
+    labels: list[int],
+    features: torch.Tensor | None = None,
+    data: list[bytes] | None = None,
+) -> pa.RecordBatch:
+    """Encode one batch for `schema` (from `feature_schema` or `raw_schema`)."""
+    columns: list[pa.Array] = [pa.array(keys, pa.string()), pa.array(labels, pa.int64())]
+    if data is not None:
+        columns.append(pa.array(data, pa.binary()))
+    else:
+        if features is None:
+            raise InvalidRequest("a feature batch needs features")
+        wire_dtype = schema.metadata[b"hapi.wire_dtype"].decode()
+        t = features.detach().to(device="cpu", dtype=_TORCH[wire_dtype]).contiguous()
+        if wire_dtype == "bf16":
+            t = t.view(torch.int16)
+        array = t.numpy()
+        if wire_dtype == "bf16":
+            array = array.view(np.uint16)
+        columns.append(pa.FixedShapeTensorArray.from_numpy_ndarray(array))
+    return pa.record_batch(columns, schema=schema)
+
+
+def decode_batch(batch: pa.RecordBatch) -> FeatureBatch:
+    """Decode a batch from the wire; features come back as a torch tensor in their wire dtype."""
+    keys = batch.column("key").to_pylist()
+    labels = torch.from_numpy(batch.column("label").to_numpy(zero_copy_only=False).copy())
+    if "data" in batch.schema.names:
+        return FeatureBatch(keys, labels, data=[v.as_py() for v in batch.column("data")])
+    meta = batch.schema.metadata or {}
+    wire_dtype = meta.get(b"hapi.wire_dtype", b"fp32").decode()
+    array = batch.column("features").to_numpy_ndarray()
+    if wire_dtype == "bf16":
+        features = torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
+    else:
+        # Copy: the Arrow buffer belongs to the stream and torch wants writable memory.
+        features = torch.from_numpy(array.copy())
+    return FeatureBatch(keys, labels, features=features)

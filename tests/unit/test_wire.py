@@ -1,0 +1,126 @@
+"""The wire format: messages, Arrow batches and errors round-trip, and golden schemas hold."""
+
+from __future__ import annotations
+
+import pickle
+
+import pyarrow as pa
+import pyarrow.flight as flight
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hapi.errors import CorruptObject, HapiError, InvalidRequest, ServerUnavailable
+from hapi.wire import (
+    ChunkTicket,
+    SessionRequest,
+    decode_batch,
+    decode_error,
+    encode_batch,
+    encode_error,
+    feature_schema,
+    parse,
+    raw_schema,
+)
+
+
+def test_feature_schema_is_the_documented_one() -> None:
+    schema = feature_schema((512, 7, 7), "fp16")
+    assert schema.names == ["key", "label", "features"]
+    assert schema.field("key").type == pa.string()
+    assert schema.field("label").type == pa.int64()
+    features = schema.field("features").type
+    assert isinstance(features, pa.FixedShapeTensorType)
+    assert features.value_type == pa.float16()
+    assert list(features.shape) == [512, 7, 7]
+    assert schema.metadata == {b"hapi.wire_dtype": b"fp16"}
+
+
+def test_raw_schema_carries_bytes() -> None:
+    assert raw_schema().names == ["key", "label", "data"]
+    assert raw_schema().field("data").type == pa.binary()
+
+
+@pytest.mark.parametrize(
+    ("wire_dtype", "torch_dtype"),
+    [("fp32", torch.float32), ("fp16", torch.float16), ("bf16", torch.bfloat16)],
+)
+def test_features_round_trip_in_their_wire_dtype(wire_dtype: str, torch_dtype: torch.dtype) -> None:
+    x = torch.randn(5, 3, 4, 2)
+    schema = feature_schema((3, 4, 2), wire_dtype)
+    batch = encode_batch(schema, list("abcde"), [0, 1, 2, 3, 4], features=x)
+    # Through Arrow IPC, as Flight sends it.
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as writer:
+        writer.write_batch(batch)
+    received = pa.ipc.open_stream(sink.getvalue()).read_next_batch()
+    decoded = decode_batch(received)
+    assert decoded.keys == list("abcde")
+    assert decoded.labels.tolist() == [0, 1, 2, 3, 4]
+    assert decoded.features is not None
+    assert decoded.features.dtype == torch_dtype
+    assert torch.equal(decoded.features, x.to(torch_dtype))
+    assert batch.nbytes >= x.numel() * torch.finfo(torch_dtype).bits // 8
+
+
+def test_raw_batch_round_trips() -> None:
+    batch = encode_batch(raw_schema(), ["k1", "k2"], [3, 4], data=[b"\xff\xd8jpeg", b""])
+    decoded = decode_batch(batch)
+    assert decoded.data == [b"\xff\xd8jpeg", b""]
+    assert decoded.features is None
+
+
+def test_unknown_wire_dtype_is_refused() -> None:
+    with pytest.raises(InvalidRequest, match="fp32, fp16 or bf16"):
+        feature_schema((4,), "int8")
+
+
+@given(
+    keys=st.lists(st.text(min_size=1, max_size=20), min_size=1, max_size=8),
+    epoch=st.integers(0, 1000),
+)
+def test_ticket_json_round_trips(keys: list[str], epoch: int) -> None:
+    ticket = ChunkTicket(session="s", chunk=3, epoch=epoch, keys=keys, labels=[0] * len(keys))
+    assert parse(ChunkTicket, ticket.to_bytes()) == ticket
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        (b"not json", "not valid JSON"),
+        (b'{"session": "s", "chunk": 0, "keys": []}', "keys"),
+        (b'{"session": "s", "chunk": -1, "keys": ["a"], "labels": [0]}', "chunk"),
+        (b'{"session": "s", "chunk": 0, "keys": ["a"], "labels": [0], "pickle": 1}', "pickle"),
+    ],
+)
+def test_malformed_tickets_name_the_problem(body: bytes, needle: str) -> None:
+    with pytest.raises(InvalidRequest, match=needle):
+        parse(ChunkTicket, body)
+
+
+def test_session_request_refuses_unknown_dtype() -> None:
+    body = b'{"model": {"name": "resnet18"}, "cut": 3, "transforms": {}, "wire_dtype": "int4"}'
+    with pytest.raises(InvalidRequest, match="wire_dtype"):
+        parse(SessionRequest, body)
+
+
+def test_errors_cross_the_wire_as_their_class() -> None:
+    sent = encode_error(CorruptObject("object 'a/b.jpg' is not an image"))
+    # What the client sees: the server's message inside gRPC's decoration.
+    received = flight.FlightServerError(f"{sent}. Detail: Failed. gRPC client debug context: x")
+    error = decode_error(received)
+    assert type(error) is CorruptObject
+    assert str(error) == "object 'a/b.jpg' is not an image"
+
+
+def test_unreachable_server_becomes_server_unavailable() -> None:
+    error = decode_error(flight.FlightUnavailableError("failed to connect"), "grpc://h:1")
+    assert isinstance(error, ServerUnavailable)
+    assert "grpc://h:1" in str(error)
+
+
+def test_errors_pickle() -> None:
+    error = pickle.loads(pickle.dumps(CorruptObject("bad key k")))
+    assert isinstance(error, CorruptObject) and isinstance(error, HapiError)
+    assert str(error) == "bad key k"
