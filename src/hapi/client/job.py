@@ -36,6 +36,10 @@ class EpochStats:
     bytes_received: int
     wait_s: float
     """Time the trainer waited for data: the part of the epoch the pipeline did not hide."""
+    compute_s: float
+    """Time in the tail's forward, backward and optimizer step."""
+    decode_s: float
+    """Time the trainer spent decoding and transforming raw bytes (the baseline's input work)."""
     skipped: tuple[dict[str, str], ...] = ()
 
 
@@ -97,7 +101,9 @@ class TransferJob:
         cut = self.freeze if self.config.cut is None else self.config.cut
         if cut != RAW:
             self.graph.check_cut(cut, self.freeze)
-        self.cut = INPUT if self.config.mode == "local" else max(cut, INPUT)
+        # The baseline (and cut=RAW) fetches the objects' bytes and runs the whole model here.
+        self.raw = self.config.mode == "local" or cut == RAW
+        self.cut = INPUT if self.raw else cut
         self._frozen = list(self.graph.head(self.freeze).modules()) if self.freeze else []
         for module in self._frozen:
             for p in module.parameters(recurse=False):
@@ -150,8 +156,9 @@ class TransferJob:
                 # Seed per epoch so dropout in the tail draws the same masks in both modes.
                 torch.manual_seed(self.config.seed * 1_000_003 + epoch)
                 t0 = time.perf_counter()
-                total_loss = correct = seen = 0.0
+                total_loss = correct = seen = compute = 0.0
                 for step, (x, y) in enumerate(loader.epoch(epoch), 1):
+                    t1 = time.perf_counter()
                     x, y = self._to_device(x, y)
                     out = self.tail(x)
                     loss = loss_fn(out, y)
@@ -162,6 +169,7 @@ class TransferJob:
                     total_loss += loss.item() * len(y)
                     correct += (out.argmax(1) == y).sum().item()
                     seen += len(y)
+                    compute += time.perf_counter() - t1
                     if progress is not None:
                         progress(step, len(loader))
                 self.history.epochs.append(
@@ -173,6 +181,8 @@ class TransferJob:
                         samples=int(seen),
                         bytes_received=loader.stats.bytes_received,
                         wait_s=loader.stats.wait_s,
+                        compute_s=compute,
+                        decode_s=loader.stats.postprocess_s,
                         skipped=tuple(loader.stats.skipped),
                     )
                 )
@@ -219,7 +229,7 @@ class TransferJob:
     # Internals -----------------------------------------------------------------------------
 
     def _loader(self, prefix: str, transforms: Transforms, train: bool) -> _OpenLoader:
-        local = self.config.mode == "local"
+        local = self.raw
         request = SessionRequest(
             model=self.config.model.to_dict(),
             cut=RAW if local else self.cut,

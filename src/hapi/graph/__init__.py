@@ -1,0 +1,6 @@
+"""Models as cut points: tracing, heads and tails, and named models."""
+
+from hapi.graph.model_graph import INPUT, RAW, CutPoint, ModelGraph, trace
+from hapi.graph.zoo import ModelSpec, build_model, known_models
+
+__all__ = ["INPUT", "RAW", "CutPoint", "ModelGraph", "ModelSpec", "build_model", "known_models", "trace"]

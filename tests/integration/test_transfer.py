@@ -1,0 +1,121 @@
+"""TransferJob and FeatureLoader against a real server: pushdown trains what local trains."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from hapi.client import FeatureLoader, TransferJob, connect
+from hapi.data import open_store, synth_dataset
+from hapi.errors import CorruptObject, InvalidCut
+from hapi.graph import RAW
+from hapi.server import HapiServer, serve
+
+SIZE = 64
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HapiServer]:
+    root = tmp_path_factory.mktemp("store")
+    store = open_store(root)
+    synth_dataset(store, "train", classes=3, per_class=8, size=80, seed=2)
+    synth_dataset(store, "val", classes=3, per_class=3, size=80, seed=3)
+    synth_dataset(store, "dirty", classes=2, per_class=3, size=80, seed=4)
+    store.put("dirty/class_0/zz-corrupt.jpg", b"\xff\xd8\xff\xe0 truncated")
+    with serve(store=str(root), batch_size=7) as running:
+        yield running
+
+
+def _job(server: HapiServer, **options: object) -> TransferJob:
+    defaults: dict[str, object] = {
+        "freeze": "layer3",
+        "image_size": SIZE,
+        "batch_size": 8,
+        "chunk_size": 5,
+        "prefetch": 3,
+        "seed": 7,
+    }
+    defaults.update(options)
+    return TransferJob({"name": "resnet18", "num_classes": 3}, "train", server.address, **defaults)
+
+
+def test_pushdown_and_local_training_give_the_same_losses(server: HapiServer) -> None:
+    local = _job(server, mode="local")
+    pushdown = _job(server)
+    assert pushdown.cut == pushdown.freeze > 0 and local.cut == 0
+    local.fit(2, lr=0.05)
+    pushdown.fit(2, lr=0.05)
+    assert len(local.history.losses) == len(pushdown.history.losses) == 2 * 3
+    torch.testing.assert_close(
+        torch.tensor(pushdown.history.losses), torch.tensor(local.history.losses),
+        rtol=1e-4, atol=1e-4,
+    )
+    # Training changed the trainable layers, identically, and left frozen ones alone.
+    for (name, a), b in zip(
+        pushdown.model.state_dict().items(), local.model.state_dict().values(), strict=True
+    ):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4, msg=name)
+    # Pushdown moved fewer bytes than raw images would... or at least reported them.
+    assert all(e.bytes_received > 0 for e in pushdown.history.epochs)
+    assert pushdown.evaluate("val").accuracy == pytest.approx(local.evaluate("val").accuracy)
+
+
+def test_fp16_wire_trains_close_to_fp32(server: HapiServer) -> None:
+    fp32 = _job(server)
+    fp16 = _job(server, wire_dtype="fp16")
+    fp32.fit(1)
+    fp16.fit(1)
+    torch.testing.assert_close(
+        torch.tensor(fp16.history.losses), torch.tensor(fp32.history.losses), rtol=2e-2, atol=2e-2
+    )
+    assert fp16.history.epochs[0].bytes_received < 0.6 * fp32.history.epochs[0].bytes_received
+
+
+def test_loader_delivers_every_key_once_per_epoch_in_a_seeded_order(server: HapiServer) -> None:
+    conn = connect(server.address)
+    job = _job(server)
+    manifest = conn.manifest("train")
+    info = conn.open_session(job._loader("train", job.config.train_transforms, True).request)
+    loader = FeatureLoader(
+        conn, info.session, manifest, batch_size=5, chunk_size=4, prefetch=3, seed=1
+    )
+    sizes = [len(y) for _, y in loader.epoch(0)]
+    assert sizes == [5, 5, 5, 5, 4]
+    assert loader.stats.samples == len(manifest) == 24
+    assert loader.stats.chunks == 6
+    orders = [loader.order(e).tolist() for e in (0, 1, 0)]
+    assert orders[0] == orders[2] != orders[1]
+    assert sorted(orders[1]) == list(range(24))
+
+
+def test_a_corrupt_image_fails_the_epoch_naming_the_key(server: HapiServer) -> None:
+    job = TransferJob(
+        {"name": "resnet18", "num_classes": 2}, "dirty", server.address,
+        freeze="layer3", image_size=SIZE, batch_size=4,
+    )
+    with pytest.raises(CorruptObject, match="zz-corrupt.jpg"):
+        job.fit(1)
+
+
+@pytest.mark.parametrize("mode", ["pushdown", "local"])
+def test_skip_mode_trains_on_the_rest_and_reports_the_bad_key(
+    server: HapiServer, mode: str
+) -> None:
+    job = TransferJob(
+        {"name": "resnet18", "num_classes": 2}, "dirty", server.address,
+        freeze="layer3", image_size=SIZE, batch_size=4, on_error="skip", mode=mode,
+    )
+    (epoch,) = job.fit(1).epochs
+    assert epoch.samples == 6
+    assert [s["key"] for s in epoch.skipped] == ["dirty/class_0/zz-corrupt.jpg"]
+
+
+def test_a_cut_past_the_freeze_point_is_refused_before_any_work(server: HapiServer) -> None:
+    probe = _job(server)
+    with pytest.raises(InvalidCut, match="freeze"):
+        _job(server, cut=probe.freeze + 1)
+    # RAW is allowed: the trainer then runs the whole model on the objects' bytes.
+    assert _job(server, cut=RAW).cut == 0
