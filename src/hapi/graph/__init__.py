@@ -1,6 +1,17 @@
 """Models as cut points: tracing, heads and tails, and named models."""
 
 from hapi.graph.model_graph import INPUT, RAW, CutPoint, ModelGraph, trace
+from hapi.graph.profile import profile_rows
 from hapi.graph.zoo import ModelSpec, build_model, known_models
 
-__all__ = ["INPUT", "RAW", "CutPoint", "ModelGraph", "ModelSpec", "build_model", "known_models", "trace"]
+__all__ = [
+    "INPUT",
+    "RAW",
+    "CutPoint",
+    "ModelGraph",
+    "ModelSpec",
+    "build_model",
+    "known_models",
+    "profile_rows",
+    "trace",
+]

@@ -105,7 +105,9 @@ class ModelGraph:
         """The module computing the model's output from the activation at `cut`."""
         self._check_range(cut, allow_input=True)
         if cut == INPUT:
-            return self.model
+            # The traced graph, not the model itself: every tail then runs the same code,
+            # whatever Python control flow the model's forward had when it was traced.
+            return self._gm if self._gm is not None else self.model
         if self._gm is None:
             return nn.Sequential(*list(self.model.children())[cut:])
         return _split(self._gm, self._nodes[cut - 1], head=False)

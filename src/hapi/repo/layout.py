@@ -1,0 +1,66 @@
+"""Where the repository keeps things in the object store.
+
+Everything lives under four prefixes of the store's root, so one store can hold datasets
+and a repository side by side, and `reindex` needs nothing but these objects:
+
+- `tensors/<h[:2]>/<h>.safetensors`: one tensor per blob, named by its content hash `h`;
+  the two-character fan-out keeps directories small on local-disk stores.
+- `manifests/<id>.json`: one immutable model version, named by its own digest.
+- `refs/<name>/<n>`: version `n` of `name`; the object holds the manifest id. Version
+  objects are created with put-if-absent, so two concurrent pushes of one name each get
+  their own number, and they are never rewritten, so a number is never reused.
+- `locks/<kind>-<token>.json`: push and gc intents (see `locks.py`).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "LOCKS",
+    "MANIFESTS",
+    "REFS",
+    "TENSORS",
+    "hash_of_tensor_key",
+    "id_of_manifest_key",
+    "manifest_key",
+    "ref_key",
+    "tensor_key",
+]
+
+TENSORS = "tensors"
+MANIFESTS = "manifests"
+REFS = "refs"
+LOCKS = "locks"
+
+_BLOB_SUFFIX = ".safetensors"
+_MANIFEST_SUFFIX = ".json"
+
+
+def tensor_key(digest: str) -> str:
+    """The key of the blob holding the tensor with content hash `digest`."""
+    return f"{TENSORS}/{digest[:2]}/{digest}{_BLOB_SUFFIX}"
+
+
+def hash_of_tensor_key(key: str) -> str | None:
+    """The content hash named by a blob key, or None for a key that is not a blob."""
+    name = key.rsplit("/", 1)[-1]
+    if not key.startswith(TENSORS + "/") or not name.endswith(_BLOB_SUFFIX):
+        return None
+    return name[: -len(_BLOB_SUFFIX)]
+
+
+def manifest_key(manifest_id: str) -> str:
+    """The key of a manifest."""
+    return f"{MANIFESTS}/{manifest_id}{_MANIFEST_SUFFIX}"
+
+
+def id_of_manifest_key(key: str) -> str | None:
+    """The manifest id named by a manifest key, or None for another key."""
+    name = key.rsplit("/", 1)[-1]
+    if not key.startswith(MANIFESTS + "/") or not name.endswith(_MANIFEST_SUFFIX):
+        return None
+    return name[: -len(_MANIFEST_SUFFIX)]
+
+
+def ref_key(name: str, version: int) -> str:
+    """The key of version `version` of model `name`."""
+    return f"{REFS}/{name}/{version}"

@@ -1,0 +1,79 @@
+"""Tensors at rest: content hashes and one-tensor safetensors blobs.
+
+A tensor's identity is a SHA-256 over its dtype, its shape and its raw bytes (in the
+machine's native byte order, which is little-endian everywhere torch runs). Two models
+holding equal tensors therefore share one blob, whatever the tensors are called and
+whether or not they were frozen - sharing by content, not by a flag.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import torch
+
+from hapi.errors import IntegrityError
+
+__all__ = ["decode_blob", "dtype_name", "encode_blob", "tensor_bytes", "tensor_hash"]
+
+# Bumping this prefix changes every hash: only for a change of the hashed encoding.
+_DOMAIN = b"hapi.tensor/1\0"
+_BLOB_NAME = "tensor"
+
+
+def dtype_name(tensor: torch.Tensor) -> str:
+    """The dtype as manifests spell it (`float32`, `bfloat16`, `int64`)."""
+    return str(tensor.dtype).removeprefix("torch.")
+
+
+def tensor_bytes(tensor: torch.Tensor) -> memoryview:
+    """The tensor's raw bytes, C-contiguous, without a copy when it is already so."""
+    flat = tensor.detach().cpu().contiguous().reshape(-1)
+    # A uint8 view works for every dtype, including the ones numpy lacks (bfloat16).
+    return memoryview(flat.view(torch.uint8).numpy())
+
+
+def tensor_hash(tensor: torch.Tensor) -> str:
+    """The hex SHA-256 content hash of `tensor` (dtype, shape and bytes)."""
+    h = hashlib.sha256(_DOMAIN)
+    h.update(json.dumps([dtype_name(tensor), list(tensor.shape)]).encode())
+    h.update(b"\0")
+    h.update(tensor_bytes(tensor))
+    return h.hexdigest()
+
+
+def encode_blob(tensor: torch.Tensor) -> bytes:
+    """A safetensors file holding just `tensor`."""
+    from safetensors.torch import save
+
+    return save({_BLOB_NAME: tensor.detach().cpu().contiguous()})
+
+
+def decode_blob(data: bytes, digest: str, what: str) -> torch.Tensor:
+    """Read a blob and check it against its content hash.
+
+    Args:
+        data: the blob's bytes.
+        digest: the content hash the blob is stored under.
+        what: names the tensor in errors (`'layer4.0.conv1.weight' of resnet50@3'`).
+
+    Raises:
+        IntegrityError: the blob cannot be parsed (truncated) or its content hash differs.
+    """
+    from safetensors.torch import load
+
+    try:
+        tensor = load(data)[_BLOB_NAME]
+    except Exception as exc:  # safetensors raises several types for bad headers
+        raise IntegrityError(
+            f"tensor {what} (blob {digest[:12]}, {len(data)} bytes) is corrupt: "
+            f"{type(exc).__name__}: {exc}. Push the model again to restore it"
+        ) from exc
+    actual = tensor_hash(tensor)
+    if actual != digest:
+        raise IntegrityError(
+            f"tensor {what} is corrupt: blob {digest[:12]} holds content {actual[:12]}. "
+            "Push the model again to restore it"
+        )
+    return tensor
