@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlparse
@@ -274,8 +275,12 @@ def _make_client(uri: str, options: StoreOptions) -> Any:
             client_options={"allow_http": True, "timeout": "30s", "connect_timeout": "5s"},
             retry_config={
                 "max_retries": 2,
-                "backoff": {"init_backoff": 0.05, "max_backoff": 0.5, "base": 2},
-                "retry_timeout": 10.0,
+                "backoff": {
+                    "init_backoff": timedelta(milliseconds=50),
+                    "max_backoff": timedelta(milliseconds=500),
+                    "base": 2,
+                },
+                "retry_timeout": timedelta(seconds=10),
             },
         )
     path = Path(parsed.path if parsed.scheme == "file" else uri).expanduser().resolve()

@@ -247,9 +247,9 @@ def _from_graph(model: nn.Module, gm: fx.GraphModule, input_shape: tuple[int, ..
 
 
 def _is_block(model: nn.Module, scope: str) -> bool:
-    """A block is a module whose ancestors are all plain containers (or the model)."""
-    parts = scope.split(".")
-    return all(is_container(model.get_submodule(".".join(parts[:i]))) for i in range(1, len(parts)))
+    """A block is a child of the model or of a plain container, at any depth."""
+    parent = scope.rpartition(".")[0]
+    return parent == "" or is_container(model.get_submodule(parent))
 
 
 def _is_batch_size(n: fx.Node) -> bool:

@@ -1,0 +1,221 @@
+"""`Catalog`: a SQLite index of the manifests and refs in the store.
+
+The catalog is a cache. Everything in it comes from the manifests and ref objects in the
+store, so it can be thrown away and rebuilt (`ModelRepo.reindex`), and it is brought up to
+date from the store lazily (`sync.py`). SQLite in WAL mode lets several processes read and
+write one catalog file at once; writers serialise on SQLite's own lock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from hapi.repo.manifest import Manifest
+from hapi.repo.version import ModelVersion
+
+__all__ = ["Catalog"]
+
+# Bump when the schema changes: an old catalog is then dropped and rebuilt from the store.
+_SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS manifests (
+    id TEXT PRIMARY KEY, name TEXT NOT NULL, parent TEXT, created TEXT NOT NULL,
+    tags TEXT NOT NULL, metrics TEXT NOT NULL, tensors INTEGER NOT NULL,
+    nbytes INTEGER NOT NULL, body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS refs (
+    name TEXT NOT NULL, version INTEGER NOT NULL, id TEXT NOT NULL,
+    PRIMARY KEY (name, version));
+CREATE INDEX IF NOT EXISTS refs_id ON refs (id);
+CREATE TABLE IF NOT EXISTS edges (
+    child TEXT NOT NULL, parent TEXT NOT NULL, PRIMARY KEY (child, parent));
+CREATE INDEX IF NOT EXISTS edges_parent ON edges (parent);
+CREATE TABLE IF NOT EXISTS tensor_refs (
+    manifest TEXT NOT NULL, key TEXT NOT NULL, hash TEXT NOT NULL, dtype TEXT NOT NULL,
+    shape TEXT NOT NULL, nbytes INTEGER NOT NULL, PRIMARY KEY (manifest, key));
+CREATE INDEX IF NOT EXISTS tensor_refs_hash ON tensor_refs (hash);
+CREATE TABLE IF NOT EXISTS modules (
+    manifest TEXT NOT NULL, position INTEGER NOT NULL, name TEXT NOT NULL,
+    cls TEXT NOT NULL, short_cls TEXT NOT NULL, config TEXT NOT NULL,
+    layer INTEGER, layer_id TEXT, PRIMARY KEY (manifest, position));
+CREATE INDEX IF NOT EXISTS modules_layer_id ON modules (layer_id);
+CREATE INDEX IF NOT EXISTS modules_cls ON modules (short_cls);
+"""
+
+_TABLES = ("manifests", "refs", "edges", "tensor_refs", "modules")
+
+# The visible versions: a manifest with the ref that names it.
+_VERSIONS = """
+SELECT m.id, m.name, r.version, m.parent, m.created, m.tags, m.metrics, m.tensors, m.nbytes
+FROM manifests m JOIN refs r ON r.id = m.id AND r.name = m.name
+"""
+
+
+class Catalog:
+    """The SQLite index. Connections are opened lazily, one per process."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._conn: sqlite3.Connection | None = None
+        self._pid = 0
+        self._lock = threading.RLock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["path"])  # type: ignore[misc]
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        # A connection must not cross a fork: each process opens its own.
+        if self._conn is None or self._pid != os.getpid():
+            self._conn = self._connect()
+            self._pid = os.getpid()
+        return self._conn
+
+    def _connect(self) -> sqlite3.Connection:
+        if self.path != ":memory:":
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        conn = sqlite3.connect(
+            self.path, timeout=60.0, isolation_level=None, check_same_thread=False
+        )
+        conn.execute("PRAGMA busy_timeout = 60000")
+        if self.path != ":memory:":
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+        with _transaction(conn):
+            if conn.execute("PRAGMA user_version").fetchone()[0] != _SCHEMA_VERSION:
+                for table in _TABLES:
+                    conn.execute(f"DROP TABLE IF EXISTS {table}")
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+        return conn
+
+    def close(self) -> None:
+        """Close this process's connection (a later use reopens it)."""
+        if self._conn is not None and self._pid == os.getpid():
+            self._conn.close()
+        self._conn = None
+
+    @contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction (`BEGIN IMMEDIATE`: takes SQLite's write lock up front)."""
+        with self._lock, _transaction(self.conn) as conn:
+            yield conn
+
+    def query(self, sql: str, args: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return self.conn.execute(sql, tuple(args)).fetchall()
+
+    def clear(self) -> None:
+        with self.write() as conn:
+            for table in _TABLES:
+                conn.execute(f"DELETE FROM {table}")
+
+    def add_manifests(self, manifests: Iterable[Manifest]) -> None:
+        with self.write() as conn:
+            for m in manifests:
+                _insert(conn, m)
+
+    def remove_manifests(self, ids: Iterable[str]) -> None:
+        with self.write() as conn:
+            for mid in ids:
+                conn.execute("DELETE FROM manifests WHERE id = ?", (mid,))
+                conn.execute("DELETE FROM edges WHERE child = ?", (mid,))
+                conn.execute("DELETE FROM tensor_refs WHERE manifest = ?", (mid,))
+                conn.execute("DELETE FROM modules WHERE manifest = ?", (mid,))
+
+    def set_refs(self, rows: Iterable[tuple[str, int, str]], *, drop: Iterable[tuple[str, int]] = ()
+                 ) -> None:
+        """Record ref objects `(name, version, id)`, and forget the `drop` ones."""
+        with self.write() as conn:
+            conn.executemany("INSERT OR REPLACE INTO refs VALUES (?, ?, ?)", list(rows))
+            conn.executemany("DELETE FROM refs WHERE name = ? AND version = ?", list(drop))
+
+    def manifest_ids(self) -> set[str]:
+        return {r[0] for r in self.query("SELECT id FROM manifests")}
+
+    def ref_keys(self, name: str | None = None) -> set[tuple[str, int]]:
+        if name is None:
+            return {(r[0], r[1]) for r in self.query("SELECT name, version FROM refs")}
+        rows = self.query("SELECT name, version FROM refs WHERE name = ?", (name,))
+        return {(r[0], r[1]) for r in rows}
+
+    def manifest(self, manifest_id: str) -> Manifest | None:
+        rows = self.query("SELECT body FROM manifests WHERE id = ?", (manifest_id,))
+        return Manifest.from_json(rows[0][0], manifest_id) if rows else None
+
+    def versions(self, where: str = "", args: Iterable[Any] = (), order: str = "") -> list[
+        ModelVersion
+    ]:
+        sql = _VERSIONS + (f" WHERE {where}" if where else "")
+        sql += f" ORDER BY {order}" if order else " ORDER BY m.name, r.version"
+        return [_version(row) for row in self.query(sql, args)]
+
+    def version_of(self, manifest_id: str) -> ModelVersion | None:
+        found = self.versions("m.id = ?", (manifest_id,))
+        return found[0] if found else None
+
+    def ref_target(self, name: str, version: int) -> str | None:
+        rows = self.query("SELECT id FROM refs WHERE name = ? AND version = ?", (name, version))
+        return rows[0][0] if rows else None
+
+    def names(self) -> list[str]:
+        return [r[0] for r in self.query("SELECT DISTINCT name FROM refs ORDER BY name")]
+
+
+def _insert(conn: sqlite3.Connection, m: Manifest) -> None:
+    mid = m.id
+    conn.execute(
+        "INSERT OR REPLACE INTO manifests VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (mid, m.name, m.parent, m.created, json.dumps(list(m.tags)), json.dumps(m.metrics),
+         len(m.tensors), m.nbytes, m.to_json().decode()),
+    )
+    if m.parent:
+        conn.execute("INSERT OR IGNORE INTO edges VALUES (?, ?)", (mid, m.parent))
+    conn.execute("DELETE FROM tensor_refs WHERE manifest = ?", (mid,))
+    conn.executemany(
+        "INSERT INTO tensor_refs VALUES (?, ?, ?, ?, ?, ?)",
+        [(mid, k, t.hash, t.dtype, json.dumps(list(t.shape)), t.nbytes)
+         for k, t in m.tensors.items()],
+    )
+    conn.execute("DELETE FROM modules WHERE manifest = ?", (mid,))
+    rows = []
+    layer = 0
+    for position, entry in enumerate(m.modules):
+        index = None
+        if entry.layer is not None:
+            layer += 1
+            index = layer
+        rows.append((mid, position, entry.name, entry.cls, entry.short_cls,
+                     json.dumps(entry.config, sort_keys=True), index, entry.layer))
+    conn.executemany("INSERT INTO modules VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+
+
+def _version(row: tuple[Any, ...]) -> ModelVersion:
+    mid, name, version, parent, created, tags, metrics, tensors, nbytes = row
+    return ModelVersion(
+        id=mid, name=name, version=version, parent=parent, created=created,
+        tags=tuple(json.loads(tags)), metrics=json.loads(metrics), tensors=tensors,
+        nbytes=nbytes,
+    )
+
+
+@contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")

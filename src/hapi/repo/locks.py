@@ -1,0 +1,172 @@
+"""Push and gc locks: how `gc` and concurrent pushes stay out of each other's way.
+
+The danger: a push finds blob X already stored (so it does not upload it) while a gc that
+listed the manifests a moment earlier sees X unreferenced and deletes it; the push then
+writes a manifest that names a missing blob. Object stores offer no transactions, so hapi
+uses intent objects, the scheme restic uses for `prune`:
+
+1. A push writes `locks/push-<token>.json`, *then* lists the gc locks. If a live gc lock
+   exists, it withdraws its own lock, waits and retries.
+2. A gc writes `locks/gc-<token>.json`, *then* lists the push locks. If a live push lock
+   exists, it withdraws and does nothing (reported as skipped).
+
+Each side writes before it looks, so with a store whose listings show every completed
+write (local disks, S3 since 2020, SeaweedFS), the later of the two always sees the
+earlier's lock: they can never both go ahead. A gc that goes ahead therefore runs while
+no push is between "checked which blobs exist" and "wrote its manifest".
+
+Locks carry their writer's wall-clock time; a lock older than the TTL is stale (its
+process died) and is ignored and cleaned up by gc. Pushes refresh their lock while they
+upload. A push that finds its own lock older than the TTL (it was paused for that long,
+so a gc may have judged it dead) re-takes the lock and re-checks every blob before it
+writes the manifest.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hapi.data.store import ObjectStore
+from hapi.errors import ObjectNotFound, RepoError
+from hapi.repo.layout import LOCKS
+
+__all__ = ["HeldLock", "LockInfo", "Locks"]
+
+log = logging.getLogger("hapi.repo")
+
+
+@dataclass(frozen=True)
+class LockInfo:
+    """A lock object as read from the store."""
+
+    key: str
+    kind: str
+    created: float
+    owner: str
+
+
+class HeldLock:
+    """A lock this process wrote; refresh it while working, release it when done."""
+
+    def __init__(self, locks: Locks, kind: str) -> None:
+        self._locks = locks
+        self.kind = kind
+        self.key = f"{LOCKS}/{kind}-{uuid.uuid4().hex}.json"
+        self.written_at = 0.0
+        self.lapsed = False
+        """Set when the lock went unrefreshed for a whole TTL: a gc may have run meanwhile."""
+        self.write()
+
+    def write(self) -> None:
+        now = self._locks.clock()
+        owner = f"{socket.gethostname()}:{os.getpid()}"
+        body = {"kind": self.kind, "created": now, "owner": owner}
+        self._locks.store.put(self.key, json.dumps(body).encode())
+        self.written_at = now
+
+    def refresh(self) -> None:
+        """Rewrite the lock's time when a quarter of the TTL has passed."""
+        age = self._locks.clock() - self.written_at
+        if age >= self._locks.ttl_s:
+            self.lapsed = True
+        if age > self._locks.ttl_s / 4:
+            self.write()
+
+    @property
+    def expired(self) -> bool:
+        """Whether others may have judged this lock stale since it was last written."""
+        return self._locks.clock() - self.written_at >= self._locks.ttl_s
+
+    def release(self) -> None:
+        self._locks.store.delete(self.key)
+
+
+class Locks:
+    """The lock protocol on one store."""
+
+    def __init__(
+        self, store: ObjectStore, *, ttl_s: float, wait_s: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.ttl_s = ttl_s
+        self.wait_s = wait_s
+        self.clock = clock
+
+    def read(self, kind: str | None = None) -> list[LockInfo]:
+        """Every lock in the store (of `kind`), stale or not."""
+        keys = [k for k in self.store.list(LOCKS) if kind is None or _kind(k) == kind]
+        found = []
+        for key, data in zip(keys, self.store.get_many(keys), strict=True):
+            if isinstance(data, ObjectNotFound):
+                continue  # released since the listing
+            if isinstance(data, BaseException):
+                raise data
+            try:
+                body = json.loads(data)
+                found.append(LockInfo(key, _kind(key), float(body["created"]), body["owner"]))
+            except (ValueError, KeyError, TypeError):
+                # Puts are atomic, so this is not a lock being written: treat it as stale.
+                log.warning("unreadable lock %s is treated as stale", key)
+                found.append(LockInfo(key, _kind(key), 0.0, "?"))
+        return found
+
+    def live(self, kind: str) -> list[LockInfo]:
+        now = self.clock()
+        return [lock for lock in self.read(kind) if now - lock.created < self.ttl_s]
+
+    def acquire_push(self) -> HeldLock:
+        """Take a push lock, waiting up to `wait_s` for running gcs to end.
+
+        Raises:
+            RepoError: a gc still holds the repository after `wait_s` seconds.
+        """
+        deadline = self.clock() + self.wait_s
+        delay = 0.05
+        while True:
+            held = HeldLock(self, "push")
+            gcs = self.live("gc")
+            if not gcs:
+                return held
+            held.release()
+            if self.clock() >= deadline:
+                g = gcs[0]
+                raise RepoError(
+                    f"a gc is running on {self.store.uri} (lock {g.key} by {g.owner}); push "
+                    f"again when it ends. A lock older than {self.ttl_s:.0f}s is stale and ignored"
+                )
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 1.0)
+
+    def try_acquire_gc(self) -> tuple[HeldLock | None, list[LockInfo]]:
+        """Take a gc lock unless a live push lock exists.
+
+        Returns:
+            The held lock, or None and the push locks that were in the way.
+        """
+        held = HeldLock(self, "gc")
+        pushes = self.live("push")
+        if pushes:
+            held.release()
+            return None, pushes
+        return held, []
+
+    def remove_stale(self, keep: str) -> int:
+        """Delete stale locks (other than `keep`); return how many."""
+        now = self.clock()
+        stale = [x for x in self.read() if x.key != keep and now - x.created >= self.ttl_s]
+        for lock in stale:
+            self.store.delete(lock.key)
+        return len(stale)
+
+
+def _kind(key: str) -> str:
+    return key.rsplit("/", 1)[-1].split("-", 1)[0]

@@ -1,0 +1,151 @@
+"""A model's module tree as a manifest records it, and the identities of its layers.
+
+Each module is written down with its class, the constructor-relevant settings that can be
+read back from it (a Conv2d's channels, kernel, stride, padding, groups; a Linear's sizes;
+a BatchNorm's eps and momentum; any scalar attribute a custom module keeps), and the names
+of its own parameters and buffers.
+
+A *layer* is a module that holds computation state of its own: a leaf, or a module with
+direct parameters or buffers. Layers are taken in `named_modules` order, which is the
+definition order and, for the models hapi meets, the execution order; it needs no tracing,
+so it works for models torch.fx cannot trace. Layer `i`'s identity hashes its class, its
+settings, its tensors' shapes and dtypes, and layer `i-1`'s identity (EvoStore's idea), so
+two models that start with the same layers get the same identities for that prefix, and
+"how many leading layers do these share" is one lookup of the deepest equal identity.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+__all__ = ["ModuleEntry", "class_name", "describe_modules", "module_config"]
+
+_SCALARS = (bool, int, float, str, type(None))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModuleEntry:
+    """One module of a model's tree."""
+
+    name: str
+    """Qualified name (`layer4.0.conv1`; `""` is the model itself)."""
+    cls: str
+    """`module.qualname` of its class (`torch.nn.modules.conv.Conv2d`)."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """Recoverable constructor settings (JSON values)."""
+    params: tuple[str, ...] = ()
+    """Names of its direct parameters (`weight`, `bias`)."""
+    buffers: tuple[str, ...] = ()
+    """Names of its direct persistent buffers (`running_mean`, ...)."""
+    layer: str | None = None
+    """Its layer identity, for modules that are layers; None for pure containers."""
+
+    @property
+    def short_cls(self) -> str:
+        """The class's own name (`Conv2d`)."""
+        return self.cls.rsplit(".", 1)[-1]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "class": self.cls,
+            "config": self.config,
+            "params": list(self.params),
+            "buffers": list(self.buffers),
+            "layer": self.layer,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModuleEntry:
+        return cls(
+            name=data["name"],
+            cls=data["class"],
+            config=dict(data.get("config", {})),
+            params=tuple(data.get("params", ())),
+            buffers=tuple(data.get("buffers", ())),
+            layer=data.get("layer"),
+        )
+
+
+def class_name(module: nn.Module) -> str:
+    """`module.qualname` of the module's class."""
+    t = type(module)
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+def module_config(module: nn.Module) -> dict[str, Any]:
+    """The settings a module keeps as plain attributes, as JSON values.
+
+    Every torch.nn layer keeps its constructor arguments as public attributes
+    (`in_channels`, `kernel_size`, `eps`, `inplace`), and so do most custom modules;
+    tensors, submodules and private state are not settings.
+    """
+    config: dict[str, Any] = {}
+    for key, value in sorted(vars(module).items()):
+        if key.startswith("_") or key == "training":
+            continue
+        jsonable = _jsonable(value)
+        if jsonable is not _SKIP:
+            config[key] = jsonable
+    if "bias" in module._parameters:
+        # Conv and Linear take `bias=` but keep a parameter, not a flag.
+        config["bias"] = module._parameters["bias"] is not None
+    return config
+
+
+def describe_modules(model: nn.Module) -> tuple[ModuleEntry, ...]:
+    """The module tree of `model`, with layer identities, in `named_modules` order."""
+    entries: list[ModuleEntry] = []
+    previous = ""
+    for name, module in model.named_modules():
+        params = tuple(k for k, v in module._parameters.items() if v is not None)
+        buffers = tuple(
+            k
+            for k, v in module._buffers.items()
+            if v is not None and k not in module._non_persistent_buffers_set
+        )
+        config = module_config(module)
+        layer = None
+        if not module._modules or params or buffers:
+            shapes = [
+                [k, str(t.dtype).removeprefix("torch."), list(t.shape)]
+                for k, t in [*module._parameters.items(), *module._buffers.items()]
+                if t is not None
+            ]
+            body = json.dumps([previous, class_name(module), config, shapes], sort_keys=True)
+            layer = hashlib.sha256(body.encode()).hexdigest()[:32]
+            previous = layer
+        entries.append(
+            ModuleEntry(
+                name=name,
+                cls=class_name(module),
+                config=config,
+                params=params,
+                buffers=buffers,
+                layer=layer,
+            )
+        )
+    return tuple(entries)
+
+
+class _Skip:
+    pass
+
+
+_SKIP = _Skip()
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, _SCALARS):
+        return value
+    if isinstance(value, tuple | list) and all(isinstance(v, _SCALARS) for v in value):
+        return [_jsonable(v) for v in value]
+    return _SKIP
