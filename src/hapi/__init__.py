@@ -4,11 +4,10 @@ Run the frozen front of a model next to the data (`hapi serve`), send only compa
 to the trainer, and fine-tune the rest there (`TransferJob`).
 """
 
-from hapi.client import TransferJob, connect
-from hapi.data import Transforms
-from hapi.errors import HapiError
-from hapi.graph import INPUT, RAW, ModelSpec
-from hapi.server import ServerConfig, serve
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __all__ = [
     "INPUT",
@@ -23,3 +22,30 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+# Importing torch takes seconds; names load on first use so `hapi --help` and the
+# error paths of the CLI answer at once.
+_WHERE = {
+    "INPUT": "hapi.graph",
+    "RAW": "hapi.graph",
+    "ModelSpec": "hapi.graph",
+    "HapiError": "hapi.errors",
+    "ServerConfig": "hapi.server",
+    "serve": "hapi.server",
+    "Transforms": "hapi.data",
+    "TransferJob": "hapi.client",
+    "connect": "hapi.client",
+}
+
+if TYPE_CHECKING:
+    from hapi.client import TransferJob, connect
+    from hapi.data import Transforms
+    from hapi.errors import HapiError
+    from hapi.graph import INPUT, RAW, ModelSpec
+    from hapi.server import ServerConfig, serve
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'hapi' has no attribute {name!r}")

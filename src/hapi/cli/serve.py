@@ -9,8 +9,6 @@ import threading
 import typer
 from rich.console import Console
 
-from hapi.data import StoreOptions
-from hapi.server import HapiServer, ServerConfig
 
 
 def register(app: typer.Typer) -> None:
@@ -33,6 +31,9 @@ def serve(
     endpoint: str = typer.Option(None, help="S3 endpoint URL (default: AWS_ENDPOINT_URL)."),
 ) -> None:
     """Serve features computed next to the data over Arrow Flight, until Ctrl-C."""
+    from hapi.data import StoreOptions
+    from hapi.server import HapiServer, ServerConfig
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     config = ServerConfig(
         store=store,
@@ -49,11 +50,20 @@ def serve(
     server = HapiServer(config)
     limit = f", egress limited to {egress_limit}" if egress_limit else ""
     Console().print(f"hapi serving [bold]{store}[/] at [bold]{server.address}[/]{limit}")
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    thread = threading.Thread(target=server.serve, daemon=True)
-    thread.start()
-    stop.wait()
-    server.shutdown()
-    thread.join(timeout=10)
+    # serve() blocks in C++ but runs Python signal handlers; SIGTERM and SIGINT end it
+    # through an exception, and the server then stops cleanly.
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        server.serve()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stopper = threading.Thread(target=server.shutdown, daemon=True)
+        stopper.start()
+        # Streams cut off by a vanished client can hold shutdown; do not wait forever.
+        stopper.join(timeout=10)
+    Console().print("hapi server stopped")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

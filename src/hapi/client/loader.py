@@ -39,7 +39,7 @@ class LoaderStats:
     wait_s: float = 0.0
     """Time the trainer waited for data (a stall: the pipeline is not keeping up)."""
     postprocess_s: float = 0.0
-    """Time spent decoding raw bytes in the trainer (the local baseline only)."""
+    """CPU time spent decoding raw bytes in the trainer (the local baseline only)."""
     skipped: list[dict[str, str]] = field(default_factory=list)
 
 
@@ -178,14 +178,14 @@ class FeatureLoader:
                 time.sleep(0.2 * 2**attempt)
         if self.postprocess is None:
             return result
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         batches, skipped = [], list(result.skipped)
         for raw in result.batches:
             batch, dropped = self.postprocess(raw, epoch)
             skipped += dropped
             if len(batch):
                 batches.append(batch)
-        self.stats.postprocess_s += time.perf_counter() - t0
+        self.stats.postprocess_s += time.thread_time() - t0
         return ChunkResult(batches, skipped, result.nbytes)
 
     def _account(self, result: ChunkResult, delivered: set[str]) -> None:

@@ -41,5 +41,9 @@ class ServerConfig:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.egress_limit is not None:
+            from hapi.server.shaping import parse_rate
+
+            parse_rate(self.egress_limit)  # refuse a bad rate before binding a port
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")

@@ -54,7 +54,14 @@ class HapiServer(flight.FlightServerBase):
 
     def __init__(self, config: ServerConfig) -> None:
         middleware = {"auth": TokenMiddlewareFactory(config.token)} if config.token else None
-        super().__init__(f"grpc://{config.host}:{config.port}", middleware=middleware)
+        location = f"grpc://{config.host}:{config.port}"
+        try:
+            super().__init__(location, middleware=middleware)
+        except (pa.ArrowException, OSError) as exc:
+            raise InvalidRequest(
+                f"cannot listen on {location} ({str(exc).splitlines()[0]}): the port may be "
+                "in use; pick another with --port, or 0 for any free port"
+            ) from None
         self.config = config
         self.store: Store = open_store(config.store, config.store_options)
         self.heads = HeadCache(config.device, loader=_model_loader(config))

@@ -1,0 +1,135 @@
+"""The `hapi` command as a user runs it: real processes, real ports, errors without tracebacks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from hapi.cli import main
+from hapi.client import connect
+from hapi.demo import DemoConfig, run_demo
+
+from ..seaweed import free_port
+
+HAPI = [sys.executable, "-m", "hapi.cli"]
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def hapi_cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """Run `hapi ARGS...` in this process, through the same `main()` as the console script."""
+
+    def run(*args: str) -> Result:
+        monkeypatch.setattr(sys, "argv", ["hapi", *args])
+        capsys.readouterr()
+        try:
+            main()
+            code = 0
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        out, err = capsys.readouterr()
+        return Result(code, " ".join(out.split()), " ".join(err.split()))
+
+    return run
+
+
+def test_data_synth_then_ls(hapi_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    made = hapi_cli("data", "synth", str(tmp_path / "ds"), "--classes", "3", "--per-class", "2", "--size", "32")
+    assert made.returncode == 0, made.stderr
+    assert "6 images, 3 classes" in made.stdout
+    listed = hapi_cli("data", "ls", str(tmp_path / "ds"))
+    assert "6 images, 3 classes" in listed.stdout
+    assert len(list((tmp_path / "ds").glob("class_*/*.jpg"))) == 6
+
+
+def test_data_import(hapi_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    assert hapi_cli("data", "synth", str(tmp_path / "src"), "--per-class", "1", "--size", "16").returncode == 0
+    done = hapi_cli("data", "import", str(tmp_path / "src"), str(tmp_path / "dst"))
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in (tmp_path / "dst").rglob("*.jpg")) == sorted(
+        p.name for p in (tmp_path / "src").rglob("*.jpg")
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("profile", "no_such_model"), "unknown model 'no_such_model'"),
+        (("data", "ls", "/nonexistent/hapi-empty"), "no images"),
+        (("serve", "--store", "ftp://x"), "unknown store URI scheme"),
+        (("serve", "--store", ".", "--port", "0", "--egress-limit", "fast"), "cannot read rate"),
+    ],
+)
+def test_errors_are_one_line_without_traceback(
+    hapi_cli, args: tuple[str, ...], needle: str  # type: ignore[no-untyped-def]
+) -> None:
+    result = hapi_cli(*args)
+    assert result.returncode == 1
+    assert needle in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_a_port_in_use_is_named(hapi_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = hapi_cli("serve", "--store", str(tmp_path), "--port", str(port))
+    assert result.returncode == 1
+    assert f"cannot listen on grpc://127.0.0.1:{port}" in result.stderr
+
+
+def test_serve_runs_until_sigterm(hapi_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    made = hapi_cli("data", "synth", str(tmp_path / "train"), "--per-class", "2", "--size", "32")
+    assert made.returncode == 0
+    port = free_port()
+    proc = subprocess.Popen(
+        [*HAPI, "serve", "--store", str(tmp_path), "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        conn = connect(f"127.0.0.1:{port}", timeout=5)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                manifest = conn.manifest("train")
+                break
+            except Exception:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.3)
+        assert len(manifest) == 8
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert f"127.0.0.1:{port}" in out and "stopped" in out
+
+
+def test_demo_pushdown_moves_fewer_bytes_for_the_same_model() -> None:
+    config = DemoConfig(
+        train_per_class=4, val_per_class=2, stored_size=160, image_size=64, epochs=1,
+        link="1gbit", wire_dtype="fp32", batch_size=8,
+    )
+    seen: set[str] = set()
+    base, push = run_demo(config, lambda phase, done, total: seen.add(phase))
+    assert base.mode == "baseline" and push.mode == "pushdown" and push.cut > 0
+    assert push.bytes_per_epoch * 3 < base.bytes_per_epoch
+    # Same samples, same order, same seed, fp32 on the wire: the same model trained.
+    assert push.epochs[-1].loss == pytest.approx(base.epochs[-1].loss, rel=1e-4)
+    assert push.evaluation.accuracy == base.evaluation.accuracy
+    assert {"writing train images", "baseline epoch 1", "pushdown evaluate"} <= seen
