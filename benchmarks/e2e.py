@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _results import write_section  # benchmarks/, the script's own directory
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -76,8 +78,12 @@ def _make_dataset(root: str, args: argparse.Namespace) -> None:
 
     per_class = max(1, args.images // args.classes)
     synth_dataset(
-        open_store(root), "train", classes=args.classes, per_class=per_class,
-        size=args.stored_size, seed=0,
+        open_store(root),
+        "train",
+        classes=args.classes,
+        per_class=per_class,
+        size=args.stored_size,
+        seed=0,
     )
 
 
@@ -91,11 +97,23 @@ class _Server:
 
     def __enter__(self) -> _Server:
         cmd = [
-            sys.executable, "-m", "hapi.cli", "serve", "--store", self.root,
-            "--port", str(self.port), "--egress-limit", self.limit, "--threads", "1",
+            sys.executable,
+            "-m",
+            "hapi.cli",
+            "serve",
+            "--store",
+            self.root,
+            "--port",
+            str(self.port),
+            "--egress-limit",
+            self.limit,
+            "--threads",
+            "1",
         ]
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            cmd,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
             preexec_fn=lambda: _pin(0),
         )
         from hapi.client import connect
@@ -214,8 +232,15 @@ def _plot(rows: list[dict], path: Path) -> None:
         sel = [next(r for r in rows if r["limit"] == lim and r["mode"] == mode) for lim in limits]
         xs = [j + (i - 0.5) * width for j in range(len(limits))]
         axes[0].bar(xs, [r["epoch_s"] for r in sel], width, label=f"{mode} achieved")
-        axes[0].scatter(xs, [r["bound_s"] for r in sel], color="black", marker="_", s=300,
-                        zorder=3, label="pipeline bound" if i == 0 else None)
+        axes[0].scatter(
+            xs,
+            [r["bound_s"] for r in sel],
+            color="black",
+            marker="_",
+            s=300,
+            zorder=3,
+            label="pipeline bound" if i == 0 else None,
+        )
         axes[1].bar(xs, [r["bytes_per_epoch"] / 1e6 for r in sel], width, label=mode)
     for ax, title, unit in ((axes[0], "epoch time", "s"), (axes[1], "bytes moved / epoch", "MB")):
         ax.set_xticks(range(len(limits)), limits)
@@ -229,24 +254,17 @@ def _plot(rows: list[dict], path: Path) -> None:
 
 
 def _write_results(table: str, args: argparse.Namespace) -> None:
-    path = HERE / "RESULTS.md"
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    start, end = "<!-- e2e:start -->", "<!-- e2e:end -->"
-    section = (
-        f"{start}\n## End to end: baseline vs pushdown\n\n"
+    write_section(
+        "e2e",
+        "## End to end: baseline vs pushdown\n\n"
         f"`python benchmarks/e2e.py --results` on {_machine()}; {args.model}, freeze "
         f"`{args.freeze}`, {args.images} synthetic JPEGs stored at {args.stored_size} px, "
         f"trained at {args.image_size} px, batch {args.batch_size}, wire {args.wire_dtype}; "
         f"epoch {args.epochs} of {args.epochs} reported. Server and trainer are two processes "
         "pinned to one core each; the link is the server's egress token bucket. "
         "`bound` = max(server, transfer, trainer) per epoch. Plot: `benchmarks/out/e2e.png`.\n\n"
-        f"{table}\n{end}"
+        f"{table}",
     )
-    if start in text:
-        text = text[: text.index(start)] + section + text[text.index(end) + len(end) :]
-    else:
-        text = text.rstrip() + "\n\n" + section + "\n"
-    path.write_text(text)
 
 
 def _machine() -> str:

@@ -13,10 +13,11 @@ __all__ = [
     "INPUT",
     "RAW",
     "HapiError",
+    "ModelRepo",
     "ModelSpec",
     "ServerConfig",
-    "Transforms",
     "TransferJob",
+    "Transforms",
     "connect",
     "serve",
 ]
@@ -29,6 +30,7 @@ _WHERE = {
     "INPUT": "hapi.graph",
     "RAW": "hapi.graph",
     "ModelSpec": "hapi.graph",
+    "ModelRepo": "hapi.repo",
     "HapiError": "hapi.errors",
     "ServerConfig": "hapi.server",
     "serve": "hapi.server",
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
     from hapi.data import Transforms
     from hapi.errors import HapiError
     from hapi.graph import INPUT, RAW, ModelSpec
+    from hapi.repo import ModelRepo
     from hapi.server import ServerConfig, serve
 
 

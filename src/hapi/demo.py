@@ -9,9 +9,12 @@ the frozen layers' features. Same samples, same order, same seed: the same model
 
 from __future__ import annotations
 
+import functools
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import torch
 
 from hapi.client import EpochStats, EvalResult, TransferJob
 from hapi.data import Transforms, open_store, synth_dataset
@@ -49,6 +52,8 @@ class DemoConfig:
     """Dtype of pushed-down features on the wire."""
     seed: int = 0
     """Seeds the data, the epoch order and the training."""
+    lr: float = 0.02
+    """Learning rate of the classifier (SGD with momentum)."""
 
     def __post_init__(self) -> None:
         if self.epochs < 1 or self.classes < 2:
@@ -100,10 +105,14 @@ def run_demo(config: DemoConfig | None = None, progress: Progress | None = None)
                 per_class=per_class,
                 size=config.stored_size,
                 seed=seed,
-                progress=lambda n, p=prefix, t=total: report(f"writing {p} images", n, t),
+                progress=functools.partial(_count, report, f"writing {prefix} images", total),
             )
         with serve(ServerConfig(store=root, egress_limit=config.link)) as server:
             return [_run(config, server.address, mode, report) for mode in ("local", "pushdown")]
+
+
+def _count(report: Progress, phase: str, total: int, done: int) -> None:
+    report(phase, done, total)
 
 
 def _run(config: DemoConfig, address: str, mode: str, report: Progress) -> DemoRun:
@@ -126,12 +135,9 @@ def _run(config: DemoConfig, address: str, mode: str, report: Progress) -> DemoR
         seed=config.seed,
     )
     label = "baseline" if mode == "local" else "pushdown"
+    optimizer = torch.optim.SGD(job.trainable_parameters, lr=config.lr, momentum=0.9)
     for epoch in range(config.epochs):
-        job.fit(
-            1,
-            lr=0.05,
-            progress=lambda done, total, e=epoch: report(f"{label} epoch {e + 1}", done, total),
-        )
-    evaluation = job.evaluate(progress=lambda d, t: report(f"{label} evaluate", d, t))
+        job.fit(1, optimizer, progress=functools.partial(report, f"{label} epoch {epoch + 1}"))
+    evaluation = job.evaluate(progress=functools.partial(report, f"{label} evaluate"))
     cut_name = job.graph.cut_points[job.cut - 1].name if job.cut > 0 else "input"
     return DemoRun(label, job.cut, cut_name, list(job.history.epochs), evaluation)

@@ -48,7 +48,9 @@ def hapi_cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 
 
 def test_data_synth_then_ls(hapi_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    made = hapi_cli("data", "synth", str(tmp_path / "ds"), "--classes", "3", "--per-class", "2", "--size", "32")
+    made = hapi_cli(
+        "data", "synth", str(tmp_path / "ds"), "--classes", "3", "--per-class", "2", "--size", "32"
+    )
     assert made.returncode == 0, made.stderr
     assert "6 images, 3 classes" in made.stdout
     listed = hapi_cli("data", "ls", str(tmp_path / "ds"))
@@ -57,7 +59,12 @@ def test_data_synth_then_ls(hapi_cli, tmp_path: Path) -> None:  # type: ignore[n
 
 
 def test_data_import(hapi_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    assert hapi_cli("data", "synth", str(tmp_path / "src"), "--per-class", "1", "--size", "16").returncode == 0
+    assert (
+        hapi_cli(
+            "data", "synth", str(tmp_path / "src"), "--per-class", "1", "--size", "16"
+        ).returncode
+        == 0
+    )
     done = hapi_cli("data", "import", str(tmp_path / "src"), str(tmp_path / "dst"))
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in (tmp_path / "dst").rglob("*.jpg")) == sorted(
@@ -75,7 +82,9 @@ def test_data_import(hapi_cli, tmp_path: Path) -> None:  # type: ignore[no-untyp
     ],
 )
 def test_errors_are_one_line_without_traceback(
-    hapi_cli, args: tuple[str, ...], needle: str  # type: ignore[no-untyped-def]
+    hapi_cli,
+    args: tuple[str, ...],
+    needle: str,  # type: ignore[no-untyped-def]
 ) -> None:
     result = hapi_cli(*args)
     assert result.returncode == 1
@@ -99,7 +108,9 @@ def test_serve_runs_until_sigterm(hapi_cli, tmp_path: Path) -> None:  # type: ig
     port = free_port()
     proc = subprocess.Popen(
         [*HAPI, "serve", "--store", str(tmp_path), "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         conn = connect(f"127.0.0.1:{port}", timeout=5)
@@ -122,8 +133,14 @@ def test_serve_runs_until_sigterm(hapi_cli, tmp_path: Path) -> None:  # type: ig
 
 def test_demo_pushdown_moves_fewer_bytes_for_the_same_model() -> None:
     config = DemoConfig(
-        train_per_class=4, val_per_class=2, stored_size=160, image_size=64, epochs=1,
-        link="1gbit", wire_dtype="fp32", batch_size=8,
+        train_per_class=4,
+        val_per_class=2,
+        stored_size=320,
+        image_size=64,
+        epochs=1,
+        link="1gbit",
+        wire_dtype="fp32",
+        batch_size=8,
     )
     seen: set[str] = set()
     base, push = run_demo(config, lambda phase, done, total: seen.add(phase))

@@ -168,9 +168,10 @@ def test_sessions_share_heads_and_close_with_stats(conn: Connection) -> None:
 
 
 def test_egress_limit_shapes_what_is_sent(store_dir: Path) -> None:
-    with serve(store=str(store_dir), egress_limit="2mbit") as server, connect(
-        server.address
-    ) as conn:
+    with (
+        serve(store=str(store_dir), egress_limit="2mbit") as server,
+        connect(server.address) as conn,
+    ):
         info = conn.open_session(_request(cut=RAW))
         keys = list(conn.manifest("train").keys)
         result = conn.fetch(_ticket(info.session, keys))

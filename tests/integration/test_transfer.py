@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
@@ -50,8 +49,10 @@ def test_pushdown_and_local_training_give_the_same_losses(server: HapiServer) ->
     pushdown.fit(2, lr=0.05)
     assert len(local.history.losses) == len(pushdown.history.losses) == 2 * 3
     torch.testing.assert_close(
-        torch.tensor(pushdown.history.losses), torch.tensor(local.history.losses),
-        rtol=1e-4, atol=1e-4,
+        torch.tensor(pushdown.history.losses),
+        torch.tensor(local.history.losses),
+        rtol=1e-4,
+        atol=1e-4,
     )
     # Training changed the trainable layers, identically, and left frozen ones alone.
     for (name, a), b in zip(
@@ -93,8 +94,12 @@ def test_loader_delivers_every_key_once_per_epoch_in_a_seeded_order(server: Hapi
 
 def test_a_corrupt_image_fails_the_epoch_naming_the_key(server: HapiServer) -> None:
     job = TransferJob(
-        {"name": "resnet18", "num_classes": 2}, "dirty", server.address,
-        freeze="layer3", image_size=SIZE, batch_size=4,
+        {"name": "resnet18", "num_classes": 2},
+        "dirty",
+        server.address,
+        freeze="layer3",
+        image_size=SIZE,
+        batch_size=4,
     )
     with pytest.raises(CorruptObject, match="zz-corrupt.jpg"):
         job.fit(1)
@@ -105,8 +110,14 @@ def test_skip_mode_trains_on_the_rest_and_reports_the_bad_key(
     server: HapiServer, mode: str
 ) -> None:
     job = TransferJob(
-        {"name": "resnet18", "num_classes": 2}, "dirty", server.address,
-        freeze="layer3", image_size=SIZE, batch_size=4, on_error="skip", mode=mode,
+        {"name": "resnet18", "num_classes": 2},
+        "dirty",
+        server.address,
+        freeze="layer3",
+        image_size=SIZE,
+        batch_size=4,
+        on_error="skip",
+        mode=mode,
     )
     (epoch,) = job.fit(1).epochs
     assert epoch.samples == 6

@@ -32,7 +32,8 @@ def main() -> None:
     """Entry point of the console script: domain errors print one line, no traceback."""
     _register()
     try:
-        app(standalone_mode=False)
+        # Outside standalone mode click returns a `typer.Exit`'s code instead of exiting.
+        code = app(standalone_mode=False)
     except HapiError as exc:
         Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False)
         sys.exit(1)
@@ -48,3 +49,5 @@ def main() -> None:
             exc.show()
             sys.exit(exc.exit_code)
         raise
+    if isinstance(code, int) and code:
+        sys.exit(code)

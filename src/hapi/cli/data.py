@@ -2,47 +2,43 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-data_app = typer.Typer(help="Make, import and list datasets in an object store.", no_args_is_help=True)
+if TYPE_CHECKING:
+    from hapi.data import Manifest, Store
+
+__all__ = ["register"]
+
+data_app = typer.Typer(
+    help="Make, import and list datasets (ImageFolder layout) in an object store.",
+    no_args_is_help=True,
+)
+
+_URI_HELP = "The dataset's root: a directory, file:///dir or s3://bucket/prefix."
+_ENDPOINT_HELP = "S3 endpoint URL (default: AWS_ENDPOINT_URL); keys from the AWS variables."
 
 
 def register(app: typer.Typer) -> None:
     """Add the `data` group to `app`."""
-    app.add_typer(data_app, name="data")
-
-
-def _store(uri: str, endpoint: str | None):  # type: ignore[no-untyped-def]
-    from hapi.data import StoreOptions, open_store
-
-    return open_store(uri, StoreOptions(endpoint=endpoint) if endpoint else None)
-
-
-@contextmanager
-def _bar(label: str, total: int) -> Iterator[Callable[[int], None]]:
-    with Progress(
-        TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
-    ) as bars:
-        task = bars.add_task(label, total=total)
-        yield lambda n: bars.update(task, completed=n)
+    app.add_typer(data_app, name="data", help="Make, import and list datasets.")
 
 
 @data_app.command()
 def synth(
-    uri: str = typer.Argument(..., help="Where to write: a directory or s3://bucket/prefix."),
+    uri: str = typer.Argument(..., help=_URI_HELP),
     classes: int = typer.Option(4, help="Number of classes."),
     per_class: int = typer.Option(32, help="Images per class."),
     size: int = typer.Option(112, help="Image side in pixels."),
     seed: int = typer.Option(0, help="The same seed writes the same images."),
-    endpoint: str = typer.Option(None, help="S3 endpoint URL (default: AWS_ENDPOINT_URL)."),
+    endpoint: str | None = typer.Option(None, help=_ENDPOINT_HELP),
 ) -> None:
-    """Write a synthetic labelled image dataset (ImageFolder layout) to URI."""
+    """Write a synthetic labelled JPEG dataset to URI (for a val split, use another seed)."""
     from hapi.data import synth_dataset
 
     store = _store(uri, endpoint)
@@ -56,15 +52,13 @@ def synth(
 @data_app.command("import")
 def import_(
     directory: str = typer.Argument(..., help="A local ImageFolder tree: DIR/<class>/<image>."),
-    uri: str = typer.Argument(..., help="Where to upload: a directory or s3://bucket/prefix."),
-    endpoint: str = typer.Option(None, help="S3 endpoint URL (default: AWS_ENDPOINT_URL)."),
+    uri: str = typer.Argument(..., help=_URI_HELP),
+    endpoint: str | None = typer.Option(None, help=_ENDPOINT_HELP),
 ) -> None:
-    """Upload a local ImageFolder tree to URI."""
-    from pathlib import Path
+    """Upload the images of a local ImageFolder tree to URI, keeping the class folders."""
+    from hapi.data import import_folder, local_images
 
-    from hapi.data import IMAGE_EXTENSIONS, import_folder
-
-    total = sum(1 for p in Path(directory).glob("*/**/*") if p.suffix.lower() in IMAGE_EXTENSIONS)
+    total = len(local_images(directory))
     store = _store(uri, endpoint)
     with _bar("uploading images", total) as progress:
         manifest = import_folder(directory, store, progress=progress)
@@ -73,23 +67,38 @@ def import_(
 
 @data_app.command("ls")
 def ls(
-    uri: str = typer.Argument(..., help="A dataset: a directory or s3://bucket/prefix."),
-    endpoint: str = typer.Option(None, help="S3 endpoint URL (default: AWS_ENDPOINT_URL)."),
+    uri: str = typer.Argument(..., help=_URI_HELP),
+    endpoint: str | None = typer.Option(None, help=_ENDPOINT_HELP),
 ) -> None:
-    """List a dataset's classes and image counts."""
+    """Print a dataset's image count, classes with their counts, and size."""
     from hapi.data import Manifest
 
     store = _store(uri, endpoint)
     _summary(store, Manifest.from_store(store))
 
 
-def _summary(store, manifest) -> None:  # type: ignore[no-untyped-def]
-    from collections import Counter
+def _store(uri: str, endpoint: str | None) -> Store:
+    from hapi.data import StoreOptions, open_store
 
-    counts = Counter(manifest.labels)
-    nbytes = sum(store.size(k) for k in manifest.keys)
-    per_class = ", ".join(f"{c}: {counts[i]}" for i, c in enumerate(manifest.classes))
-    Console().print(
-        f"{store.uri}: [bold]{len(manifest)}[/] images, {len(manifest.classes)} classes "
-        f"({per_class}), {nbytes / 1e6:.2f} MB"
-    )
+    return open_store(uri, StoreOptions(endpoint=endpoint) if endpoint else None)
+
+
+@contextmanager
+def _bar(label: str, total: int) -> Iterator[Callable[[int], None]]:
+    # Progress goes to stderr, so stdout holds only the summary line.
+    with Progress(
+        TextColumn(label),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as bars:
+        task = bars.add_task(label, total=total)
+        yield lambda n: bars.update(task, completed=n)
+
+
+def _summary(store: Store, manifest: Manifest) -> None:
+    from hapi.data import summarize
+
+    Console().print(f"{store.uri}: {summarize(store, manifest)}", highlight=False)

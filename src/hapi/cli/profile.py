@@ -30,7 +30,11 @@ def profile(
     if as_json:
         typer.echo(json.dumps(rows))
         return
-    how = "traced with torch.fx" if graph.traced else f"NOT traced ({graph.fallback_reason}); cut between top-level children"
+    how = (
+        "traced with torch.fx"
+        if graph.traced
+        else f"NOT traced ({graph.fallback_reason}); cut between top-level children"
+    )
     table = Table(title=f"{model} at {image_size}x{image_size}: {graph.num_cuts} cut points, {how}")
     for column in ("cut", "after", "shape", "fp32 / sample", "fp16 / sample", "vs input"):
         table.add_column(column, justify="left" if column in ("after", "shape") else "right")

@@ -10,7 +10,6 @@ import typer
 from rich.console import Console
 
 
-
 def register(app: typer.Typer) -> None:
     """Add `serve` to `app`."""
     app.command()(serve)

@@ -15,12 +15,18 @@ __all__ = ["JobConfig"]
 class JobConfig:
     """A transfer-learning job: which model, which data, where the cut is, how to train."""
 
-    model: ModelSpec
-    """The pre-trained model; both sides build it from this spec."""
+    model: ModelSpec | str
+    """The pre-trained model: a spec both sides build, or a repository reference
+    (`repo://name@3`, `name@3`) both sides load from the model repository."""
     dataset: str
     """The training set's prefix in the server's store (ImageFolder layout)."""
     server: str
     """Address of the `hapi serve` beside the store (`grpc://host:port`)."""
+    repo: str | None = None
+    """URI of the model repository, as the trainer reaches it: for `repo://` models and
+    for `TransferJob.push`."""
+    num_classes: int | None = None
+    """Replace the model's classifier with a fresh one of this many outputs; None keeps it."""
     eval_dataset: str | None = None
     """The evaluation set's prefix; None evaluates on `dataset` with eval transforms."""
     freeze: int | str | None = None
@@ -57,6 +63,12 @@ class JobConfig:
             raise ValueError(f"mode must be 'pushdown' or 'local', got {self.mode!r}")
         if self.cut is not None and self.cut < RAW:
             raise ValueError(f"cut must be RAW (-1), INPUT (0) or a cut point, got {self.cut}")
+        if isinstance(self.model, str) and self.repo is None:
+            raise ValueError(
+                f"model {self.model!r} is a repository reference: pass repo=<the repository URI>"
+            )
+        if self.num_classes is not None and self.num_classes < 1:
+            raise ValueError(f"num_classes must be >= 1, got {self.num_classes}")
         for name in ("image_size", "batch_size", "chunk_size", "prefetch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

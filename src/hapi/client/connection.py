@@ -143,5 +143,3 @@ def connect(address: str, *, token: str | None = None, timeout: float | None = N
     if "://" not in address:
         address = f"grpc://{address}"
     return Connection(address, token, timeout)
-
-

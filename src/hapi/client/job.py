@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -15,9 +16,13 @@ from hapi.client.config import JobConfig
 from hapi.client.connection import Connection, connect
 from hapi.client.loader import FeatureLoader
 from hapi.data import Manifest, Transforms, load_sample, sample_seed
-from hapi.errors import HapiError
+from hapi.errors import HapiError, InvalidRequest
 from hapi.graph import INPUT, RAW, ModelGraph, ModelSpec, build_model, trace
+from hapi.repo.refs import is_repo_ref
 from hapi.wire import FeatureBatch, SessionRequest
+
+if TYPE_CHECKING:
+    from hapi.repo import ModelRepo, ModelVersion, PushedVersion
 
 __all__ = ["EpochStats", "EvalResult", "History", "TransferJob"]
 
@@ -84,17 +89,24 @@ class TransferJob:
         server: str | Connection,
         **options: Any,
     ) -> None:
-        if isinstance(model, str):
+        if isinstance(model, str) and not is_repo_ref(model):
             model = ModelSpec(name=model)
         elif isinstance(model, dict):
             model = ModelSpec.from_dict(model)
         address = server.address if isinstance(server, Connection) else server
         self.config = JobConfig(model=model, dataset=dataset, server=address, **options)
+        self.repo: ModelRepo | None = None
+        if self.config.repo is not None:
+            from hapi.repo import ModelRepo
+
+            self.repo = ModelRepo.open(self.config.repo)
+        self.base: ModelVersion | None = None
+        """The repository version the job started from, when it did."""
+        self.spec, self.model = self._build(model)
         self.connection = (
             server if isinstance(server, Connection) else connect(address, token=self.config.token)
         )
         self.device = torch.device(self.config.device)
-        self.model: nn.Module = build_model(model)
         size = self.config.image_size
         self.graph: ModelGraph = trace(self.model, input_shape=(3, size, size))
         self.freeze = self.graph.resolve_freeze(self.config.freeze)
@@ -226,12 +238,85 @@ class TransferJob:
             self._manifests[prefix] = self.connection.manifest(prefix)
         return self._manifests[prefix]
 
+    def push(
+        self,
+        name: str,
+        *,
+        parent: str | ModelVersion | None = None,
+        tags: Sequence[str] = (),
+        metrics: Mapping[str, float] | None = None,
+    ) -> PushedVersion:
+        """Store the fine-tuned model in the job's repository as the next version of `name`.
+
+        Only what fine-tuning changed is uploaded: the frozen layers' tensors are the
+        base's, stored once. The version records the job's spec, so a server can load its
+        head, and the job's last training and evaluation figures as metrics.
+
+        Args:
+            name: the model name.
+            parent: the version it derives from; default: the version the job started
+                from (a `repo://` model), else none.
+            tags: labels to keep with it.
+            metrics: numbers to keep with it; default: the last epoch's loss and accuracy.
+
+        Raises:
+            InvalidRequest: the job has no repository (pass `repo=` to the job).
+        """
+        if self.repo is None:
+            raise InvalidRequest(
+                "this job has no model repository to push to: create it with repo=<URI>"
+            )
+        if metrics is None and self.history.epochs:
+            last = self.history.epochs[-1]
+            metrics = {"train_loss": last.loss, "train_accuracy": last.accuracy}
+        return self.repo.push(
+            self.model,
+            name,
+            parent=parent if parent is not None else self.base,
+            tags=tags,
+            metrics=metrics,
+            spec=self.spec,
+        )
+
     # Internals -----------------------------------------------------------------------------
+
+    def _build(self, model: ModelSpec | str) -> tuple[ModelSpec, nn.Module]:
+        """The job's spec and model, with the base's weights when it comes from the repo."""
+        classes = self.config.num_classes
+        if isinstance(model, ModelSpec):
+            spec = model if classes is None else dataclasses.replace(model, num_classes=classes)
+            return spec, build_model(spec)
+        assert self.repo is not None  # JobConfig checks it
+        self.base = self.repo.resolve(model)
+        stored = self.repo.manifest(self.base).spec
+        if stored is None:
+            raise InvalidRequest(
+                f"{self.base.ref} was pushed without a model spec, so neither the trainer nor "
+                "the server can build its architecture: push it with spec=ModelSpec(...)"
+            )
+        spec = ModelSpec.from_dict(dict(stored))
+        if classes is not None:
+            spec = dataclasses.replace(spec, num_classes=classes)
+        # The stored tensors replace the init, so skip loading pre-trained weights.
+        built = build_model(dataclasses.replace(spec, weights=None))
+        state = self.repo.pull(self.base)
+        own = built.state_dict()
+        fresh = [k for k in own if k not in state or state[k].shape != own[k].shape]
+        if (fresh and classes is None) or any(k not in own for k in state):
+            self.repo.load_into(built, self.base)  # raises, naming what does not match
+        built.load_state_dict({k: v for k, v in state.items() if k not in fresh}, strict=False)
+        return spec, built
+
+    def _wire_model(self) -> dict[str, Any] | str:
+        """How a session names the model: the base version pinned by id, or the spec."""
+        if self.base is not None:
+            return f"repo://{self.base.name}@{self.base.id}"
+        return self.spec.to_dict()
 
     def _loader(self, prefix: str, transforms: Transforms, train: bool) -> _OpenLoader:
         local = self.raw
         request = SessionRequest(
-            model=self.config.model.to_dict(),
+            model=self._wire_model(),
             cut=RAW if local else self.cut,
             freeze=self.freeze,
             transforms=transforms.to_dict(),
@@ -290,10 +375,9 @@ class _OpenLoader:
         )
 
     def __exit__(self, *exc: object) -> None:
-        try:
+        # The server may be gone; the session died with it.
+        with contextlib.suppress(HapiError):
             self.job.connection.close_session(self.session)
-        except HapiError:
-            pass  # the server may be gone; the session dies with it
 
 
 @dataclass(frozen=True)
@@ -304,7 +388,9 @@ class _Decoder:
     seed: int
     on_error: str
 
-    def __call__(self, batch: FeatureBatch, epoch: int) -> tuple[FeatureBatch, list[dict[str, str]]]:
+    def __call__(
+        self, batch: FeatureBatch, epoch: int
+    ) -> tuple[FeatureBatch, list[dict[str, str]]]:
         keys: list[str] = []
         labels: list[int] = []
         inputs: list[torch.Tensor] = []
@@ -323,8 +409,11 @@ class _Decoder:
             labels.append(label)
         features = torch.stack(inputs) if inputs else torch.empty(0)
         return dataclasses.replace(
-            batch, keys=keys, labels=torch.tensor(labels, dtype=torch.int64),
-            features=features, data=None,
+            batch,
+            keys=keys,
+            labels=torch.tensor(labels, dtype=torch.int64),
+            features=features,
+            data=None,
         ), skipped
 
 

@@ -6,38 +6,48 @@ import io
 import warnings
 
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from hapi.data.transforms import Transforms
 from hapi.errors import CorruptObject
 
-__all__ = ["decode_image", "load_sample"]
+__all__ = ["MAX_PIXELS", "decode_image", "load_sample"]
 
-# Refuse decompression bombs outright rather than warn: a server must not be made to
-# allocate gigabytes by one crafted object.
-Image.MAX_IMAGE_PIXELS = 64_000_000
+MAX_PIXELS = 64_000_000
+"""Images larger than this are refused before decoding: one crafted object must not make a
+server allocate gigabytes. Checked here rather than through PIL's global
+`Image.MAX_IMAGE_PIXELS`, which belongs to the user's program."""
 
 
 def decode_image(data: bytes, key: str) -> Image.Image:
-    """Decode an object's bytes into an RGB image.
+    """Decode an object's bytes into an RGB image, fully (a truncated file fails here).
 
     Raises:
-        CorruptObject: the bytes are not a complete image, naming the key.
+        CorruptObject: the bytes are not a complete image of at most `MAX_PIXELS`, naming
+            the key.
     """
     try:
         with warnings.catch_warnings():
+            # PIL warns (and goes on) about oversized images; refuse them instead.
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))
-            image.load()  # force the decode now: a truncated file fails here, not later
-        return image.convert("RGB")
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Warning) as exc:
+            image = Image.open(io.BytesIO(data))  # reads the header only
+            if image.width * image.height > MAX_PIXELS:
+                raise ValueError(f"{image.width}x{image.height} pixels is over {MAX_PIXELS}")
+            # Decode now, and convert (which decodes lazily-loaded frames too), so that a
+            # truncated file is a CorruptObject here and not an OSError deep in a transform.
+            return image.convert("RGB")
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError, Warning) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise CorruptObject(
-            f"object {key!r} is not a decodable image ({reason}); replace or remove it, "
-            "or use on_error='skip' to train on the rest and report it"
+            f"object {key!r} is not a decodable image ({reason}); remove or replace it, "
+            "or pass on_error='skip' to train on the rest and report it"
         ) from None
 
 
 def load_sample(data: bytes, key: str, transforms: Transforms, seed: int) -> torch.Tensor:
-    """Decode and transform one object into a float32 CHW tensor."""
+    """Decode and transform one object into a float32 CHW tensor.
+
+    Raises:
+        CorruptObject: the bytes are not a decodable image, naming the key.
+    """
     return transforms(decode_image(data, key), seed=seed)

@@ -12,14 +12,20 @@ from hapi.errors import InvalidRequest, ObjectNotFound
 __all__ = ["IMAGE_EXTENSIONS", "Manifest"]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
+"""File name endings (any case) that `Manifest.from_store` and `import_folder` take."""
 
 
 @dataclass(frozen=True)
 class Manifest:
     """The samples of a dataset: full store keys, integer labels, and class names.
 
-    Keys are sorted, so the same store always gives the same manifest, and an epoch's
-    order (a seeded permutation of it) is the same on every machine.
+    `keys[i]` is the full store key (prefix included) of sample i, `labels[i]` indexes
+    `classes`. `from_store` sorts keys, so the same store always gives the same manifest,
+    and an epoch's order (a seeded permutation of it) is the same on every machine.
+
+    Raises:
+        InvalidRequest: keys and labels differ in length, a label does not index
+            `classes`, or a class name repeats.
     """
 
     prefix: str
@@ -28,12 +34,19 @@ class Manifest:
     classes: tuple[str, ...]
 
     def __post_init__(self) -> None:
+        for name in ("keys", "labels", "classes"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
         if len(self.keys) != len(self.labels):
             raise InvalidRequest(
                 f"manifest has {len(self.keys)} keys but {len(self.labels)} labels"
             )
-        if any(not 0 <= label < len(self.classes) for label in self.labels):
-            raise InvalidRequest("manifest labels must index its classes")
+        if len(set(self.classes)) != len(self.classes):
+            raise InvalidRequest(f"manifest class names repeat: {self.classes}")
+        bad = [v for v in self.labels if not 0 <= v < len(self.classes)]
+        if bad:
+            raise InvalidRequest(
+                f"manifest label {bad[0]!r} does not index its {len(self.classes)} classes"
+            )
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -44,25 +57,37 @@ class Manifest:
     ) -> Manifest:
         """List an ImageFolder layout: `<prefix>/<class>/<name>.<ext>`.
 
-        Images deeper than one folder below the prefix belong to their first folder's
-        class; objects directly under the prefix, or with other extensions, are ignored.
+        Classes are the folders right under the prefix, sorted by name. Images nested
+        deeper (`<prefix>/<class>/a/b.jpg`) belong to their first folder's class, as in
+        an ImageFolder tree with subfolders. Ignored: objects directly under the prefix,
+        other extensions, and any path with a part starting with `.` (`.ipynb_checkpoints`,
+        `.DS_Store`).
+
+        Args:
+            store: the store to list.
+            prefix: the dataset's folder in the store; `""` for the store's root.
+            extensions: the file name endings (any case) that count as images.
 
         Raises:
             ObjectNotFound: no images in that layout under the prefix.
         """
         prefix = prefix.strip("/")
         base = f"{prefix}/" if prefix else ""
+        endings = tuple(e.lower() for e in extensions)
         pairs: list[tuple[str, str]] = []
         for key in store.list(prefix):
-            rest = key[len(base) :] if key.startswith(base) else None
-            if rest is None or "/" not in rest or not key.lower().endswith(tuple(extensions)):
+            if not key.startswith(base) or not key.lower().endswith(endings):
                 continue
-            pairs.append((rest.split("/", 1)[0], key))
+            parts = key[len(base) :].split("/")
+            if len(parts) < 2 or any(p.startswith(".") for p in parts):
+                continue
+            pairs.append((parts[0], key))
         if not pairs:
+            where = f"under prefix {prefix!r}" if prefix else "at the root"
             raise ObjectNotFound(
-                f"no images under {prefix or 'the root'!r} of {store.uri}: expected the "
-                "ImageFolder layout <prefix>/<class>/<name>.jpg (create one with "
-                "`hapi data synth` or `hapi data import`)"
+                f"no images {where} of store {store.uri}: expected the ImageFolder layout "
+                f"{base}<class>/<name>.jpg (create one with `hapi data synth` or "
+                "`hapi data import`)"
             )
         classes = tuple(sorted({c for c, _ in pairs}))
         index = {c: i for i, c in enumerate(classes)}
@@ -75,13 +100,20 @@ class Manifest:
         )
 
     def subset(self, indices: Sequence[int]) -> Manifest:
-        """The manifest of the samples at `indices` (same classes)."""
+        """The manifest of the samples at `indices`, in that order (same classes)."""
         return Manifest(
             self.prefix,
             tuple(self.keys[i] for i in indices),
             tuple(self.labels[i] for i in indices),
             self.classes,
         )
+
+    def counts(self) -> dict[str, int]:
+        """The number of samples of each class, in class order."""
+        tally = [0] * len(self.classes)
+        for label in self.labels:
+            tally[label] += 1
+        return dict(zip(self.classes, tally, strict=True))
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe form; `from_dict` reads it back."""
@@ -94,13 +126,20 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Manifest:
-        """Read a manifest from `to_dict` output."""
+        """Read a manifest from `to_dict` output.
+
+        Raises:
+            InvalidRequest: a field is missing or of the wrong type.
+        """
         try:
-            return cls(
-                prefix=str(data["prefix"]),
-                keys=tuple(data["keys"]),
-                labels=tuple(int(v) for v in data["labels"]),
-                classes=tuple(data["classes"]),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
+            keys, classes = data["keys"], data["classes"]
+            if not all(isinstance(v, str) for v in [data["prefix"], *keys, *classes]):
+                raise TypeError("prefix, keys and classes must be strings")
+            labels = data["labels"]
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in labels):
+                raise TypeError("labels must be integers")
+            return cls(data["prefix"], tuple(keys), tuple(labels), tuple(classes))
+        except KeyError as exc:
+            raise InvalidRequest(f"malformed manifest: no field {exc}") from exc
+        except TypeError as exc:
             raise InvalidRequest(f"malformed manifest: {exc}") from exc

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlparse
 
+from hapi.data._store_errors import is_not_implemented, translate
 from hapi.errors import InvalidRequest, ObjectNotFound, StoreUnavailable
 
 __all__ = ["ObjectStore", "Store", "StoreOptions", "open_store"]
@@ -80,23 +81,58 @@ class StoreOptions:
     """Region; default `AWS_REGION`, else `us-east-1`."""
     concurrency: int = 16
     """Reads in flight at once in `get_many`."""
+    connect_timeout: float = 5.0
+    """Seconds to wait for a connection to an S3 endpoint."""
+    request_timeout: float = 120.0
+    """Seconds one S3 request may take, body included: room for large tensor blobs."""
+    max_retries: int = 2
+    """Retries of a failed S3 request. Few and fast, so a store that is down is reported
+    in well under a second instead of after minutes of backoff."""
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        if not (self.connect_timeout > 0 and self.request_timeout > 0):
+            raise ValueError(
+                f"timeouts must be positive seconds, got connect_timeout={self.connect_timeout}"
+                f", request_timeout={self.request_timeout}"
+            )
+        if self.max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
 
 
 def open_store(uri: str | os.PathLike[str], options: StoreOptions | None = None) -> Store:
     """Open the store named by `uri`.
 
     Args:
-        uri: `memory://`, `file:///abs/dir`, a plain directory path, or `s3://bucket/prefix`.
+        uri: `memory://`, `file:///abs/dir`, a plain directory path (created when missing,
+            as an empty bucket), or `s3://bucket/prefix`.
         options: endpoint and credentials for `s3://`; the AWS variables otherwise.
 
     Raises:
         InvalidRequest: the scheme is not one hapi knows.
     """
     return Store(str(uri), options or StoreOptions())
+
+
+# The pid of the process whose stores started obstore's (Rust, tokio) runtime. fork()
+# copies only the calling thread, so in a forked child that runtime has no threads and
+# every request would hang forever; refusing is better than hanging.
+_RUNTIME_PID: int | None = None
+
+
+def _check_not_forked(uri: str) -> None:
+    global _RUNTIME_PID
+    pid = os.getpid()
+    if _RUNTIME_PID is None:
+        _RUNTIME_PID = pid
+    elif pid != _RUNTIME_PID:
+        raise StoreUnavailable(
+            f"store {uri} cannot be used in this process: it was forked from process "
+            f"{_RUNTIME_PID}, which had already used an object store, and obstore cannot run "
+            "in a forked child. Start workers with the 'spawn' or 'forkserver' method (e.g. "
+            "DataLoader(multiprocessing_context='spawn')), or fork before opening any store."
+        )
 
 
 # Memory stores are process-wide by URI so two `open_store("memory://x")` calls see the same
@@ -109,8 +145,11 @@ _MEMORY_LOCK = threading.Lock()
 class Store:
     """An `ObjectStore` on obstore. Create it with `open_store`.
 
-    The obstore client is made lazily on first use, so a `Store` can be pickled into
-    DataLoader workers or subprocesses and each process opens its own connection pool.
+    The obstore client is made lazily on first use, so a `Store` pickles into DataLoader
+    workers or subprocesses and each process opens its own connection pool. Start such
+    workers with 'spawn' or 'forkserver': obstore cannot run in a child forked from a
+    process that has used it, so there every request raises `StoreUnavailable` (instead
+    of hanging).
     """
 
     uri: str
@@ -139,7 +178,12 @@ class Store:
 
     @property
     def client(self) -> Any:
-        """The obstore store, made on first use."""
+        """The obstore store, made on first use.
+
+        Raises:
+            StoreUnavailable: this process was forked from one that had used a store.
+        """
+        _check_not_forked(self.uri)
         if self._client is None:
             with self._lock:
                 if self._client is None:
@@ -152,7 +196,7 @@ class Store:
         try:
             return bytes(obstore.get(self.client, _check_key(key)).bytes())
         except Exception as exc:
-            raise _translate(exc, self.uri, key) from exc
+            raise translate(exc, self.uri, key) from exc
 
     def get_many(self, keys: Iterable[str]) -> list[bytes | BaseException]:
         keys = list(keys)
@@ -174,7 +218,7 @@ class Store:
         try:
             obstore.put(self.client, _check_key(key), data)
         except Exception as exc:
-            raise _translate(exc, self.uri, key) from exc
+            raise translate(exc, self.uri, key) from exc
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         import obstore
@@ -188,12 +232,12 @@ class Store:
         except Exception as exc:
             # Some S3-compatible stores do not implement conditional puts; there the check
             # and the write are two requests, which is safe for content-addressed keys.
-            if _is_not_implemented(exc):
+            if is_not_implemented(exc):
                 if self.exists(key):
                     return False
                 self.put(key, data)
                 return True
-            raise _translate(exc, self.uri, key) from exc
+            raise translate(exc, self.uri, key) from exc
 
     def exists(self, key: str) -> bool:
         try:
@@ -208,7 +252,7 @@ class Store:
         try:
             return int(obstore.head(self.client, _check_key(key))["size"])
         except Exception as exc:
-            raise _translate(exc, self.uri, key) from exc
+            raise translate(exc, self.uri, key) from exc
 
     def list(self, prefix: str = "") -> Iterator[str]:
         import obstore
@@ -219,7 +263,7 @@ class Store:
                 for meta in page:
                     yield str(meta["path"])
         except Exception as exc:
-            raise _translate(exc, self.uri, prefix) from exc
+            raise translate(exc, self.uri, prefix) from exc
 
     def delete(self, key: str) -> None:
         import obstore
@@ -227,7 +271,7 @@ class Store:
         try:
             obstore.delete(self.client, _check_key(key))
         except Exception as exc:
-            err = _translate(exc, self.uri, key)
+            err = translate(exc, self.uri, key)
             if not isinstance(err, ObjectNotFound):
                 raise err from exc
 
@@ -272,42 +316,21 @@ def _make_client(uri: str, options: StoreOptions) -> Any:
             parsed.netloc,
             prefix=parsed.path.strip("/") or None,
             config=config,  # type: ignore[arg-type]
-            client_options={"allow_http": True, "timeout": "30s", "connect_timeout": "5s"},
+            client_options={
+                "allow_http": True,
+                "timeout": f"{options.request_timeout}s",
+                "connect_timeout": f"{options.connect_timeout}s",
+            },
             retry_config={
-                "max_retries": 2,
+                "max_retries": options.max_retries,
                 "backoff": {
                     "init_backoff": timedelta(milliseconds=50),
                     "max_backoff": timedelta(milliseconds=500),
                     "base": 2,
                 },
-                "retry_timeout": timedelta(seconds=10),
+                "retry_timeout": timedelta(seconds=options.request_timeout),
             },
         )
     path = Path(parsed.path if parsed.scheme == "file" else uri).expanduser().resolve()
     path.mkdir(parents=True, exist_ok=True)
     return LocalStore(path)
-
-
-def _is_not_implemented(exc: Exception) -> bool:
-    from obstore.exceptions import NotImplementedError as ObstoreNotImplemented
-
-    return isinstance(exc, ObstoreNotImplemented)
-
-
-def _translate(exc: Exception, uri: str, key: str) -> Exception:
-    """Map obstore's exceptions onto hapi's errors, naming the key and the store."""
-    from obstore.exceptions import NotFoundError
-
-    if isinstance(exc, InvalidRequest | ObjectNotFound | StoreUnavailable):
-        return exc
-    if isinstance(exc, NotFoundError | FileNotFoundError):
-        return ObjectNotFound(f"object {key!r} not found in store {uri}")
-    return StoreUnavailable(
-        f"store {uri} failed on {key!r}: {type(exc).__name__}: {_first_line(exc)}. "
-        "Check that the store is running and the endpoint and credentials are right."
-    )
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else ""

@@ -1,42 +1,47 @@
-"""Synthetic labelled images, and uploading a local ImageFolder tree.
+"""Synthetic labelled images: datasets for tests, the demo and benchmarks, made offline.
 
-Nothing may download a dataset here, so tests, the demo and the benchmarks make their
-own: each class has its own colour and stripe orientation, and every image adds random
-phase, blobs and sensor-like noise. That is easy to learn from pre-trained features, and
-the noise makes the JPEGs about as large per pixel as photographs are.
+Nothing may download a dataset here, so hapi makes its own. Each class has its own
+colour and its own stripe orientation and frequency; every image adds a random stripe
+phase, distractor blobs (alike for all classes) and sensor-like noise, all drawn from the
+seed. That is easy to learn from pre-trained features (a nearest-centroid on mean colour
+already separates the classes), and the noise makes the JPEGs about as large per pixel as
+photographs are.
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Iterator
 
 import numpy as np
 from PIL import Image
 
-from hapi.data.manifest import IMAGE_EXTENSIONS, Manifest
+from hapi.data._upload import Progress, put_all
+from hapi.data.manifest import Manifest
 from hapi.data.store import ObjectStore
-from hapi.errors import InvalidRequest, ObjectNotFound
+from hapi.errors import InvalidRequest
 
-__all__ = ["import_folder", "synth_dataset", "synth_image"]
+__all__ = ["class_name", "synth_dataset", "synth_image"]
 
-Progress = Callable[[int], None]
+
+def class_name(label: int, classes: int) -> str:
+    """The folder name of class `label`: `class_3`, zero-padded so names sort as numbers."""
+    return f"class_{label:0{len(str(classes - 1))}d}"
 
 
 def synth_image(label: int, classes: int, size: int, rng: np.random.Generator) -> Image.Image:
-    """One image of class `label` out of `classes`, `size` x `size` pixels."""
+    """One RGB image of class `label` out of `classes`, `size` x `size` pixels."""
     yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / size
     angle = np.pi * label / classes
     freq = 4 + 2 * (label % 3)
-    stripes = np.sin(2 * np.pi * freq * (xx * np.cos(angle) + yy * np.sin(angle)) + rng.uniform(0, 6.3))
-    hue = np.array(
-        [np.cos(2 * np.pi * label / classes), np.cos(2 * np.pi * (label / classes + 1 / 3)),
-         np.cos(2 * np.pi * (label / classes + 2 / 3))], np.float32,
-    )  # fmt: skip
+    phase = rng.uniform(0, 2 * np.pi)
+    stripes = np.sin(2 * np.pi * freq * (xx * np.cos(angle) + yy * np.sin(angle)) + phase)
+    # Hues evenly spaced round the colour wheel: the mean colours of classes differ.
+    turn = 2 * np.pi * (label / classes + np.array([0, 1 / 3, 2 / 3]))
+    hue = np.cos(turn).astype(np.float32)
     base = 0.5 + 0.3 * hue + rng.normal(0, 0.05, 3).astype(np.float32)
     img = base[None, None, :] + 0.25 * stripes[..., None] * (0.6 + 0.4 * hue[None, None, :])
-    for _ in range(rng.integers(1, 4)):  # distractor blobs, the same for every class
+    for _ in range(rng.integers(1, 4)):
         cy, cx, r = rng.uniform(0, 1), rng.uniform(0, 1), rng.uniform(0.05, 0.2)
         mask = ((yy - cy) ** 2 + (xx - cx) ** 2) < r * r
         img[mask] = rng.uniform(0, 1, 3)
@@ -55,58 +60,42 @@ def synth_dataset(
     quality: int = 90,
     progress: Progress | None = None,
 ) -> Manifest:
-    """Write a labelled JPEG dataset `<prefix>/class_<i>/<n>.jpg` and return its manifest.
+    """Write a labelled JPEG dataset `<prefix>/class_<c>/<i:05d>.jpg`; return its manifest.
+
+    Write a train and a validation split as two prefixes with different seeds:
+    `synth_dataset(store, "train", seed=0)`, `synth_dataset(store, "val", seed=1)`.
 
     Args:
         store: where to write.
-        prefix: the dataset's prefix in the store.
-        classes: number of classes (>= 2).
-        per_class: images per class.
-        size: image side in pixels.
-        seed: the same seed writes the same bytes.
-        quality: JPEG quality.
+        prefix: the dataset's folder in the store; `""` for the store's root.
+        classes: number of classes, >= 2.
+        per_class: images per class, >= 1.
+        size: image side in pixels, >= 8.
+        seed: the same seed (and arguments) writes the same bytes.
+        quality: JPEG quality, 1 to 95.
         progress: called with the number of images written so far.
-    """
-    if classes < 2 or per_class < 1 or size < 8:
-        raise InvalidRequest(
-            f"synth needs classes >= 2, per_class >= 1 and size >= 8; got {classes}, "
-            f"{per_class}, {size}"
-        )
-    rng = np.random.default_rng(seed)
-    base = f"{prefix.strip('/')}/" if prefix.strip("/") else ""
-    written = 0
-    for i in range(per_class):
-        for label in range(classes):
-            buf = io.BytesIO()
-            synth_image(label, classes, size, rng).save(buf, "JPEG", quality=quality)
-            store.put(f"{base}class_{label}/{i:05d}.jpg", buf.getvalue())
-            written += 1
-            if progress is not None:
-                progress(written)
-    return Manifest.from_store(store, prefix)
 
-
-def import_folder(
-    directory: str | Path, store: ObjectStore, prefix: str = "", *, progress: Progress | None = None
-) -> Manifest:
-    """Upload a local ImageFolder tree (`<dir>/<class>/<image>`) under `prefix`.
+    Returns:
+        The manifest of everything under `prefix`, as `Manifest.from_store` lists it.
 
     Raises:
-        ObjectNotFound: the directory does not exist or holds no class folders of images.
+        InvalidRequest: an argument out of range.
     """
-    root = Path(directory).expanduser()
-    if not root.is_dir():
-        raise ObjectNotFound(f"{str(root)!r} is not a directory")
-    files = sorted(
-        p for p in root.glob("*/**/*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS
-    )
-    if not files:
-        raise ObjectNotFound(
-            f"no images in class folders under {str(root)!r}: expected <dir>/<class>/<name>.jpg"
+    if classes < 2 or per_class < 1 or size < 8 or not 1 <= quality <= 95:
+        raise InvalidRequest(
+            "synth needs classes >= 2, per_class >= 1, size >= 8 and 1 <= quality <= 95; got "
+            f"classes={classes}, per_class={per_class}, size={size}, quality={quality}"
         )
     base = f"{prefix.strip('/')}/" if prefix.strip("/") else ""
-    for n, path in enumerate(files, 1):
-        store.put(base + path.relative_to(root).as_posix(), path.read_bytes())
-        if progress is not None:
-            progress(n)
+
+    def images() -> Iterator[tuple[str, bytes]]:
+        # One generator drawn in a fixed order: the bytes depend on the seed only.
+        rng = np.random.default_rng(seed)
+        for i in range(per_class):
+            for label in range(classes):
+                buf = io.BytesIO()
+                synth_image(label, classes, size, rng).save(buf, "JPEG", quality=quality)
+                yield f"{base}{class_name(label, classes)}/{i:05d}.jpg", buf.getvalue()
+
+    put_all(store, images(), progress=progress)
     return Manifest.from_store(store, prefix)

@@ -1,6 +1,7 @@
 """Models as cut points: tracing, heads and tails, and named models."""
 
-from hapi.graph.model_graph import INPUT, RAW, CutPoint, ModelGraph, trace
+from hapi.graph.cut_point import INPUT, RAW, CutPoint
+from hapi.graph.model_graph import ModelGraph, trace
 from hapi.graph.profile import profile_rows
 from hapi.graph.zoo import ModelSpec, build_model, known_models
 

@@ -41,8 +41,12 @@ class ModelSpec:
             raise InvalidRequest(
                 f"unknown weights {self.weights!r}: use None (seeded random init) or 'imagenet'"
             )
-        if self.num_classes is not None and self.num_classes < 1:
-            raise InvalidRequest(f"num_classes must be >= 1, got {self.num_classes}")
+        if not _is_int(self.seed):
+            raise InvalidRequest(f"seed must be an int, got {self.seed!r}")
+        if self.num_classes is not None and (not _is_int(self.num_classes) or self.num_classes < 1):
+            raise InvalidRequest(
+                f"num_classes must be an int >= 1 or None, got {self.num_classes!r}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe form."""
@@ -56,7 +60,9 @@ class ModelSpec:
             InvalidRequest: unknown fields or bad values.
         """
         if not isinstance(data, dict):
-            raise InvalidRequest(f"a model spec is a dict like {{'name': 'resnet18'}}, got {data!r}")
+            raise InvalidRequest(
+                f"a model spec is a dict like {{'name': 'resnet18'}}, got {data!r}"
+            )
         allowed = {f.name for f in fields(cls)}
         unknown = set(data) - allowed
         if unknown or "name" not in data:
@@ -64,6 +70,11 @@ class ModelSpec:
                 f"bad model spec {data!r}: it takes {sorted(allowed)} and needs 'name'"
             )
         return cls(**data)
+
+
+def _is_int(value: object) -> bool:
+    # bool is an int to Python, but `seed=True` in a request is a mistake.
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def known_models() -> list[str]:
@@ -81,10 +92,7 @@ def build_model(spec: ModelSpec) -> nn.Module:
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
-        if spec.name == _LITE0:
-            model = _lite0(spec.weights == "imagenet")
-        else:
-            model = _torchvision(spec)
+        model = _lite0(spec.weights == "imagenet") if spec.name == _LITE0 else _torchvision(spec)
         if spec.num_classes is not None:
             _replace_classifier(model, spec.num_classes)
     return model.eval()

@@ -134,8 +134,9 @@ class Catalog:
                 conn.execute("DELETE FROM tensor_refs WHERE manifest = ?", (mid,))
                 conn.execute("DELETE FROM modules WHERE manifest = ?", (mid,))
 
-    def set_refs(self, rows: Iterable[tuple[str, int, str]], *, drop: Iterable[tuple[str, int]] = ()
-                 ) -> None:
+    def set_refs(
+        self, rows: Iterable[tuple[str, int, str]], *, drop: Iterable[tuple[str, int]] = ()
+    ) -> None:
         """Record ref objects `(name, version, id)`, and forget the `drop` ones."""
         with self.write() as conn:
             conn.executemany("INSERT OR REPLACE INTO refs VALUES (?, ?, ?)", list(rows))
@@ -154,9 +155,9 @@ class Catalog:
         rows = self.query("SELECT body FROM manifests WHERE id = ?", (manifest_id,))
         return Manifest.from_json(rows[0][0], manifest_id) if rows else None
 
-    def versions(self, where: str = "", args: Iterable[Any] = (), order: str = "") -> list[
-        ModelVersion
-    ]:
+    def versions(
+        self, where: str = "", args: Iterable[Any] = (), order: str = ""
+    ) -> list[ModelVersion]:
         sql = _VERSIONS + (f" WHERE {where}" if where else "")
         sql += f" ORDER BY {order}" if order else " ORDER BY m.name, r.version"
         return [_version(row) for row in self.query(sql, args)]
@@ -177,16 +178,27 @@ def _insert(conn: sqlite3.Connection, m: Manifest) -> None:
     mid = m.id
     conn.execute(
         "INSERT OR REPLACE INTO manifests VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (mid, m.name, m.parent, m.created, json.dumps(list(m.tags)), json.dumps(m.metrics),
-         len(m.tensors), m.nbytes, m.to_json().decode()),
+        (
+            mid,
+            m.name,
+            m.parent,
+            m.created,
+            json.dumps(list(m.tags)),
+            json.dumps(m.metrics),
+            len(m.tensors),
+            m.nbytes,
+            m.to_json().decode(),
+        ),
     )
     if m.parent:
         conn.execute("INSERT OR IGNORE INTO edges VALUES (?, ?)", (mid, m.parent))
     conn.execute("DELETE FROM tensor_refs WHERE manifest = ?", (mid,))
     conn.executemany(
         "INSERT INTO tensor_refs VALUES (?, ?, ?, ?, ?, ?)",
-        [(mid, k, t.hash, t.dtype, json.dumps(list(t.shape)), t.nbytes)
-         for k, t in m.tensors.items()],
+        [
+            (mid, k, t.hash, t.dtype, json.dumps(list(t.shape)), t.nbytes)
+            for k, t in m.tensors.items()
+        ],
     )
     conn.execute("DELETE FROM modules WHERE manifest = ?", (mid,))
     rows = []
@@ -196,16 +208,32 @@ def _insert(conn: sqlite3.Connection, m: Manifest) -> None:
         if entry.layer is not None:
             layer += 1
             index = layer
-        rows.append((mid, position, entry.name, entry.cls, entry.short_cls,
-                     json.dumps(entry.config, sort_keys=True), index, entry.layer))
+        rows.append(
+            (
+                mid,
+                position,
+                entry.name,
+                entry.cls,
+                entry.short_cls,
+                json.dumps(entry.config, sort_keys=True),
+                index,
+                entry.layer,
+            )
+        )
     conn.executemany("INSERT INTO modules VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
 
 
 def _version(row: tuple[Any, ...]) -> ModelVersion:
     mid, name, version, parent, created, tags, metrics, tensors, nbytes = row
     return ModelVersion(
-        id=mid, name=name, version=version, parent=parent, created=created,
-        tags=tuple(json.loads(tags)), metrics=json.loads(metrics), tensors=tensors,
+        id=mid,
+        name=name,
+        version=version,
+        parent=parent,
+        created=created,
+        tags=tuple(json.loads(tags)),
+        metrics=json.loads(metrics),
+        tensors=tensors,
         nbytes=nbytes,
     )
 

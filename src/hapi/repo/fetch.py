@@ -39,6 +39,7 @@ def fetch_tensors(
         IntegrityError: a blob is missing, corrupt, truncated, or not the dtype and shape
             the manifest records; the message names the tensor and the version.
     """
+    keys = list(keys)
     by_hash: dict[str, list[str]] = {}
     for key in keys:
         by_hash.setdefault(manifest.tensors[key].hash, []).append(key)
@@ -64,11 +65,12 @@ def fetch_tensors(
             )
         return tensor
 
-    workers = max(1, min(concurrency, len(digests)))
-    with ThreadPoolExecutor(workers, thread_name_prefix="hapi-repo-decode") as pool:
-        tensors = list(pool.map(decode, zip(digests, blobs, strict=True)))
-    out: dict[str, torch.Tensor] = {}
-    for digest, tensor in zip(digests, tensors, strict=True):
-        for key in by_hash[digest]:
-            out[key] = tensor
-    return out
+    items = list(zip(digests, blobs, strict=True))
+    if len(items) <= 1 or concurrency == 1:
+        tensors = [decode(item) for item in items]
+    else:
+        # Hashing and safetensors parsing release the GIL on large buffers.
+        with ThreadPoolExecutor(min(concurrency, len(items)), "hapi-repo-decode") as pool:
+            tensors = list(pool.map(decode, items))
+    by_digest = dict(zip(digests, tensors, strict=True))
+    return {key: by_digest[manifest.tensors[key].hash] for key in keys}

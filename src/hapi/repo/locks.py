@@ -5,8 +5,8 @@ listed the manifests a moment earlier sees X unreferenced and deletes it; the pu
 writes a manifest that names a missing blob. Object stores offer no transactions, so hapi
 uses intent objects, the scheme restic uses for `prune`:
 
-1. A push writes `locks/push-<token>.json`, *then* lists the gc locks. If a live gc lock
-   exists, it withdraws its own lock, waits and retries.
+1. A push writes `locks/push-<token>.json`, *then* lists the gc locks, and waits until
+   the live ones it saw are gone (keeping its own lock: a gc that comes later sees it).
 2. A gc writes `locks/gc-<token>.json`, *then* lists the push locks. If a live push lock
    exists, it withdraws and does nothing (reported as skipped).
 
@@ -93,7 +93,11 @@ class Locks:
     """The lock protocol on one store."""
 
     def __init__(
-        self, store: ObjectStore, *, ttl_s: float, wait_s: float,
+        self,
+        store: ObjectStore,
+        *,
+        ttl_s: float,
+        wait_s: float,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
@@ -124,27 +128,32 @@ class Locks:
         return [lock for lock in self.read(kind) if now - lock.created < self.ttl_s]
 
     def acquire_push(self) -> HeldLock:
-        """Take a push lock, waiting up to `wait_s` for running gcs to end.
+        """Take a push lock, waiting up to `wait_s` for gcs that may not have seen it.
+
+        Only gc locks already there when the push lock was written can belong to a gc that
+        missed it; a gc that locks later sees the push lock and withdraws. So the push
+        keeps its lock and waits for those first gcs alone: pushes never starve.
 
         Raises:
             RepoError: a gc still holds the repository after `wait_s` seconds.
         """
+        held = HeldLock(self, "push")
         deadline = self.clock() + self.wait_s
-        delay = 0.05
-        while True:
-            held = HeldLock(self, "push")
-            gcs = self.live("gc")
-            if not gcs:
-                return held
-            held.release()
+        delay = 0.02
+        blockers = {g.key: g for g in self.live("gc")}
+        while blockers:
             if self.clock() >= deadline:
-                g = gcs[0]
+                held.release()
+                g = next(iter(blockers.values()))
                 raise RepoError(
                     f"a gc is running on {self.store.uri} (lock {g.key} by {g.owner}); push "
                     f"again when it ends. A lock older than {self.ttl_s:.0f}s is stale and ignored"
                 )
             time.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, 1.0)
+            delay = min(delay * 2, 0.5)
+            live = {g.key for g in self.live("gc")}
+            blockers = {k: g for k, g in blockers.items() if k in live}
+        return held
 
     def try_acquire_gc(self) -> tuple[HeldLock | None, list[LockInfo]]:
         """Take a gc lock unless a live push lock exists.

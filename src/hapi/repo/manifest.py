@@ -36,13 +36,21 @@ class TensorEntry:
     """Raw size in bytes."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"hash": self.hash, "dtype": self.dtype, "shape": list(self.shape),
-                "nbytes": self.nbytes}
+        return {
+            "hash": self.hash,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "nbytes": self.nbytes,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TensorEntry:
-        return cls(hash=data["hash"], dtype=data["dtype"], shape=tuple(data["shape"]),
-                   nbytes=int(data["nbytes"]))
+        return cls(
+            hash=data["hash"],
+            dtype=data["dtype"],
+            shape=tuple(data["shape"]),
+            nbytes=int(data["nbytes"]),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,7 +105,8 @@ class Manifest:
             "metrics": dict(self.metrics),
             "spec": self.spec,
             "modules": [m.to_dict() for m in self.modules],
-            "tensors": {k: t.to_dict() for k, t in self.tensors.items()},
+            # A list, not an object: it keeps the state dict's order through sorted JSON.
+            "tensors": [{"key": k, **t.to_dict()} for k, t in self.tensors.items()],
         }
 
     def to_json(self) -> bytes:
@@ -129,7 +138,7 @@ class Manifest:
                 metrics=dict(raw.get("metrics", {})),
                 spec=raw.get("spec"),
                 modules=tuple(ModuleEntry.from_dict(m) for m in raw.get("modules", ())),
-                tensors={k: TensorEntry.from_dict(v) for k, v in raw["tensors"].items()},
+                tensors={t["key"]: TensorEntry.from_dict(t) for t in raw["tensors"]},
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise IntegrityError(f"manifest {label} is malformed: {exc}") from exc

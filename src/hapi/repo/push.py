@@ -53,20 +53,22 @@ def build_manifest(
     elif isinstance(model, Mapping):
         state, modules = dict(model), ()
     else:
-        raise InvalidRequest(
-            f"push takes an nn.Module or a state dict, got {type(model).__name__}"
-        )
+        raise InvalidRequest(f"push takes an nn.Module or a state dict, got {type(model).__name__}")
     tensors: dict[str, TensorEntry] = {}
     blobs: dict[str, torch.Tensor] = {}
     for key, value in state.items():
         if not isinstance(value, torch.Tensor):
-            raise InvalidRequest(f"state-dict entry {key!r} is a {type(value).__name__}, not a tensor")
+            raise InvalidRequest(
+                f"state-dict entry {key!r} is a {type(value).__name__}, not a tensor"
+            )
         if value.is_meta:
             raise InvalidRequest(f"state-dict entry {key!r} is on the meta device: it has no data")
         digest = tensor_hash(value)
         blobs.setdefault(digest, value)
         tensors[key] = TensorEntry(
-            hash=digest, dtype=dtype_name(value), shape=tuple(value.shape),
+            hash=digest,
+            dtype=dtype_name(value),
+            shape=tuple(value.shape),
             nbytes=value.numel() * value.element_size(),
         )
     clean_metrics: dict[str, float] = {}
@@ -92,8 +94,13 @@ class PushTransaction:
     """One push, step by step: `begin`, `upload` (until it returns 0), `commit`."""
 
     def __init__(
-        self, store: ObjectStore, locks: Locks, manifest: Manifest,
-        blobs: dict[str, torch.Tensor], *, concurrency: int = 16,
+        self,
+        store: ObjectStore,
+        locks: Locks,
+        manifest: Manifest,
+        blobs: dict[str, torch.Tensor],
+        *,
+        concurrency: int = 16,
     ) -> None:
         self.store = store
         self.locks = locks
@@ -122,7 +129,7 @@ class PushTransaction:
                     self.uploaded_tensors += 1
                     self.uploaded_bytes += size
                 lock.refresh()
-        self.missing = self.missing[len(batch):]
+        self.missing = self.missing[len(batch) :]
         return len(self.missing)
 
     def commit(self) -> PushedVersion:
@@ -141,10 +148,17 @@ class PushTransaction:
         version = self._allocate_version()
         self.release()
         return PushedVersion(
-            id=manifest.id, name=manifest.name, version=version, parent=manifest.parent,
-            created=manifest.created, tags=manifest.tags, metrics=dict(manifest.metrics),
-            tensors=len(manifest.tensors), nbytes=manifest.nbytes,
-            uploaded_tensors=self.uploaded_tensors, uploaded_bytes=self.uploaded_bytes,
+            id=manifest.id,
+            name=manifest.name,
+            version=version,
+            parent=manifest.parent,
+            created=manifest.created,
+            tags=manifest.tags,
+            metrics=dict(manifest.metrics),
+            tensors=len(manifest.tensors),
+            nbytes=manifest.nbytes,
+            uploaded_tensors=self.uploaded_tensors,
+            uploaded_bytes=self.uploaded_bytes,
             unique_bytes=self.unique_bytes,
             seconds=time.perf_counter() - self._started,
         )
@@ -171,8 +185,11 @@ class PushTransaction:
 
     def _allocate_version(self) -> int:
         name = self.manifest.name
-        taken = [r[1] for k in self.store.list(f"{REFS}/{name}")
-                 if (r := parse_ref_key(k)) and r[0] == name]
+        taken = [
+            r[1]
+            for k in self.store.list(f"{REFS}/{name}")
+            if (r := parse_ref_key(k)) and r[0] == name
+        ]
         version = max(taken, default=0) + 1
         # Create-only writes: of two concurrent pushes, each gets its own number.
         while not self.store.put_if_absent(ref_key(name, version), self.manifest.id.encode()):

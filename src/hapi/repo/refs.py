@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from hapi.errors import InvalidRequest, RefNotFound
 
-__all__ = ["SCHEME", "Ref", "check_name", "parse_ref"]
+__all__ = ["SCHEME", "Ref", "check_name", "is_repo_ref", "parse_ref"]
 
 SCHEME = "repo://"
 
@@ -49,6 +49,12 @@ def check_name(name: str) -> str:
             "starting with a letter or digit"
         )
     return name
+
+
+def is_repo_ref(text: str) -> bool:
+    """Whether a model given as text names a repository version (`repo://x`, `x@3`)
+    rather than a model of the zoo (`resnet18`)."""
+    return text.startswith(SCHEME) or "@" in text
 
 
 def parse_ref(text: str) -> Ref:

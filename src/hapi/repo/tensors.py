@@ -20,6 +20,7 @@ __all__ = ["decode_blob", "dtype_name", "encode_blob", "tensor_bytes", "tensor_h
 # Bumping this prefix changes every hash: only for a change of the hashed encoding.
 _DOMAIN = b"hapi.tensor/1\0"
 _BLOB_NAME = "tensor"
+_REPAIR = "Run `hapi repo fsck --repair` to drop corrupt blobs, then push the model again"
 
 
 def dtype_name(tensor: torch.Tensor) -> str:
@@ -31,7 +32,7 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     """The tensor's raw bytes, C-contiguous, without a copy when it is already so."""
     flat = tensor.detach().cpu().contiguous().reshape(-1)
     # A uint8 view works for every dtype, including the ones numpy lacks (bfloat16).
-    return memoryview(flat.view(torch.uint8).numpy())
+    return memoryview(flat.view(torch.uint8).numpy())  # type: ignore[arg-type]
 
 
 def tensor_hash(tensor: torch.Tensor) -> str:
@@ -69,14 +70,13 @@ def decode_blob(data: bytes, digest: str, what: str, *, verify: bool = True) -> 
     except Exception as exc:  # safetensors raises several types for bad headers
         raise IntegrityError(
             f"tensor {what} (blob {digest[:12]}, {len(data)} bytes) is corrupt: "
-            f"{type(exc).__name__}: {exc}. Push the model again to restore it"
+            f"{type(exc).__name__}: {exc}. {_REPAIR}"
         ) from exc
     if not verify:
         return tensor
     actual = tensor_hash(tensor)
     if actual != digest:
         raise IntegrityError(
-            f"tensor {what} is corrupt: blob {digest[:12]} holds content {actual[:12]}. "
-            "Push the model again to restore it"
+            f"tensor {what} is corrupt: blob {digest[:12]} holds content {actual[:12]}. " + _REPAIR
         )
     return tensor

@@ -8,7 +8,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -32,6 +32,9 @@ from hapi.wire import (
     parse,
     raw_schema,
 )
+
+if TYPE_CHECKING:
+    from hapi.repo import ModelRepo
 
 __all__ = ["HapiServer", "serve"]
 
@@ -64,10 +67,9 @@ class HapiServer(flight.FlightServerBase):
             ) from None
         self.config = config
         self.store: Store = open_store(config.store, config.store_options)
-        self.heads = HeadCache(config.device, loader=_model_loader(config))
-        self.shaper = (
-            TokenBucket(parse_rate(config.egress_limit)) if config.egress_limit else None
-        )
+        self.repo = _open_repo(config)
+        self.heads = HeadCache(config.device, repo=self.repo)
+        self.shaper = TokenBucket(parse_rate(config.egress_limit)) if config.egress_limit else None
         self._sessions: dict[str, Session] = {}
         self._closed: dict[str, dict[str, float]] = {}
         self._lock = threading.Lock()
@@ -231,10 +233,12 @@ def serve(config: ServerConfig | None = None, **options: Any) -> Iterator[HapiSe
         thread.join(timeout=10)
 
 
-def _model_loader(config: ServerConfig) -> Any:
-    from hapi.server.heads import load_named_model
+def _open_repo(config: ServerConfig) -> ModelRepo | None:
+    if config.repo is None:
+        return None
+    from hapi.repo import ModelRepo
 
-    return load_named_model
+    return ModelRepo.open(config.repo, config.store_options)
 
 
 def _session_id(body: bytes) -> str:
@@ -259,4 +263,3 @@ def _numel(shape: list[int]) -> int:
     for d in shape:
         n *= d
     return n
-

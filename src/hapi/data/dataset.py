@@ -1,0 +1,56 @@
+"""A dataset by URI: the store at that URI, read as an ImageFolder layout from its root."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from hapi.data.manifest import Manifest
+from hapi.data.store import ObjectStore, Store, StoreOptions, open_store
+
+__all__ = ["DatasetSummary", "open_dataset", "summarize"]
+
+
+def open_dataset(
+    uri: str | os.PathLike[str], options: StoreOptions | None = None
+) -> tuple[Store, Manifest]:
+    """Open the dataset whose root is `uri` and list it.
+
+    A dataset URI is a store URI (`/data/train`, `s3://bucket/train`) whose root holds
+    `<class>/<image>` folders, so the manifest's prefix is `""` and its keys are relative
+    to that root. To keep several datasets in one store, open the store and call
+    `Manifest.from_store(store, "train")` instead.
+
+    Raises:
+        ObjectNotFound: no images in the ImageFolder layout at `uri`.
+        StoreUnavailable: the store cannot be reached.
+    """
+    store = open_store(uri, options)
+    return store, Manifest.from_store(store)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetSummary:
+    """What a dataset holds, for a one-line report."""
+
+    images: int
+    """Number of images."""
+    counts: dict[str, int]
+    """Images per class, in class order."""
+    nbytes: int
+    """Total size of the images in bytes."""
+
+    def __str__(self) -> str:
+        per_class = ", ".join(f"{c}: {n}" for c, n in self.counts.items())
+        return (
+            f"{self.images} images, {len(self.counts)} classes ({per_class}), "
+            f"{self.nbytes / 1e6:.2f} MB"
+        )
+
+
+def summarize(store: ObjectStore, manifest: Manifest, *, in_flight: int = 16) -> DatasetSummary:
+    """Count a dataset's images per class and their bytes (one HEAD request per image)."""
+    with ThreadPoolExecutor(in_flight, thread_name_prefix="hapi-size") as pool:
+        nbytes = sum(pool.map(store.size, manifest.keys))
+    return DatasetSummary(images=len(manifest), counts=manifest.counts(), nbytes=nbytes)

@@ -1,0 +1,185 @@
+"""The ops a `Transforms` pipeline is made of: small frozen dataclasses, JSON-safe.
+
+Geometric ops (`Resize`, `CenterCrop`, `RandomResizedCrop`, `HorizontalFlip`) act on PIL
+images; `Normalize` acts on the float32 CHW tensor the pipeline converts the image into.
+Random ops draw only from the `random.Random` they are given, never the global RNG.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from PIL import Image
+from torchvision.transforms.v2 import functional as F
+
+from hapi.errors import InvalidRequest
+
+__all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "OPS",
+    "CenterCrop",
+    "HorizontalFlip",
+    "ImageOp",
+    "Normalize",
+    "Op",
+    "RandomResizedCrop",
+    "Resize",
+]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True)
+class Resize:
+    """Resize the shorter side to `size` (bilinear, antialiased)."""
+
+    size: int
+    op: ClassVar[str] = "resize"
+
+    def __post_init__(self) -> None:
+        _positive_int("Resize.size", self.size)
+
+    def __call__(self, image: Image.Image, rng: random.Random) -> Image.Image:
+        return F.resize(image, [self.size], antialias=True)
+
+
+@dataclass(frozen=True)
+class CenterCrop:
+    """Crop the central `size` x `size` square (padding with black if the image is smaller)."""
+
+    size: int
+    op: ClassVar[str] = "center_crop"
+
+    def __post_init__(self) -> None:
+        _positive_int("CenterCrop.size", self.size)
+
+    def __call__(self, image: Image.Image, rng: random.Random) -> Image.Image:
+        return F.center_crop(image, [self.size, self.size])
+
+
+@dataclass(frozen=True)
+class RandomResizedCrop:
+    """Crop a random area and aspect ratio, resized to `size` (torchvision's sampling)."""
+
+    size: int
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    op: ClassVar[str] = "random_resized_crop"
+
+    def __post_init__(self) -> None:
+        _positive_int("RandomResizedCrop.size", self.size)
+        scale = _float_pair("RandomResizedCrop.scale", self.scale)
+        ratio = _float_pair("RandomResizedCrop.ratio", self.ratio)
+        if not 0 < scale[0] <= scale[1] <= 1:
+            raise InvalidRequest(f"RandomResizedCrop.scale must be 0 < a <= b <= 1, got {scale}")
+        if not 0 < ratio[0] <= ratio[1]:
+            raise InvalidRequest(f"RandomResizedCrop.ratio must be 0 < a <= b, got {ratio}")
+        object.__setattr__(self, "scale", scale)
+        object.__setattr__(self, "ratio", ratio)
+
+    def __call__(self, image: Image.Image, rng: random.Random) -> Image.Image:
+        top, left, h, w = self.params(image.height, image.width, rng)
+        return F.resized_crop(image, top, left, h, w, [self.size, self.size], antialias=True)
+
+    def params(self, height: int, width: int, rng: random.Random) -> tuple[int, int, int, int]:
+        """The crop `(top, left, height, width)` for an image of that size."""
+        area = height * width
+        log_ratio = (math.log(self.ratio[0]), math.log(self.ratio[1]))
+        for _ in range(10):
+            target = area * rng.uniform(*self.scale)
+            aspect = math.exp(rng.uniform(*log_ratio))
+            w = round(math.sqrt(target * aspect))
+            h = round(math.sqrt(target / aspect))
+            if 0 < w <= width and 0 < h <= height:
+                return rng.randint(0, height - h), rng.randint(0, width - w), h, w
+        # Fall back to a central crop of the nearest allowed ratio, as torchvision does.
+        in_ratio = width / height
+        if in_ratio < self.ratio[0]:
+            w, h = width, round(width / self.ratio[0])
+        elif in_ratio > self.ratio[1]:
+            h, w = height, round(height * self.ratio[1])
+        else:
+            w, h = width, height
+        return (height - h) // 2, (width - w) // 2, h, w
+
+
+@dataclass(frozen=True)
+class HorizontalFlip:
+    """Mirror the image with probability `p`."""
+
+    p: float = 0.5
+    op: ClassVar[str] = "horizontal_flip"
+
+    def __post_init__(self) -> None:
+        p = _finite("HorizontalFlip.p", self.p)
+        if not 0 <= p <= 1:
+            raise InvalidRequest(f"HorizontalFlip.p must be in [0, 1], got {p}")
+        object.__setattr__(self, "p", p)
+
+    def __call__(self, image: Image.Image, rng: random.Random) -> Image.Image:
+        # Draw even when p is 0 or 1, so that p does not shift the draws of later ops.
+        return F.horizontal_flip(image) if rng.random() < self.p else image
+
+
+@dataclass(frozen=True)
+class Normalize:
+    """Subtract `mean` and divide by `std` per channel, on the float32 CHW tensor."""
+
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+    op: ClassVar[str] = "normalize"
+
+    def __post_init__(self) -> None:
+        mean = tuple(_finite("Normalize.mean", m) for m in _sequence("Normalize.mean", self.mean))
+        std = tuple(_finite("Normalize.std", s) for s in _sequence("Normalize.std", self.std))
+        # One value applies to every channel; three are per RGB channel.
+        if len(mean) not in (1, 3) or len(std) != len(mean) or any(s <= 0 for s in std):
+            raise InvalidRequest(
+                f"Normalize needs 1 or 3 means, as many stds, and stds > 0; got mean={mean}, "
+                f"std={std}"
+            )
+        object.__setattr__(self, "mean", mean)
+        object.__setattr__(self, "std", std)
+
+    def __call__(self, tensor: torch.Tensor, rng: random.Random) -> torch.Tensor:
+        return F.normalize(tensor, list(self.mean), list(self.std))
+
+
+ImageOp = Resize | CenterCrop | RandomResizedCrop | HorizontalFlip
+"""Ops that act on the PIL image, before the conversion to a tensor."""
+Op = ImageOp | Normalize
+OPS: dict[str, type[Op]] = {
+    cls.op: cls for cls in (Resize, CenterCrop, RandomResizedCrop, HorizontalFlip, Normalize)
+}
+"""Every op by its name in `Transforms.to_dict()`."""
+
+
+def _positive_int(name: str, value: Any) -> None:
+    # bool is an int in Python, but `size=True` is a mistake, not a size of 1.
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidRequest(f"{name} must be a positive integer, got {value!r}")
+
+
+def _finite(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidRequest(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _sequence(name: str, value: Any) -> tuple[Any, ...]:
+    if not isinstance(value, list | tuple):
+        raise InvalidRequest(f"{name} must be a list of numbers, got {value!r}")
+    return tuple(value)
+
+
+def _float_pair(name: str, value: Any) -> tuple[float, float]:
+    items = _sequence(name, value)
+    if len(items) != 2:
+        raise InvalidRequest(f"{name} must be two numbers (low, high), got {value!r}")
+    return _finite(name, items[0]), _finite(name, items[1])

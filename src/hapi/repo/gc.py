@@ -1,0 +1,120 @@
+"""Garbage collection: delete the blobs no manifest references.
+
+Safety rests on two rules. First, the referenced set is computed from the manifests in the
+store itself, not from any catalog, and a manifest that cannot be read stops the gc (its
+references are unknown). Second, the gc runs only while it holds the gc lock and no live
+push lock exists (`locks.py`), so no push can be between "found blob X already stored" and
+"wrote the manifest that references X" while blobs are deleted. Manifests that no ref
+names (left by pushes that died between the two writes) are removed too, once older than
+the lock TTL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from hapi.data.store import ObjectStore
+from hapi.errors import ObjectNotFound
+from hapi.repo.layout import (
+    MANIFESTS,
+    REFS,
+    TENSORS,
+    hash_of_tensor_key,
+    id_of_manifest_key,
+    manifest_key,
+)
+from hapi.repo.locks import Locks
+from hapi.repo.sync import fetch_manifests, parse_ref_key
+
+__all__ = ["GcReport", "collect_garbage"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class GcReport:
+    """What a gc found and did."""
+
+    skipped: bool = False
+    """True when pushes were running, so nothing was deleted."""
+    reason: str = ""
+    """Why it was skipped."""
+    dry_run: bool = False
+    """True when nothing was deleted on purpose."""
+    manifests: int = 0
+    """Manifests kept."""
+    blobs: int = 0
+    """Blobs found."""
+    removed_blobs: int = 0
+    """Blobs no manifest references (deleted unless dry run)."""
+    removed_bytes: int = 0
+    """Their size in bytes."""
+    removed_manifests: int = 0
+    """Unnamed manifests left by interrupted pushes."""
+    removed_locks: int = 0
+    """Stale locks of dead processes."""
+
+
+def collect_garbage(store: ObjectStore, locks: Locks, *, dry_run: bool = False) -> GcReport:
+    """Delete unreferenced blobs and abandoned manifests, unless pushes are running.
+
+    Raises:
+        IntegrityError: a manifest cannot be read; nothing is deleted.
+    """
+    held, pushes = locks.try_acquire_gc()
+    if held is None:
+        owners = ", ".join(sorted({p.owner for p in pushes}))
+        return GcReport(skipped=True, reason=f"{len(pushes)} push(es) running ({owners})")
+    try:
+        removed_locks = 0 if dry_run else locks.remove_stale(keep=held.key)
+        ids = {i for k in store.list(MANIFESTS) if (i := id_of_manifest_key(k))}
+        manifests = fetch_manifests(store, ids)
+        named = _named_ids(store)
+        now = locks.clock()
+        abandoned = [
+            m for m in manifests if m.id not in named and now - _timestamp(m.created) >= locks.ttl_s
+        ]
+        dropped = {m.id for m in abandoned}
+        kept = [m for m in manifests if m.id not in dropped]
+        referenced = set().union(*(m.hashes for m in kept))
+        blobs = [(k, h) for k in store.list(TENSORS) if (h := hash_of_tensor_key(k)) is not None]
+        garbage = [k for k, h in blobs if h not in referenced]
+        removed_bytes = 0
+        for key in garbage:
+            try:
+                removed_bytes += store.size(key)
+            except ObjectNotFound:
+                continue
+            if not dry_run:
+                store.delete(key)
+        if not dry_run:
+            for m in abandoned:
+                store.delete(manifest_key(m.id))
+        return GcReport(
+            dry_run=dry_run,
+            manifests=len(kept),
+            blobs=len(blobs),
+            removed_blobs=len(garbage),
+            removed_bytes=removed_bytes,
+            removed_manifests=len(abandoned),
+            removed_locks=removed_locks,
+        )
+    finally:
+        held.release()
+
+
+def _named_ids(store: ObjectStore) -> set[str]:
+    keys = [k for k in store.list(REFS) if parse_ref_key(k)]
+    named = set()
+    for data in store.get_many(keys):
+        if isinstance(data, BaseException):
+            # Ref objects are never deleted, so any failure means the ids are unknown.
+            raise data
+        named.add(data.decode().strip())
+    return named
+
+
+def _timestamp(created: str) -> float:
+    try:
+        return datetime.fromisoformat(created).astimezone(UTC).timestamp()
+    except ValueError:
+        return 0.0

@@ -1,0 +1,618 @@
+"""`ModelRepo`: derived models stored once, with lineage, queries and partial loads."""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from hapi.data.store import ObjectStore, StoreOptions, open_store
+from hapi.errors import IntegrityError, InvalidRequest, ObjectNotFound, RefNotFound
+from hapi.repo.catalog import Catalog
+from hapi.repo.diff import ModelDiff, diff_manifests
+from hapi.repo.fetch import fetch_tensors
+from hapi.repo.fsck import FsckReport, check_blobs
+from hapi.repo.gc import GcReport, collect_garbage
+from hapi.repo.heads import HeadInfo, finish_head, plan_head, trace_version
+from hapi.repo.layout import manifest_key
+from hapi.repo.lineage import LineageNode, ancestors, descendants, lineage_tree
+from hapi.repo.locks import Locks
+from hapi.repo.manifest import Manifest
+from hapi.repo.modules import describe_modules
+from hapi.repo.options import RepoOptions
+from hapi.repo.push import PushTransaction, build_manifest
+from hapi.repo.queries import PrefixMatch, containing, prefix_matches
+from hapi.repo.refs import check_name, parse_ref
+from hapi.repo.sync import sync_all, sync_name
+from hapi.repo.usage import RepoUsage, measure_usage
+from hapi.repo.version import ModelVersion, PushedVersion
+
+if TYPE_CHECKING:
+    from hapi.graph import ModelGraph
+
+__all__ = ["ModelRepo", "default_catalog_path"]
+
+RefLike = str | ModelVersion
+ModelLike = nn.Module | Mapping[str, torch.Tensor]
+
+
+def default_catalog_path(uri: str, options: StoreOptions | None = None) -> str:
+    """Where the catalog of the repository at `uri` is kept unless told otherwise.
+
+    A file per repository under `$HAPI_CACHE_DIR` (default `~/.cache/hapi`); `:memory:` for
+    a `memory://` store, whose contents die with the process anyway.
+    """
+    if uri.startswith("memory://"):
+        return ":memory:"
+    if "://" not in uri:
+        uri = "file://" + os.path.abspath(os.path.expanduser(uri))
+    endpoint = options.endpoint if options and options.endpoint else ""
+    digest = hashlib.sha256(f"{uri}\n{endpoint}".encode()).hexdigest()[:16]
+    root = os.environ.get("HAPI_CACHE_DIR") or os.path.join(Path.home(), ".cache", "hapi")
+    return os.path.join(root, f"repo-{digest}.sqlite")
+
+
+class ModelRepo:
+    """A model repository in an object store. Open it with `ModelRepo.open`.
+
+    The store holds everything (tensor blobs, manifests, refs); the catalog is a local
+    index rebuilt from the store at will. Nothing connects until first use, so a repo can
+    be pickled into worker processes.
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        *,
+        catalog: str | os.PathLike[str] | None = None,
+        options: RepoOptions | None = None,
+    ) -> None:
+        self.store = store
+        self.options = options or RepoOptions()
+        path = str(catalog) if catalog is not None else default_catalog_path(store.uri)
+        self.catalog = Catalog(path)
+        self.locks = Locks(store, ttl_s=self.options.lock_ttl_s, wait_s=self.options.lock_wait_s)
+        self._synced = False
+
+    @classmethod
+    def open(
+        cls,
+        uri: str | os.PathLike[str],
+        options: StoreOptions | None = None,
+        *,
+        catalog: str | os.PathLike[str] | None = None,
+        repo_options: RepoOptions | None = None,
+    ) -> ModelRepo:
+        """Open the repository at `uri` (a directory, `file://`, `s3://bucket/prefix` or
+        `memory://name`).
+
+        Args:
+            uri: the store; a directory is created if missing.
+            options: S3 endpoint and credentials.
+            catalog: the catalog file (default: `default_catalog_path(uri)`).
+            repo_options: locking, concurrency and verification settings.
+        """
+        uri = str(uri)
+        store = open_store(uri, options)
+        path = catalog if catalog is not None else default_catalog_path(uri, options)
+        return cls(store, catalog=path, options=repo_options)
+
+    def __repr__(self) -> str:
+        return f"ModelRepo({self.store.uri!r})"
+
+    @property
+    def uri(self) -> str:
+        return self.store.uri
+
+    def close(self) -> None:
+        """Close the catalog connection of this process."""
+        self.catalog.close()
+
+    def __enter__(self) -> ModelRepo:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def refresh(self) -> None:
+        """Bring the catalog up to date with the store (other processes' pushes and rms)."""
+        sync_all(self.store, self.catalog)
+        self._synced = True
+
+    def reindex(self) -> int:
+        """Throw the catalog away and rebuild it from the store; return the versions found."""
+        self.catalog.clear()
+        self.refresh()
+        return len(self.catalog.versions())
+
+    # ----- writing
+
+    def prepare_push(
+        self,
+        model: ModelLike,
+        name: str,
+        *,
+        parent: RefLike | None = None,
+        tags: Sequence[str] = (),
+        metrics: Mapping[str, float] | None = None,
+        spec: Any = None,
+    ) -> PushTransaction:
+        """A push as separate steps (`begin`, `upload`, `commit`); see `push`."""
+        check_name(name)
+        parent_id = self.resolve(parent).id if parent is not None else None
+        if spec is not None and not isinstance(spec, dict):
+            to_dict = getattr(spec, "to_dict", None)
+            if to_dict is None:
+                raise InvalidRequest(f"spec must be a ModelSpec or a dict, got {spec!r}")
+            spec = to_dict()
+        if isinstance(tags, str):
+            tags = (tags,)
+        manifest, blobs = build_manifest(
+            model, name=name, parent=parent_id, tags=tuple(tags), metrics=metrics, spec=spec
+        )
+        return PushTransaction(
+            self.store, self.locks, manifest, blobs, concurrency=self.options.concurrency
+        )
+
+    def push(
+        self,
+        model: ModelLike,
+        name: str,
+        *,
+        parent: RefLike | None = None,
+        tags: Sequence[str] = (),
+        metrics: Mapping[str, float] | None = None,
+        spec: Any = None,
+    ) -> PushedVersion:
+        """Store `model` as the next version of `name`, uploading only the tensors the
+        repository lacks.
+
+        Args:
+            model: an `nn.Module` (its state dict and module tree are stored) or a state dict.
+            name: the model name; `name` then refers to this version.
+            parent: the version it was derived from (a ref or a `ModelVersion`).
+            tags: labels.
+            metrics: numbers to keep with it (accuracy, loss).
+            spec: a `hapi.graph.ModelSpec` (or its dict) that builds the architecture, so
+                heads can later be loaded without a model at hand.
+
+        Returns:
+            The new version, with what the push uploaded.
+
+        Raises:
+            InvalidRequest: a bad name, spec or state-dict value.
+            RefNotFound: `parent` does not exist.
+            RepoError: a gc held the repository longer than `lock_wait_s`.
+        """
+        txn = self.prepare_push(model, name, parent=parent, tags=tags, metrics=metrics, spec=spec)
+        try:
+            txn.begin()
+            txn.upload()
+            pushed = txn.commit()
+        finally:
+            txn.release()
+        sync_name(self.store, self.catalog, name)
+        return pushed
+
+    def rm(self, ref: RefLike) -> ModelVersion:
+        """Remove one version (its manifest). Its tensors go at the next `gc`, unless other
+        versions share them; its version number is never reused.
+
+        Raises:
+            RefNotFound: no such version.
+        """
+        version, _ = self._load(ref)
+        self.store.delete(manifest_key(version.id))
+        self.catalog.remove_manifests([version.id])
+        return version
+
+    def gc(self, *, dry_run: bool = False) -> GcReport:
+        """Delete the tensor blobs no manifest references (and abandoned manifests).
+
+        Does nothing, and says so in the report, while pushes are running.
+
+        Raises:
+            IntegrityError: a manifest cannot be read; nothing is deleted.
+        """
+        report = collect_garbage(self.store, self.locks, dry_run=dry_run)
+        if report.removed_manifests:
+            self.refresh()
+        return report
+
+    # ----- reading
+
+    def resolve(self, ref: RefLike) -> ModelVersion:
+        """The version `ref` names (`name`, `name@3`, `name@9f2c`, an id, `repo://...`).
+
+        Raises:
+            RefNotFound: it names nothing; the message lists close names.
+        """
+        for _ in range(3):
+            version = self._lookup(ref)
+            if self.store.exists(manifest_key(version.id)):
+                return version
+            # Removed by another process since our catalog saw it.
+            self.catalog.remove_manifests([version.id])
+        raise RefNotFound(f"{ref} was removed from {self.uri}")
+
+    def manifest(self, ref: RefLike) -> Manifest:
+        """The manifest of the version `ref` names, read from the store."""
+        return self._load(ref)[1]
+
+    def pull(
+        self,
+        ref: RefLike,
+        cut: int | None = None,
+        *,
+        keys: Sequence[str] | None = None,
+        model: nn.Module | None = None,
+        input_shape: tuple[int, ...] = (3, 224, 224),
+    ) -> dict[str, torch.Tensor]:
+        """The version's state dict (or part of it), every tensor checked against its hash.
+
+        Args:
+            ref: the version.
+            cut: only the tensors of the head up to this cut point (see `load_head`).
+            keys: only these state-dict keys (e.g. `head_info(...).keys`).
+            model: a skeleton of the architecture, for `cut` when no spec was pushed.
+            input_shape: per-sample input shape to trace the architecture with.
+
+        Raises:
+            RefNotFound: no such version.
+            InvalidRequest: a key the version does not have.
+            IntegrityError: a blob is missing or corrupt (the message names the tensor).
+        """
+        version, manifest = self._load(ref)
+        wanted: list[str] = list(manifest.tensors) if keys is None else list(keys)
+        unknown = [k for k in wanted if k not in manifest.tensors]
+        if unknown:
+            raise InvalidRequest(f"{version.ref} has no tensors {_few(unknown)}")
+        if cut is not None:
+            planned = plan_head(manifest, version.ref, cut, model=model, input_shape=input_shape)
+            wanted = [k for k in planned.info.hashes if keys is None or k in set(wanted)]
+        return self._fetch(version, manifest, wanted)
+
+    def load_into(self, model: nn.Module, ref: RefLike) -> ModelVersion:
+        """Load a version into `model`, which must have exactly its keys and shapes.
+
+        Raises:
+            IntegrityError: missing, unexpected or mis-shaped keys (checked before any
+                tensor is read), or a corrupt blob.
+        """
+        version, manifest = self._load(ref)
+        own = model.state_dict()
+        missing = [k for k in own if k not in manifest.tensors]
+        unexpected = [k for k in manifest.tensors if k not in own]
+        shapes = [
+            f"{k} (model {list(own[k].shape)}, stored {list(manifest.tensors[k].shape)})"
+            for k in own
+            if k in manifest.tensors and tuple(own[k].shape) != manifest.tensors[k].shape
+        ]
+        if missing or unexpected or shapes:
+            parts = []
+            if missing:
+                parts.append(f"missing from {version.ref}: {_few(missing)}")
+            if unexpected:
+                parts.append(f"not in the model: {_few(unexpected)}")
+            if shapes:
+                parts.append(f"different shapes: {_few(shapes)}")
+            raise IntegrityError(
+                f"{type(model).__name__} does not match {version.ref}: " + "; ".join(parts)
+            )
+        model.load_state_dict(self._fetch(version, manifest, list(manifest.tensors)))
+        return version
+
+    def head_info(
+        self,
+        ref: RefLike,
+        cut: int,
+        *,
+        model: nn.Module | None = None,
+        input_shape: tuple[int, ...] = (3, 224, 224),
+    ) -> HeadInfo:
+        """Which tensors the head up to `cut` needs, and its cache key; reads no tensor.
+
+        A server keeps heads by `cache_key`: versions derived from one base share it for
+        cuts below their changes.
+        """
+        version, manifest = self._load(ref)
+        return plan_head(manifest, version.ref, cut, model=model, input_shape=input_shape).info
+
+    def graph(
+        self,
+        ref: RefLike,
+        *,
+        model: nn.Module | None = None,
+        input_shape: tuple[int, ...] = (3, 224, 224),
+    ) -> ModelGraph:
+        """The version's architecture traced into its cut points; reads no tensor.
+
+        Built from the version's spec on the meta device, so its shapes and cut points
+        cost no memory; its heads and tails have no data (use `load_head` for that).
+
+        Raises:
+            RefNotFound: no such version.
+            InvalidRequest: the version was pushed without a spec and no `model` is given.
+        """
+        version, manifest = self._load(ref)
+        return trace_version(manifest, version.ref, model=model, input_shape=input_shape)
+
+    def load_head(
+        self,
+        ref: RefLike,
+        cut: int,
+        *,
+        model: nn.Module | None = None,
+        input_shape: tuple[int, ...] = (3, 224, 224),
+    ) -> tuple[nn.Module, HeadInfo]:
+        """The head up to cut point `cut`, frozen and in eval mode, reading only its tensors.
+
+        Args:
+            ref: the version.
+            cut: a cut point of the architecture (`hapi.graph.trace(...).cut_points`).
+            model: a skeleton of the architecture when the version has no spec; its head's
+                tensors are replaced by the stored ones.
+            input_shape: per-sample input shape to trace with.
+
+        Raises:
+            InvalidRequest: no spec was pushed and no `model` given.
+            InvalidCut: `cut` is not a cut point.
+            IntegrityError: the architecture does not match the tensors, or a blob is bad.
+        """
+        version, manifest = self._load(ref)
+
+        def plan(meta: bool = True) -> Any:
+            return plan_head(
+                manifest, version.ref, cut, model=model, input_shape=input_shape, meta=meta
+            )
+
+        planned = plan()
+        tensors = self._fetch(version, manifest, list(planned.info.hashes))
+        head = finish_head(planned, tensors, retry=lambda: plan(meta=False))
+        return head, planned.info
+
+    # ----- listing and queries
+
+    def ls(self) -> list[ModelVersion]:
+        """The newest version of every name."""
+        self.refresh()
+        return self.catalog.versions(
+            "r.version = (SELECT MAX(r2.version) FROM refs r2 JOIN manifests m2 "
+            "ON m2.id = r2.id WHERE r2.name = m.name)"
+        )
+
+    def log(self, name: str) -> list[ModelVersion]:
+        """Every version of `name`, newest first.
+
+        Raises:
+            RefNotFound: no version of `name` exists.
+        """
+        sync_name(self.store, self.catalog, name)
+        found = self.catalog.versions("m.name = ?", (name,), "r.version DESC")
+        if not found:
+            raise RefNotFound(self._not_found(name, name))
+        return found
+
+    def ancestors(self, ref: RefLike) -> list[ModelVersion]:
+        """Parent, grandparent, ... of a version (stops at a removed one)."""
+        version = self.resolve(ref)
+        self._ensure_synced()
+        return ancestors(self.catalog, version)
+
+    def descendants(self, ref: RefLike) -> list[ModelVersion]:
+        """Every version derived from `ref`, directly or not."""
+        version = self.resolve(ref)
+        self.refresh()
+        return descendants(self.catalog, version)
+
+    def lineage(self, ref: RefLike | None = None) -> list[LineageNode]:
+        """Lineage trees: the one holding `ref` (from its oldest stored ancestor), or all."""
+        self.refresh()
+        if ref is not None:
+            version = self.resolve(ref)
+            roots = [*ancestors(self.catalog, version)[-1:]] or [version]
+        else:
+            known = {v.id for v in self.catalog.versions()}
+            roots = [
+                v
+                for v in self.catalog.versions(order="m.created, m.id")
+                if v.parent is None or v.parent not in known
+            ]
+        return [lineage_tree(self.catalog, root) for root in roots]
+
+    def diff(self, a: RefLike, b: RefLike) -> ModelDiff:
+        """Which tensors differ from version `a` to version `b` (by hash; nothing is read)."""
+        va, ma = self._load(a)
+        vb, mb = self._load(b)
+        return diff_manifests(va, ma, vb, mb)
+
+    def find(
+        self,
+        *,
+        name: str | None = None,
+        tag: str | None = None,
+        contains: Sequence[str] | None = None,
+        prefix_of: Any = None,
+        min_layers: int = 1,
+    ) -> list[ModelVersion]:
+        """Versions by name pattern, tag and architecture (conditions combine).
+
+        Args:
+            name: a glob on the name (`resnet*`).
+            tag: a tag the version carries.
+            contains: module class names (`Conv2d` or `torch.nn.modules.conv.Conv2d`): one
+                matches any module of that class, several match consecutive layers.
+            prefix_of: a model (`nn.Module`, `ModelSpec` or ref): versions sharing at least
+                `min_layers` leading layers with it, most shared first.
+            min_layers: see `prefix_of`.
+        """
+        self.refresh()
+        if prefix_of is not None:
+            found = [m.version for m in self.prefix_matches(prefix_of, min_layers, _sync=False)]
+        elif contains:
+            found = containing(self.catalog, list(contains))
+        else:
+            found = self.catalog.versions(order="m.created DESC, m.id")
+        if contains and prefix_of is not None:
+            ids = {v.id for v in containing(self.catalog, list(contains))}
+            found = [v for v in found if v.id in ids]
+        if name is not None:
+            from fnmatch import fnmatchcase
+
+            found = [v for v in found if fnmatchcase(v.name, name)]
+        if tag is not None:
+            found = [v for v in found if tag in v.tags]
+        return found
+
+    def prefix_matches(
+        self, model: Any, min_layers: int = 1, *, _sync: bool = True
+    ) -> list[PrefixMatch]:
+        """Versions sharing at least `min_layers` leading layers with `model` (an
+        `nn.Module`, a `ModelSpec` or a ref), most shared layers first."""
+        if _sync:
+            self.refresh()
+        return prefix_matches(self.catalog, self._layer_ids(model), min_layers)
+
+    def longest_common_prefix(self, model: Any) -> PrefixMatch | None:
+        """The stored version sharing the most leading layers with `model` - the best base
+        to transfer from - or None when none shares even one."""
+        matches = self.prefix_matches(model)
+        return matches[0] if matches else None
+
+    def fsck(self, *, repair: bool = False) -> FsckReport:
+        """Re-hash every stored tensor that a version references.
+
+        Args:
+            repair: delete corrupt blobs, so the next push of a model holding them
+                writes them again.
+        """
+        return check_blobs(self.store, repair=repair)
+
+    def usage(self) -> RepoUsage:
+        """Bytes stored, and bytes the versions would take one file each."""
+        self.refresh()
+        return measure_usage(self.store, self.catalog)
+
+    # ----- internals
+
+    def _layer_ids(self, model: Any) -> list[str]:
+        if isinstance(model, nn.Module):
+            modules = describe_modules(model)
+        elif isinstance(model, str | ModelVersion):
+            modules = self._load(model)[1].modules
+        else:
+            from hapi.graph import ModelSpec, build_model
+
+            spec = ModelSpec.from_dict(model) if isinstance(model, dict) else model
+            if not isinstance(spec, ModelSpec):
+                raise InvalidRequest(
+                    f"a model to match is an nn.Module, a ModelSpec or a ref, got {model!r}"
+                )
+            with torch.device("meta"):
+                modules = describe_modules(build_model(spec))
+        return [m.layer for m in modules if m.layer is not None]
+
+    def _ensure_synced(self) -> None:
+        if not self._synced:
+            self.refresh()
+
+    def _load(self, ref: RefLike) -> tuple[ModelVersion, Manifest]:
+        """Resolve `ref` and read its manifest from the store, the source of truth."""
+        for _ in range(3):
+            version = self._lookup(ref)
+            try:
+                data = self.store.get(manifest_key(version.id))
+            except ObjectNotFound:
+                # Removed by another process since our catalog saw it.
+                self.catalog.remove_manifests([version.id])
+                continue
+            return version, Manifest.from_json(data, version.id)
+        raise RefNotFound(f"{ref} was removed from {self.uri}")
+
+    def _lookup(self, ref: RefLike) -> ModelVersion:
+        if isinstance(ref, ModelVersion):
+            ref = ref.id
+        parsed = parse_ref(ref)
+        name = parsed.name
+        if name is not None and parsed.version is not None:
+            found = self._by_version(name, parsed.version)
+        elif name is not None and "@" in parsed.text:
+            found = self._by_prefix(parsed.id_prefix or "", name)
+        else:
+            found = self._newest(name) if name else None
+            if found is None and parsed.id_prefix:
+                found = self._by_prefix(parsed.id_prefix, None)
+        if found is None:
+            raise RefNotFound(self._not_found(ref, name))
+        return found
+
+    def _fetch(
+        self, version: ModelVersion, manifest: Manifest, keys: list[str]
+    ) -> dict[str, torch.Tensor]:
+        return fetch_tensors(
+            self.store,
+            manifest,
+            keys,
+            label=version.ref,
+            verify=self.options.verify,
+            concurrency=self.options.concurrency,
+        )
+
+    def _newest(self, name: str) -> ModelVersion | None:
+        sync_name(self.store, self.catalog, name)
+        found = self.catalog.versions("m.name = ?", (name,), "r.version DESC")
+        return found[0] if found else None
+
+    def _by_version(self, name: str, number: int) -> ModelVersion | None:
+        for attempt in range(2):
+            found = self.catalog.versions("m.name = ? AND r.version = ?", (name, number))
+            if found or attempt:
+                return found[0] if found else None
+            sync_name(self.store, self.catalog, name)
+        return None
+
+    def _by_prefix(self, prefix: str, name: str | None) -> ModelVersion | None:
+        for attempt in range(2):
+            found = self.catalog.versions(
+                "m.id LIKE ? || '%'" + (" AND m.name = ?" if name else ""),
+                (prefix, name) if name else (prefix,),
+            )
+            if len(found) > 1:
+                options = ", ".join(f"{v.ref} ({v.short_id})" for v in found[:6])
+                raise RefNotFound(f"{prefix!r} is ambiguous: it could be {options}")
+            if found or attempt:
+                return found[0] if found else None
+            if name:
+                sync_name(self.store, self.catalog, name)
+            else:
+                self.refresh()
+        return None
+
+    def _not_found(self, ref: RefLike, name: str | None) -> str:
+        names = self.catalog.names()
+        visible = {v.name for v in self.catalog.versions()}
+        if name and name in visible:
+            versions = [v.version for v in self.catalog.versions("m.name = ?", (name,))]
+            return (
+                f"{ref} is not in the repository {self.uri}: {name} has versions "
+                f"{', '.join(map(str, versions))}"
+            )
+        close = difflib.get_close_matches(name or str(ref), sorted(visible), n=5, cutoff=0.5)
+        if close:
+            hint = f"did you mean {', '.join(close)}?"
+        elif visible:
+            hint = f"it holds {', '.join(sorted(visible)[:8])}"
+        else:
+            hint = "it holds no models yet" if not names else "all its models were removed"
+        return f"no model {ref!r} in the repository {self.uri}: {hint}"
+
+
+def _few(items: list[str]) -> str:
+    shown = ", ".join(items[:5])
+    return shown + (f" and {len(items) - 5} more" if len(items) > 5 else "")

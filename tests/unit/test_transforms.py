@@ -1,0 +1,176 @@
+"""Transforms: seeded randomness, numerics against torchvision, specs, decoding."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from torchvision.transforms import v2
+
+from hapi.data import (
+    CenterCrop,
+    HorizontalFlip,
+    Normalize,
+    RandomResizedCrop,
+    Resize,
+    Transforms,
+    decode_image,
+    load_sample,
+    sample_seed,
+)
+from hapi.data import images as images_module
+from hapi.errors import CorruptObject, InvalidRequest
+
+from ..image_bytes import encoded, jpeg
+
+IMAGENET = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
+
+
+def test_a_sample_is_bit_identical_wherever_it_is_transformed() -> None:
+    data, key = jpeg(), "train/cat/1.jpg"
+    seed = sample_seed(1, 0, key)
+    here = Transforms.train(32)
+    there = Transforms.from_dict(json.loads(json.dumps(here.to_dict())))  # as on the wire
+    a = load_sample(data, key, here, seed)
+    torch.manual_seed(123)  # the global RNGs play no part
+    random.seed(123)
+    b = load_sample(data, key, there, seed)
+    assert a.shape == (3, 32, 32) and a.dtype == torch.float32 and a.is_contiguous()
+    assert torch.equal(a, b)
+
+
+def test_different_seeds_give_different_crops() -> None:
+    crop = RandomResizedCrop(16)
+    params = {crop.params(48, 56, random.Random(sample_seed(1, e, "k"))) for e in range(8)}
+    assert len(params) == 8
+    image = decode_image(jpeg(), "k")
+    t = Transforms((crop,))
+    assert not torch.equal(t(image, seed=1), t(image, seed=2))
+
+
+def test_sample_seeds_are_golden_numbers() -> None:
+    # The seed of a sample must not change between versions, processes or machines.
+    assert sample_seed(0, 0, "train/class_0/00000.jpg") == 6469572956766013817
+    assert sample_seed(7, 3, "x") == 3160029695252716533
+    assert len({sample_seed(0, 0, "a"), sample_seed(0, 1, "a"), sample_seed(1, 0, "a")}) == 3
+
+
+def test_eval_pipeline_matches_torchvision_bit_for_bit() -> None:
+    image = decode_image(jpeg(64, 80), "k")
+    ours = Transforms.eval(32)(image, seed=0)
+    theirs = v2.Compose([
+        v2.Resize(37, antialias=True), v2.CenterCrop(32), v2.ToImage(),
+        v2.ToDtype(torch.float32, scale=True), v2.Normalize(*IMAGENET),
+    ])(image)  # fmt: skip
+    assert torch.equal(ours, theirs.as_subclass(torch.Tensor))
+
+
+def test_normalize_numerics() -> None:
+    image = decode_image(jpeg(), "k")
+    plain = Transforms()(image, seed=0)
+    assert plain.min() >= 0 and plain.max() <= 1  # ToTensor semantics: 0..1
+    normalized = Transforms((Normalize(),))(image, seed=0)
+    mean = torch.tensor(IMAGENET[0])[:, None, None]
+    std = torch.tensor(IMAGENET[1])[:, None, None]
+    torch.testing.assert_close(normalized, (plain - mean) / std)
+
+
+def test_flip_ops() -> None:
+    image = decode_image(jpeg(), "k")
+    plain = Transforms()(image, seed=0)
+    assert torch.equal(Transforms((HorizontalFlip(p=1.0),))(image, seed=0), plain.flip(-1))
+    assert torch.equal(Transforms((HorizontalFlip(p=0.0),))(image, seed=0), plain)
+
+
+def test_presets() -> None:
+    assert Transforms.train(32).is_random and not Transforms.eval(32).is_random
+    assert Transforms.eval(224).ops[0] == Resize(256)  # torchvision's reference 256 -> 224
+    assert Transforms.eval(224).to_dict() == {
+        "ops": [
+            {"op": "resize", "size": 256},
+            {"op": "center_crop", "size": 224},
+            {"op": "normalize", "mean": IMAGENET[0], "std": IMAGENET[1]},
+        ]
+    }
+
+
+unit = st.floats(0.01, 1.0)
+pairs = st.tuples(unit, unit).map(sorted).map(tuple)
+ops = st.one_of(
+    st.builds(Resize, st.integers(1, 512)),
+    st.builds(CenterCrop, st.integers(1, 512)),
+    st.builds(HorizontalFlip, st.floats(0, 1)),
+    st.builds(
+        RandomResizedCrop,
+        st.integers(1, 512),
+        scale=pairs,
+        ratio=st.tuples(st.floats(0.1, 10), st.floats(0.1, 10)).map(sorted).map(tuple),
+    ),
+)
+normalize = st.builds(
+    Normalize,
+    mean=st.lists(st.floats(-10, 10), min_size=3, max_size=3),
+    std=st.lists(st.floats(0.01, 10), min_size=3, max_size=3),
+)
+
+
+@given(st.lists(ops, max_size=5), st.lists(normalize, max_size=1))
+def test_transform_specs_round_trip_through_json(image_ops: list, tail: list) -> None:  # type: ignore[type-arg]
+    t = Transforms(tuple(image_ops + tail))
+    assert Transforms.from_dict(json.loads(json.dumps(t.to_dict(), allow_nan=False))) == t
+
+
+@pytest.mark.parametrize(
+    ("spec", "needle"),
+    [
+        ({"ops": [{"op": "sharpen"}]}, "unknown transform"),
+        ({"ops": [{"op": "resize", "size": 0}]}, "positive integer"),
+        ({"ops": [{"op": "resize", "size": True}]}, "positive integer"),
+        ({"ops": [{"op": "resize", "size": 8, "mode": "x"}]}, "no parameter"),
+        ({"ops": [{"op": "resize"}]}, "missing"),
+        ({"ops": [{"op": "horizontal_flip", "p": 2}]}, r"\[0, 1\]"),
+        ({"ops": [{"op": "horizontal_flip", "p": "half"}]}, "finite number"),
+        ({"ops": [{"op": "random_resized_crop", "size": 8, "scale": [0.5]}]}, "two numbers"),
+        ({"ops": [{"op": "random_resized_crop", "size": 8, "scale": [0.9, 0.1]}]}, "a <= b"),
+        ({"ops": [{"op": "normalize", "mean": [0.5, 0.5], "std": [1, 1]}]}, "1 or 3"),
+        ({"ops": [{"op": "normalize", "mean": [0.5], "std": [0]}]}, "stds > 0"),
+        ({"ops": [{"op": "normalize", "mean": [float("nan")], "std": [1]}]}, "finite"),
+        ({"ops": [{"op": "normalize"}, {"op": "resize", "size": 8}]}, "after Normalize"),
+        ({"ops": "resize"}, "ops"),
+        ("resize", "ops"),
+    ],
+)
+def test_bad_transform_specs_say_what_is_wrong(spec: object, needle: str) -> None:
+    with pytest.raises(InvalidRequest, match=needle):
+        Transforms.from_dict(spec)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mode", ["L", "RGBA", "P", "CMYK", "I;16"])
+def test_any_image_mode_decodes_to_rgb(mode: str) -> None:
+    image = decode_image(encoded(mode, "JPEG" if mode == "CMYK" else "PNG"), "k")
+    assert image.mode == "RGB"
+    assert Transforms.eval(8)(image, seed=0).shape == (3, 8, 8)
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"", "cannot identify image file"),
+        (b"not an image", "cannot identify image file"),
+        (jpeg()[:300], "[Tt]runcated"),
+        (jpeg()[: len(jpeg()) // 2], "truncated"),
+    ],
+)
+def test_corrupt_and_truncated_images_name_their_key(data: bytes, reason: str) -> None:
+    with pytest.raises(CorruptObject, match=rf"'train/cat/7.jpg' is not a decodable .*{reason}"):
+        load_sample(data, "train/cat/7.jpg", Transforms.eval(8), seed=0)
+
+
+def test_oversized_images_are_refused_before_decoding(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(images_module, "MAX_PIXELS", 1000)
+    with pytest.raises(CorruptObject, match="over 1000"):
+        decode_image(jpeg(40, 40), "big.jpg")
