@@ -54,3 +54,35 @@ def test_a_bucket_without_images_is_a_clear_error(s3_bucket: tuple[str, StoreOpt
         pytest.raises(ObjectNotFound, match="ImageFolder layout"),
     ):
         TransferJob("resnet18", "train", server.address, freeze="layer4").fit(1)
+
+
+def test_a_job_on_a_repository_in_seaweedfs_pushes_only_what_it_trained(
+    s3_bucket: tuple[str, StoreOptions],
+) -> None:
+    from hapi.graph import ModelSpec, build_model
+    from hapi.repo import ModelRepo
+
+    bucket, options = s3_bucket
+    data, models = f"{bucket}/data", f"{bucket}/models"
+    synth_dataset(open_store(data, options), "train", classes=2, per_class=4, size=72, seed=6)
+    repo = ModelRepo.open(models, options)
+    spec = ModelSpec(name="resnet18", num_classes=2)
+    base = repo.push(build_model(spec), "base", spec=spec)
+    with serve(ServerConfig(store=data, store_options=options, repo=models)) as server:
+        job = TransferJob(
+            "repo://base",
+            "train",
+            server.address,
+            repo=models,
+            repo_options=options,
+            freeze="layer4",
+            image_size=64,
+            batch_size=4,
+        )
+        job.fit(1, lr=0.05)
+        assert server.stats()["heads_cached"] == 1
+    tuned = job.push("base-tuned")
+    assert tuned.parent == base.id
+    # Only the trained classifier went up; everything before it is the base's.
+    assert tuned.uploaded_bytes < 0.01 * base.nbytes
+    assert set(repo.diff("base", "base-tuned").changed) == {"fc.bias", "fc.weight"}

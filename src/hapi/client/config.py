@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from hapi.data import Transforms
+from hapi.data import StoreOptions, Transforms
 from hapi.graph import RAW, ModelSpec
 
 __all__ = ["JobConfig"]
@@ -25,6 +25,8 @@ class JobConfig:
     repo: str | None = None
     """URI of the model repository, as the trainer reaches it: for `repo://` models and
     for `TransferJob.push`."""
+    repo_options: StoreOptions | None = None
+    """Endpoint and credentials of an S3 repository; the AWS variables when unset."""
     num_classes: int | None = None
     """Replace the model's classifier with a fresh one of this many outputs; None keeps it."""
     eval_dataset: str | None = None

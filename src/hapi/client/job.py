@@ -99,7 +99,7 @@ class TransferJob:
         if self.config.repo is not None:
             from hapi.repo import ModelRepo
 
-            self.repo = ModelRepo.open(self.config.repo)
+            self.repo = ModelRepo.open(self.config.repo, self.config.repo_options)
         self.base: ModelVersion | None = None
         """The repository version the job started from, when it did."""
         self.spec, self.model = self._build(model)
