@@ -262,8 +262,8 @@ def _write_results(table: str, args: argparse.Namespace) -> None:
         f"trained at {args.image_size} px, batch {args.batch_size}, wire {args.wire_dtype}; "
         f"epoch {args.epochs} of {args.epochs} reported. Server and trainer are two processes "
         "pinned to one core each; the link is the server's egress token bucket. "
-        "`bound` = max(server, transfer, trainer) per epoch. Plot: `benchmarks/out/e2e.png`.\n\n"
-        f"{table}",
+        "`bound` = max(server, transfer, trainer) per epoch; data in `out/e2e.json`.\n\n"
+        f"{table}\n\n![epoch time and bytes per link](out/e2e.png)",
     )
 
 

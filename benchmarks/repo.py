@@ -314,7 +314,7 @@ def _markdown(result: dict[str, Any]) -> str:
         f"`{result['command']}` on {result['machine']}. ResNet-50 base (weights=None) and 10 "
         "derived models: 5 fine-tune `fc`, 5 fine-tune `layer4` + `fc` (those tensors "
         "perturbed). Times are medians of 3 after a warm-up; one torch thread. "
-        "Plot: `benchmarks/out/repo.png`, data: `benchmarks/out/repo.json`.",
+        "Data: `out/repo.json`.",
         "",
         "| store | 11 safetensors files MB | repo MB | ratio | base MB "
         "| push of an fc / layer4+fc fine-tune MB |",
@@ -374,6 +374,7 @@ def _markdown(result: dict[str, Any]) -> str:
         "re-hash every tensor (SHA-256), which bounds repo pull throughput on 2 cores; readers "
         "each pull the whole layer4+fc fine-tune once (aggregate = readers x model MB / wall).",
         "",
+        "![storage, loads and throughput per store](out/repo.png)",
     ]
     return "\n".join(lines)
 

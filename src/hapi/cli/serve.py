@@ -48,7 +48,8 @@ def serve(
     )
     server = HapiServer(config)
     limit = f", egress limited to {egress_limit}" if egress_limit else ""
-    Console().print(f"hapi serving [bold]{store}[/] at [bold]{server.address}[/]{limit}")
+    models = f", models from [bold]{repo}[/]" if repo else ""
+    Console().print(f"hapi serving [bold]{store}[/] at [bold]{server.address}[/]{limit}{models}")
     # serve() blocks in C++ but runs Python signal handlers; SIGTERM and SIGINT end it
     # through an exception, and the server then stops cleanly.
     signal.signal(signal.SIGTERM, _interrupt)

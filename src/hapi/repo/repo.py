@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import os
 from collections.abc import Mapping, Sequence
@@ -28,7 +27,8 @@ from hapi.repo.modules import describe_modules
 from hapi.repo.options import RepoOptions
 from hapi.repo.push import PushTransaction, build_manifest
 from hapi.repo.queries import PrefixMatch, containing, prefix_matches
-from hapi.repo.refs import check_name, parse_ref
+from hapi.repo.refs import check_name
+from hapi.repo.resolve import lookup, not_found
 from hapi.repo.sync import sync_all, sync_name
 from hapi.repo.usage import RepoUsage, measure_usage
 from hapi.repo.version import ModelVersion, PushedVersion
@@ -234,7 +234,7 @@ class ModelRepo:
             RefNotFound: it names nothing; the message lists close names.
         """
         for _ in range(3):
-            version = self._lookup(ref)
+            version = lookup(self.store, self.catalog, ref)
             if self.store.exists(manifest_key(version.id)):
                 return version
             # Removed by another process since our catalog saw it.
@@ -396,7 +396,7 @@ class ModelRepo:
         sync_name(self.store, self.catalog, name)
         found = self.catalog.versions("m.name = ?", (name,), "r.version DESC")
         if not found:
-            raise RefNotFound(self._not_found(name, name))
+            raise RefNotFound(not_found(self.store, self.catalog, name, name))
         return found
 
     def ancestors(self, ref: RefLike) -> list[ModelVersion]:
@@ -525,7 +525,7 @@ class ModelRepo:
     def _load(self, ref: RefLike) -> tuple[ModelVersion, Manifest]:
         """Resolve `ref` and read its manifest from the store, the source of truth."""
         for _ in range(3):
-            version = self._lookup(ref)
+            version = lookup(self.store, self.catalog, ref)
             try:
                 data = self.store.get(manifest_key(version.id))
             except ObjectNotFound:
@@ -534,23 +534,6 @@ class ModelRepo:
                 continue
             return version, Manifest.from_json(data, version.id)
         raise RefNotFound(f"{ref} was removed from {self.uri}")
-
-    def _lookup(self, ref: RefLike) -> ModelVersion:
-        if isinstance(ref, ModelVersion):
-            ref = ref.id
-        parsed = parse_ref(ref)
-        name = parsed.name
-        if name is not None and parsed.version is not None:
-            found = self._by_version(name, parsed.version)
-        elif name is not None and "@" in parsed.text:
-            found = self._by_prefix(parsed.id_prefix or "", name)
-        else:
-            found = self._newest(name) if name else None
-            if found is None and parsed.id_prefix:
-                found = self._by_prefix(parsed.id_prefix, None)
-        if found is None:
-            raise RefNotFound(self._not_found(ref, name))
-        return found
 
     def _fetch(
         self, version: ModelVersion, manifest: Manifest, keys: list[str]
@@ -563,54 +546,6 @@ class ModelRepo:
             verify=self.options.verify,
             concurrency=self.options.concurrency,
         )
-
-    def _newest(self, name: str) -> ModelVersion | None:
-        sync_name(self.store, self.catalog, name)
-        found = self.catalog.versions("m.name = ?", (name,), "r.version DESC")
-        return found[0] if found else None
-
-    def _by_version(self, name: str, number: int) -> ModelVersion | None:
-        for attempt in range(2):
-            found = self.catalog.versions("m.name = ? AND r.version = ?", (name, number))
-            if found or attempt:
-                return found[0] if found else None
-            sync_name(self.store, self.catalog, name)
-        return None
-
-    def _by_prefix(self, prefix: str, name: str | None) -> ModelVersion | None:
-        for attempt in range(2):
-            found = self.catalog.versions(
-                "m.id LIKE ? || '%'" + (" AND m.name = ?" if name else ""),
-                (prefix, name) if name else (prefix,),
-            )
-            if len(found) > 1:
-                options = ", ".join(f"{v.ref} ({v.short_id})" for v in found[:6])
-                raise RefNotFound(f"{prefix!r} is ambiguous: it could be {options}")
-            if found or attempt:
-                return found[0] if found else None
-            if name:
-                sync_name(self.store, self.catalog, name)
-            else:
-                self.refresh()
-        return None
-
-    def _not_found(self, ref: RefLike, name: str | None) -> str:
-        names = self.catalog.names()
-        visible = {v.name for v in self.catalog.versions()}
-        if name and name in visible:
-            versions = [v.version for v in self.catalog.versions("m.name = ?", (name,))]
-            return (
-                f"{ref} is not in the repository {self.uri}: {name} has versions "
-                f"{', '.join(map(str, versions))}"
-            )
-        close = difflib.get_close_matches(name or str(ref), sorted(visible), n=5, cutoff=0.5)
-        if close:
-            hint = f"did you mean {', '.join(close)}?"
-        elif visible:
-            hint = f"it holds {', '.join(sorted(visible)[:8])}"
-        else:
-            hint = "it holds no models yet" if not names else "all its models were removed"
-        return f"no model {ref!r} in the repository {self.uri}: {hint}"
 
 
 def _few(items: list[str]) -> str:
