@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -206,3 +207,39 @@ def test_a_store_that_is_down_is_named(tmp_path: Path) -> None:
         with pytest.raises(StoreUnavailable):
             conn.fetch(_ticket(info.session, ["train/a.jpg"]))
         assert json.dumps(conn.stats())  # still serving
+
+
+def test_heads_no_session_holds_are_dropped_beyond_the_idle_limit(store_dir: Path) -> None:
+    with (
+        serve(ServerConfig(store=str(store_dir), idle_heads=1)) as server,
+        connect(server.address) as conn,
+    ):
+        held = conn.open_session(_request(cut=3))
+        sessions = [conn.open_session(_request(cut=cut)) for cut in (5, 7)]
+        assert len(server.heads) == 3
+        full = conn.stats()["heads_bytes"]
+        for info in reversed(sessions):
+            conn.close_session(info.session)
+        # The held head stays, and of the released ones only the most recent (cut 5:
+        # the deeper head's extra layers are freed; heads of one model share the rest).
+        assert len(server.heads) == 2 and conn.stats()["heads_bytes"] < full
+        conn.close_session(held.session)
+        assert len(server.heads) == 1
+        # A dropped head is loaded again when a session needs it; it computes the same.
+        again = conn.open_session(_request(cut=5))
+        key = conn.manifest("train").keys[0]
+        (batch,) = conn.fetch(_ticket(again.session, [key])).batches
+        assert batch.features is not None and list(batch.features.shape[1:]) == again.feature_shape
+        assert len(server.heads) == 2
+
+
+def test_a_session_its_job_abandoned_is_closed_and_frees_its_head(store_dir: Path) -> None:
+    config = ServerConfig(store=str(store_dir), idle_heads=0, session_idle_s=0.3)
+    with serve(config) as server, connect(server.address) as conn:
+        abandoned = conn.open_session(_request(cut=6))
+        time.sleep(0.5)
+        conn.open_session(_request(cut=2))  # opening a session closes the abandoned ones
+        assert len(server.heads) == 1
+        assert abandoned.session in conn.stats()["closed_sessions"]
+        with pytest.raises(SessionNotFound, match="unused for too long"):
+            conn.fetch(_ticket(abandoned.session, [conn.manifest("train").keys[0]]))

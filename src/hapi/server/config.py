@@ -31,6 +31,12 @@ class ServerConfig:
     """torch intra-op threads for heads; None keeps torch's default."""
     token: str | None = None
     """Bearer token callers must send; None accepts every caller (loopback use)."""
+    idle_heads: int = 4
+    """Heads no open session uses that stay loaded for the next session (each job opens
+    one per epoch); older ones are dropped to bound the server's memory."""
+    session_idle_s: float = 3600.0
+    """A session no chunk has used for this long is closed (its job died without closing
+    it), freeing its head."""
     repo: str | None = None
     """URI of a model repository for `repo://` model references; None: named models only."""
 
@@ -39,6 +45,10 @@ class ServerConfig:
             raise ValueError(f"port must be 0..65535, got {self.port}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.session_idle_s <= 0:
+            raise ValueError(f"session_idle_s must be > 0, got {self.session_idle_s}")
+        if self.idle_heads < 0:
+            raise ValueError(f"idle_heads must be >= 0, got {self.idle_heads}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.egress_limit is not None:

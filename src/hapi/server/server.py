@@ -6,6 +6,7 @@ import contextlib
 import json
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,7 @@ from hapi.errors import HapiError, InvalidRequest, SessionNotFound
 from hapi.graph import INPUT, RAW
 from hapi.server.auth import TokenMiddlewareFactory
 from hapi.server.config import ServerConfig
-from hapi.server.heads import HeadCache
+from hapi.server.heads import HeadCache, HeadLease
 from hapi.server.session import Session
 from hapi.server.shaping import TokenBucket, parse_rate
 from hapi.wire import (
@@ -68,9 +69,10 @@ class HapiServer(flight.FlightServerBase):
         self.config = config
         self.store: Store = open_store(config.store, config.store_options)
         self.repo = _open_repo(config)
-        self.heads = HeadCache(config.device, repo=self.repo)
+        self.heads = HeadCache(config.device, repo=self.repo, idle=config.idle_heads)
         self.shaper = TokenBucket(parse_rate(config.egress_limit)) if config.egress_limit else None
         self._sessions: dict[str, Session] = {}
+        self._leases: dict[str, HeadLease] = {}
         self._closed: dict[str, dict[str, float]] = {}
         self._lock = threading.Lock()
         if config.threads:
@@ -136,6 +138,7 @@ class HapiServer(flight.FlightServerBase):
 
     def open_session(self, request: SessionRequest) -> SessionInfo:
         """Load (or reuse) the head a request needs and register a session for it."""
+        self._close_abandoned()
         transforms = Transforms.from_dict(request.transforms)
         loaded = self.heads.model(request.model, request.image_size)
         graph = loaded.graph
@@ -145,13 +148,14 @@ class HapiServer(flight.FlightServerBase):
         if request.cut != RAW:
             graph.check_cut(request.cut, freeze)
         if request.cut == RAW:
-            schema, shape, per_sample, head = raw_schema(), [], 0, None
+            schema, shape, per_sample, head, lease = raw_schema(), [], 0, None, None
         else:
             if request.cut == INPUT:
                 shape = list(graph.input_shape)
             else:
                 shape = list(graph.cut_points[request.cut - 1].shape)
-            head = self.heads.head(loaded, request.cut) if request.cut > INPUT else None
+            lease = self.heads.acquire(loaded, request.cut) if request.cut > INPUT else None
+            head = lease.module if lease is not None else None
             schema = feature_schema(shape, request.wire_dtype)
             width = 4 if request.wire_dtype == "fp32" else 2
             per_sample = width * _numel(shape)
@@ -176,6 +180,8 @@ class HapiServer(flight.FlightServerBase):
         )
         with self._lock:
             self._sessions[session.id] = session
+            if lease is not None:
+                self._leases[session.id] = lease
         log.info("opened session %s: cut %d of %d", session.id, request.cut, graph.num_cuts)
         return info
 
@@ -185,6 +191,9 @@ class HapiServer(flight.FlightServerBase):
             session = self._sessions.pop(session_id, None)
             if session is None:
                 raise SessionNotFound(_unknown_session(session_id))
+            lease = self._leases.pop(session_id, None)
+            if lease is not None:
+                self.heads.release(lease)
             stats = session.stats.as_dict()
             self._closed[session_id] = stats
             return stats
@@ -203,6 +212,7 @@ class HapiServer(flight.FlightServerBase):
             "store": self.store.uri,
             "egress_limit_bytes_per_s": self.shaper.rate if self.shaper else None,
             "heads_cached": len(self.heads),
+            "heads_bytes": self.heads.nbytes,
             "bytes_sent": sum(s["bytes_sent"] for s in every),
             "sessions": sessions,
             "closed_sessions": closed,
@@ -213,7 +223,19 @@ class HapiServer(flight.FlightServerBase):
             session = self._sessions.get(session_id)
         if session is None:
             raise SessionNotFound(_unknown_session(session_id))
+        session.last_used = time.monotonic()
         return session
+
+    def _close_abandoned(self) -> None:
+        """Close sessions unused for `session_idle_s`: their jobs died without closing
+        them, and they hold heads in memory."""
+        cutoff = time.monotonic() - self.config.session_idle_s
+        with self._lock:
+            abandoned = [sid for sid, s in self._sessions.items() if s.last_used < cutoff]
+        for sid in abandoned:
+            log.info("closing session %s: unused for %.0fs", sid, self.config.session_idle_s)
+            with contextlib.suppress(SessionNotFound):
+                self.close_session(sid)
 
 
 @contextlib.contextmanager
@@ -253,8 +275,8 @@ def _session_id(body: bytes) -> str:
 
 def _unknown_session(session_id: str) -> str:
     return (
-        f"no session {session_id!r} on this server (closed, or the server restarted): "
-        "open a new session"
+        f"no session {session_id!r} on this server (closed, unused for too long, or the "
+        "server restarted): open a new session"
     )
 
 

@@ -65,6 +65,8 @@ class Session:
     device: torch.device
     batch_size: int
     stats: SessionStats = field(default_factory=SessionStats)
+    last_used: float = field(default_factory=time.monotonic)
+    """When a chunk of this session last started (monotonic clock)."""
 
     def run_chunk(
         self, ticket: ChunkTicket, store: ObjectStore
