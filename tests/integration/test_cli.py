@@ -78,6 +78,7 @@ def test_data_import(hapi_cli, tmp_path: Path) -> None:  # type: ignore[no-untyp
         (("profile", "no_such_model"), "unknown model 'no_such_model'"),
         (("data", "ls", "/nonexistent/hapi-empty"), "no images"),
         (("serve", "--store", "ftp://x"), "unknown store URI scheme"),
+        (("serve", "--store", "/nonexistent/hapi-store"), "/nonexistent/hapi-store does not exist"),
         (("serve", "--store", ".", "--port", "0", "--egress-limit", "fast"), "cannot read rate"),
     ],
 )

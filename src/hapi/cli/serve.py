@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -33,6 +34,7 @@ def serve(
     from hapi.data import StoreOptions
     from hapi.server import HapiServer, ServerConfig
 
+    _check_local_store(store)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     config = ServerConfig(
         store=store,
@@ -63,6 +65,20 @@ def serve(
         # Streams cut off by a vanished client can hold shutdown; do not wait forever.
         stopper.join(timeout=10)
     Console().print("hapi server stopped")
+
+
+def _check_local_store(store: str) -> None:
+    """Refuse to serve a local directory that does not exist: it is a typo, not a store."""
+    from hapi.errors import InvalidRequest
+
+    if "://" in store and not store.startswith("file://"):
+        return
+    path = Path(store.removeprefix("file://")).expanduser()
+    if not path.is_dir():
+        raise InvalidRequest(
+            f"store directory {path} does not exist: check the path, or make a dataset "
+            f"there first (`hapi data synth {path}/train` or `hapi data import DIR {path}/train`)"
+        )
 
 
 def _interrupt(signum: int, frame: object) -> None:
