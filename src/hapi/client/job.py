@@ -5,21 +5,23 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+from hapi.client._base import build_from_repo
+from hapi.client._decode import RawDecoder
 from hapi.client.config import JobConfig
 from hapi.client.connection import Connection, connect
 from hapi.client.loader import FeatureLoader
-from hapi.data import Manifest, Transforms, load_sample, sample_seed
+from hapi.data import Manifest, Transforms
 from hapi.errors import HapiError, InvalidRequest
 from hapi.graph import INPUT, RAW, ModelGraph, ModelSpec, build_model, trace
 from hapi.repo.refs import is_repo_ref
-from hapi.wire import FeatureBatch, SessionRequest
+from hapi.wire import SessionRequest
 
 if TYPE_CHECKING:
     from hapi.repo import ModelRepo, ModelVersion, PushedVersion
@@ -288,24 +290,7 @@ class TransferJob:
             return spec, build_model(spec)
         assert self.repo is not None  # JobConfig checks it
         self.base = self.repo.resolve(model)
-        stored = self.repo.manifest(self.base).spec
-        if stored is None:
-            raise InvalidRequest(
-                f"{self.base.ref} was pushed without a model spec, so neither the trainer nor "
-                "the server can build its architecture: push it with spec=ModelSpec(...)"
-            )
-        spec = ModelSpec.from_dict(dict(stored))
-        if classes is not None:
-            spec = dataclasses.replace(spec, num_classes=classes)
-        # The stored tensors replace the init, so skip loading pre-trained weights.
-        built = build_model(dataclasses.replace(spec, weights=None))
-        state = self.repo.pull(self.base)
-        own = built.state_dict()
-        fresh = [k for k in own if k not in state or state[k].shape != own[k].shape]
-        if (fresh and classes is None) or any(k not in own for k in state):
-            self.repo.load_into(built, self.base)  # raises, naming what does not match
-        built.load_state_dict({k: v for k, v in state.items() if k not in fresh}, strict=False)
-        return spec, built
+        return build_from_repo(self.repo, self.base, num_classes=classes)
 
     def _wire_model(self) -> dict[str, Any] | str:
         """How a session names the model: the base version pinned by id, or the spec."""
@@ -330,7 +315,7 @@ class TransferJob:
             request,
             self.manifest(prefix),
             train,
-            _Decoder(transforms, self.config.seed, self.config.on_error) if local else None,
+            RawDecoder(transforms, self.config.seed, self.config.on_error) if local else None,
         )
 
     def _train_mode(self, train: bool) -> None:
@@ -353,7 +338,7 @@ class _OpenLoader:
         request: SessionRequest,
         manifest: Manifest,
         train: bool,
-        decoder: _Decoder | None,
+        decoder: RawDecoder | None,
     ) -> None:
         self.job, self.request, self.manifest = job, request, manifest
         self.train, self.decoder = train, decoder
@@ -378,46 +363,3 @@ class _OpenLoader:
         # The server may be gone; the session died with it.
         with contextlib.suppress(HapiError):
             self.job.connection.close_session(self.session)
-
-
-@dataclass(frozen=True)
-class _Decoder:
-    """The local baseline's input pipeline: decode and transform raw bytes in the trainer."""
-
-    transforms: Transforms
-    seed: int
-    on_error: str
-
-    def __call__(
-        self, batch: FeatureBatch, epoch: int
-    ) -> tuple[FeatureBatch, list[dict[str, str]]]:
-        keys: list[str] = []
-        labels: list[int] = []
-        inputs: list[torch.Tensor] = []
-        skipped: list[dict[str, str]] = []
-        for key, label, data in zip(batch.keys, batch.labels.tolist(), _raw(batch), strict=True):
-            try:
-                inputs.append(
-                    load_sample(data, key, self.transforms, sample_seed(self.seed, epoch, key))
-                )
-            except HapiError as exc:
-                if self.on_error == "raise":
-                    raise
-                skipped.append({"key": key, "error": f"{type(exc).__name__}: {exc}"})
-                continue
-            keys.append(key)
-            labels.append(label)
-        features = torch.stack(inputs) if inputs else torch.empty(0)
-        return dataclasses.replace(
-            batch,
-            keys=keys,
-            labels=torch.tensor(labels, dtype=torch.int64),
-            features=features,
-            data=None,
-        ), skipped
-
-
-def _raw(batch: FeatureBatch) -> Iterator[bytes]:
-    if batch.data is None:
-        raise HapiError("expected a RAW batch of object bytes")
-    return iter(batch.data)
