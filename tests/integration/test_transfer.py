@@ -28,7 +28,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HapiServer]:
         yield running
 
 
-def _job(server: HapiServer, **options: object) -> TransferJob:
+def _job(
+    server: HapiServer, dataset: str = "train", classes: int = 3, **options: object
+) -> TransferJob:
     defaults: dict[str, object] = {
         "freeze": "layer3",
         "image_size": SIZE,
@@ -38,7 +40,9 @@ def _job(server: HapiServer, **options: object) -> TransferJob:
         "seed": 7,
     }
     defaults.update(options)
-    return TransferJob({"name": "resnet18", "num_classes": 3}, "train", server.address, **defaults)
+    return TransferJob(
+        {"name": "resnet18", "num_classes": classes}, dataset, server.address, **defaults
+    )
 
 
 def test_pushdown_and_local_training_give_the_same_losses(server: HapiServer) -> None:
@@ -93,14 +97,7 @@ def test_loader_delivers_every_key_once_per_epoch_in_a_seeded_order(server: Hapi
 
 
 def test_a_corrupt_image_fails_the_epoch_naming_the_key(server: HapiServer) -> None:
-    job = TransferJob(
-        {"name": "resnet18", "num_classes": 2},
-        "dirty",
-        server.address,
-        freeze="layer3",
-        image_size=SIZE,
-        batch_size=4,
-    )
+    job = _job(server, "dirty", 2, batch_size=4)
     with pytest.raises(CorruptObject, match="zz-corrupt.jpg"):
         job.fit(1)
 
@@ -109,16 +106,7 @@ def test_a_corrupt_image_fails_the_epoch_naming_the_key(server: HapiServer) -> N
 def test_skip_mode_trains_on_the_rest_and_reports_the_bad_key(
     server: HapiServer, mode: str
 ) -> None:
-    job = TransferJob(
-        {"name": "resnet18", "num_classes": 2},
-        "dirty",
-        server.address,
-        freeze="layer3",
-        image_size=SIZE,
-        batch_size=4,
-        on_error="skip",
-        mode=mode,
-    )
+    job = _job(server, "dirty", 2, batch_size=4, on_error="skip", mode=mode)
     (epoch,) = job.fit(1).epochs
     assert epoch.samples == 6
     assert [s["key"] for s in epoch.skipped] == ["dirty/class_0/zz-corrupt.jpg"]

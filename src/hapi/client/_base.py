@@ -37,11 +37,13 @@ def build_from_repo(
         spec = dataclasses.replace(spec, num_classes=num_classes)
     # The stored tensors replace the init, so skip loading pre-trained weights.
     model = build_model(dataclasses.replace(spec, weights=None))
+    if num_classes is None:
+        repo.load_into(model, version)  # checks every key and shape before loading
+        return spec, model
     state = repo.pull(version)
     own = model.state_dict()
-    fresh = [k for k in own if k not in state or state[k].shape != own[k].shape]
-    if (fresh and num_classes is None) or any(k not in own for k in state):
-        repo.load_into(model, version)  # raises, naming what does not match
-    # A replaced classifier keeps its fresh (seeded) init; everything else is the version's.
-    model.load_state_dict({k: v for k, v in state.items() if k not in fresh}, strict=False)
+    if set(state) != set(own):
+        repo.load_into(model, version)  # raises, naming the keys that do not match
+    # Only the replaced classifier differs in shape: it keeps its fresh (seeded) init.
+    model.load_state_dict({k: v for k, v in state.items() if v.shape == own[k].shape}, strict=False)
     return spec, model

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import warnings
 
 import torch
 from PIL import Image
@@ -27,16 +26,16 @@ def decode_image(data: bytes, key: str) -> Image.Image:
             the key.
     """
     try:
-        with warnings.catch_warnings():
-            # PIL warns (and goes on) about oversized images; refuse them instead.
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))  # reads the header only
-            if image.width * image.height > MAX_PIXELS:
-                raise ValueError(f"{image.width}x{image.height} pixels is over {MAX_PIXELS}")
-            # Decode now, and convert (which decodes lazily-loaded frames too), so that a
-            # truncated file is a CorruptObject here and not an OSError deep in a transform.
-            return image.convert("RGB")
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError, Warning) as exc:
+        # No `warnings.catch_warnings()` here: it swaps process-wide state and is not
+        # thread-safe, and chunks decode concurrently. PIL's own bomb limits lie above
+        # MAX_PIXELS, so whatever it would only warn about is refused just below.
+        image = Image.open(io.BytesIO(data))  # reads the header only
+        if image.width * image.height > MAX_PIXELS:
+            raise ValueError(f"{image.width}x{image.height} pixels is over {MAX_PIXELS}")
+        # Decode now, and convert (which decodes lazily-loaded frames too), so that a
+        # truncated file is a CorruptObject here and not an OSError deep in a transform.
+        return image.convert("RGB")
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise CorruptObject(
             f"object {key!r} is not a decodable image ({reason}); remove or replace it, "

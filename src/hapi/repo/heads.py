@@ -63,6 +63,8 @@ class PlannedHead:
     """A head module whose tensors are not loaded yet."""
 
     module: nn.Module
+    """On the meta device, its modules are the process-wide traced spec's: `finish_head`
+    loads into a copy of them."""
     info: HeadInfo
     on_meta: bool
 
@@ -86,10 +88,10 @@ def plan_head(
     from hapi.graph import trace
 
     if model is None and meta and manifest.spec is not None:
-        # Versions derived from one base share a spec: trace it once per process, and give
-        # each head its own copy of the (data-less) meta modules to load tensors into.
+        # Versions derived from one base share a spec: trace it once per process. Planning
+        # alone (`head_info`) needs no copy; `finish_head` copies before loading.
         graph = _traced_spec(json.dumps(manifest.spec, sort_keys=True), tuple(input_shape))
-        head, on_meta = copy.deepcopy(graph.head(cut)), True
+        head, on_meta = graph.head(cut), True
     else:
         skeleton, on_meta = _skeleton(manifest, ref, model), False
         graph = trace(skeleton, input_shape)
@@ -141,7 +143,8 @@ def finish_head(
     A head built on the meta device may keep state outside the state dict (non-persistent
     buffers); then it is rebuilt for real by `retry` and loaded again.
     """
-    head = planned.module
+    # Loading assigns tensors into the modules: never into the shared traced spec's.
+    head = copy.deepcopy(planned.module) if planned.on_meta else planned.module
     head.load_state_dict(tensors, strict=True, assign=True)
     if planned.on_meta and any(t.is_meta for t in chain(head.parameters(), head.buffers())):
         log.info(
