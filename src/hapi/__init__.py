@@ -6,8 +6,9 @@ to the trainer, and fine-tune the rest there (`TransferJob`).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from hapi._lazy import lazy_exports
 
 __all__ = [
     "INPUT",
@@ -48,7 +49,4 @@ if TYPE_CHECKING:
     from hapi.server import ServerConfig, serve
 
 
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        return getattr(importlib.import_module(_WHERE[name]), name)
-    raise AttributeError(f"module 'hapi' has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _WHERE)

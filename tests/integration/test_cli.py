@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from hapi.cli import main
+from hapi.cli.demo_run import DemoConfig, run_demo
 from hapi.client import connect
-from hapi.demo import DemoConfig, run_demo
 
 from ..seaweed import free_port
 

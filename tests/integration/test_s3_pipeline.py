@@ -74,7 +74,7 @@ def test_a_job_on_a_repository_in_seaweedfs_pushes_only_what_it_trained(
             "train",
             server.address,
             repo=models,
-            repo_options=options,
+            repo_store_options=options,
             freeze="layer4",
             image_size=64,
             batch_size=4,

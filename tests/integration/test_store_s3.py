@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hapi.data import Manifest, StoreOptions, open_store, synth_dataset
+from hapi.data import DatasetManifest, StoreOptions, open_store, synth_dataset
 from hapi.errors import ObjectNotFound, StoreUnavailable
 
 from ..seaweed import SeaweedS3
@@ -29,7 +29,7 @@ def test_a_store_under_a_prefix_sees_relative_keys(s3_bucket: tuple[str, StoreOp
 def test_a_dataset_round_trips_through_s3(s3_bucket: tuple[str, StoreOptions]) -> None:
     store = open_store(*s3_bucket)
     written = synth_dataset(store, "train", classes=2, per_class=3, size=16)
-    assert Manifest.from_store(open_store(*s3_bucket), "train") == written
+    assert DatasetManifest.from_store(open_store(*s3_bucket), "train") == written
     assert len(written) == 6
 
 

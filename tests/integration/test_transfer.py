@@ -48,7 +48,7 @@ def _job(
 def test_pushdown_and_local_training_give_the_same_losses(server: HapiServer) -> None:
     local = _job(server, mode="local")
     pushdown = _job(server)
-    assert pushdown.cut == pushdown.freeze > 0 and local.cut == 0
+    assert pushdown.cut == pushdown.freeze > 0 and local.cut == RAW
     local.fit(2, lr=0.05)
     pushdown.fit(2, lr=0.05)
     assert len(local.history.losses) == len(pushdown.history.losses) == 2 * 3
@@ -117,4 +117,4 @@ def test_a_cut_past_the_freeze_point_is_refused_before_any_work(server: HapiServ
     with pytest.raises(InvalidCut, match="freeze"):
         _job(server, cut=probe.freeze + 1)
     # RAW is allowed: the trainer then runs the whole model on the objects' bytes.
-    assert _job(server, cut=RAW).cut == 0
+    assert _job(server, cut=RAW).cut == RAW

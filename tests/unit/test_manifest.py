@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hapi.data import Manifest, open_dataset, open_store
+from hapi.data import DatasetManifest, open_dataset, open_store
 from hapi.errors import InvalidRequest, ObjectNotFound
 
 
@@ -28,34 +28,34 @@ def test_manifest_reads_an_imagefolder_layout() -> None:
         ],
         "layout",
     )  # fmt: skip
-    m = Manifest.from_store(store, "d")
+    m = DatasetManifest.from_store(store, "d")
     assert m.prefix == "d" and m.classes == ("a", "b")
     assert m.keys == ("d/a/0.JPG", "d/a/1.png", "d/a/deep/er/3.webp", "d/b/2.jpg")
     assert m.labels == (0, 0, 0, 1)
     assert len(m) == 4 and m.counts() == {"a": 3, "b": 1}
-    assert Manifest.from_store(store, "/d/") == m
-    assert Manifest.from_store(store, "d", extensions=(".png",)).keys == ("d/a/1.png",)
+    assert DatasetManifest.from_store(store, "/d/") == m
+    assert DatasetManifest.from_store(store, "d", extensions=(".png",)).keys == ("d/a/1.png",)
 
 
 def test_the_same_store_gives_the_same_manifest() -> None:
     keys = [f"c{c}/{i}.jpg" for c in range(3) for i in range(5)]
-    forward = Manifest.from_store(_store_with(keys, "order-1"))
-    backward = Manifest.from_store(_store_with(keys[::-1], "order-2"))
+    forward = DatasetManifest.from_store(_store_with(keys, "order-1"))
+    backward = DatasetManifest.from_store(_store_with(keys[::-1], "order-2"))
     assert forward == backward and list(forward.keys) == sorted(keys)
 
 
 def test_manifest_json_is_a_stable_format() -> None:
-    m = Manifest("d", ("d/a/0.jpg", "d/b/1.jpg"), (0, 1), ("a", "b"))
+    m = DatasetManifest("d", ("d/a/0.jpg", "d/b/1.jpg"), (0, 1), ("a", "b"))
     text = json.dumps(m.to_dict())
     assert text == (
         '{"prefix": "d", "keys": ["d/a/0.jpg", "d/b/1.jpg"], "labels": [0, 1], '
         '"classes": ["a", "b"]}'
     )
-    assert Manifest.from_dict(json.loads(text)) == m
+    assert DatasetManifest.from_dict(json.loads(text)) == m
 
 
 def test_subset_keeps_classes_and_order() -> None:
-    m = Manifest("", ("a/0", "a/1", "b/2"), (0, 0, 1), ("a", "b"))
+    m = DatasetManifest("", ("a/0", "a/1", "b/2"), (0, 0, 1), ("a", "b"))
     sub = m.subset([2, 0])
     assert sub.keys == ("b/2", "a/0") and sub.labels == (1, 0) and sub.classes == m.classes
     assert len(m.subset([])) == 0
@@ -74,16 +74,16 @@ def test_subset_keeps_classes_and_order() -> None:
 )
 def test_malformed_manifests_are_refused(data: dict, needle: str) -> None:  # type: ignore[type-arg]
     with pytest.raises(InvalidRequest, match=needle):
-        Manifest.from_dict(data)
+        DatasetManifest.from_dict(data)
 
 
 def test_a_prefix_without_images_names_the_prefix_and_the_layout() -> None:
     store = _store_with(["train/README.txt", "train/loose.jpg"], "empty")
     with pytest.raises(ObjectNotFound, match=r"prefix 'train' of store memory://empty.*"
                        r"train/<class>/<name>.jpg"):  # fmt: skip
-        Manifest.from_store(store, "train")
+        DatasetManifest.from_store(store, "train")
     with pytest.raises(ObjectNotFound, match="at the root"):
-        Manifest.from_store(open_store("memory://nothing-at-all"))
+        DatasetManifest.from_store(open_store("memory://nothing-at-all"))
 
 
 def test_open_dataset_reads_from_the_uri_root(tmp_path: Path) -> None:

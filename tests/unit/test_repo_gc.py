@@ -15,7 +15,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
 from hapi.data import open_store
 from hapi.errors import RepoError, StoreUnavailable
-from hapi.repo import ModelRepo, PushTransaction, RepoOptions
+from hapi.repo import ModelRepo, PushTransaction, RepoConfig
 from hapi.repo.layout import hash_of_tensor_key
 
 # A small pool of tensors, so versions share blobs as fine-tuned models do.
@@ -35,9 +35,7 @@ class RepoVsDict(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.repo = ModelRepo.open(
-            f"memory://{uuid.uuid4().hex}", repo_options=RepoOptions(lock_wait_s=0)
-        )
+        self.repo = ModelRepo.open(f"memory://{uuid.uuid4().hex}", config=RepoConfig(lock_wait_s=0))
         self.expected: dict[str, dict[str, torch.Tensor]] = {}
         self.open_txns: list[tuple[PushTransaction, dict[str, torch.Tensor]]] = []
 
@@ -117,7 +115,7 @@ TestRepoVsDict.settings = settings(
 
 
 def test_push_waits_for_a_running_gc_then_gives_up() -> None:
-    repo = ModelRepo.open(f"memory://{uuid.uuid4().hex}", repo_options=RepoOptions(lock_wait_s=0.3))
+    repo = ModelRepo.open(f"memory://{uuid.uuid4().hex}", config=RepoConfig(lock_wait_s=0.3))
     held, _ = repo.locks.try_acquire_gc()
     assert held is not None
     with pytest.raises(RepoError, match="a gc is running"):
@@ -129,7 +127,7 @@ def test_push_waits_for_a_running_gc_then_gives_up() -> None:
 def test_a_push_paused_past_the_lock_ttl_rechecks_its_blobs() -> None:
     now = [1000.0]
     repo = ModelRepo.open(
-        f"memory://{uuid.uuid4().hex}", repo_options=RepoOptions(lock_ttl_s=10, lock_wait_s=0)
+        f"memory://{uuid.uuid4().hex}", config=RepoConfig(lock_ttl_s=10, lock_wait_s=0)
     )
     repo.locks.clock = lambda: now[0]
     old = repo.push({"a": POOL[1]}, "old")
@@ -146,7 +144,7 @@ def test_a_push_paused_past_the_lock_ttl_rechecks_its_blobs() -> None:
 
 def test_gc_and_pushes_in_threads_lose_nothing(tmp_path: Any) -> None:
     repo = ModelRepo.open(
-        tmp_path / "repo", catalog=tmp_path / "c.sqlite", repo_options=RepoOptions(lock_wait_s=30)
+        tmp_path / "repo", catalog=tmp_path / "c.sqlite", config=RepoConfig(lock_wait_s=30)
     )
     stop = threading.Event()
     reports = []
@@ -212,7 +210,7 @@ def test_an_interrupted_push_leaves_no_visible_model(budget: int) -> None:
     broken = ModelRepo(FailingStore(open_store(uri), budget), catalog=":memory:")
     with pytest.raises(StoreUnavailable):
         broken.push(state, "m")
-    repo = ModelRepo.open(uri, repo_options=RepoOptions(lock_ttl_s=0.01))
+    repo = ModelRepo.open(uri, config=RepoConfig(lock_ttl_s=0.01))
     time.sleep(0.05)  # past the TTL: the dead push's lock is stale (in memory, all else is fast)
     assert repo.find() == []
     assert repo.push(state, "m").uploaded_tensors == 4 - min(budget, 4)

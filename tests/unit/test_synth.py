@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hapi.data import (
-    Manifest,
+    DatasetManifest,
     decode_image,
     import_folder,
     local_images,
@@ -55,7 +55,7 @@ def test_train_and_val_splits_share_classes() -> None:
     assert calls == list(range(1, 7))
     assert train.classes == val.classes and len(train) == 6 and len(val) == 2
     assert all(k.startswith("train/") for k in train.keys)
-    assert Manifest.from_store(store, "val") == val
+    assert DatasetManifest.from_store(store, "val") == val
 
 
 def test_class_names_sort_in_label_order() -> None:

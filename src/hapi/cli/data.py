@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 if TYPE_CHECKING:
-    from hapi.data import Manifest, Store
+    from hapi.data import DatasetManifest, Store
 
 __all__ = ["register"]
 
@@ -71,10 +71,10 @@ def ls(
     endpoint: str | None = typer.Option(None, help=_ENDPOINT_HELP),
 ) -> None:
     """Print a dataset's image count, classes with their counts, and size."""
-    from hapi.data import Manifest
+    from hapi.data import DatasetManifest
 
     store = _store(uri, endpoint)
-    _summary(store, Manifest.from_store(store))
+    _summary(store, DatasetManifest.from_store(store))
 
 
 def _store(uri: str, endpoint: str | None) -> Store:
@@ -98,7 +98,7 @@ def _bar(label: str, total: int) -> Iterator[Callable[[int], None]]:
         yield lambda n: bars.update(task, completed=n)
 
 
-def _summary(store: Store, manifest: Manifest) -> None:
+def _summary(store: Store, manifest: DatasetManifest) -> None:
     from hapi.data import summarize
 
     Console().print(f"{store.uri}: {summarize(store, manifest)}", highlight=False)

@@ -17,7 +17,7 @@ from rich.progress import (
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from hapi.demo import DemoRun
+    from hapi.cli.demo_run import DemoRun
 
 
 def register(app: typer.Typer) -> None:
@@ -33,7 +33,7 @@ def demo(
     wire_dtype: str = typer.Option("fp16", help="Feature dtype on the wire: fp32, fp16, bf16."),
 ) -> None:
     """Fine-tune EfficientNet-Lite0 twice, baseline and pushdown, and compare."""
-    from hapi.demo import DemoConfig, run_demo
+    from hapi.cli.demo_run import DemoConfig, run_demo
 
     config = DemoConfig(
         epochs=epochs,

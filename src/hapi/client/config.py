@@ -25,7 +25,7 @@ class JobConfig:
     repo: str | None = None
     """URI of the model repository, as the trainer reaches it: for `repo://` models and
     for `TransferJob.push`."""
-    repo_options: StoreOptions | None = None
+    repo_store_options: StoreOptions | None = None
     """Endpoint and credentials of an S3 repository; the AWS variables when unset."""
     num_classes: int | None = None
     """Replace the model's classifier with a fresh one of this many outputs; None keeps it."""

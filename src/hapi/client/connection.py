@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow.flight as flight
 
-from hapi.data import Manifest
+from hapi.data import DatasetManifest
 from hapi.wire import (
     ChunkTicket,
     FeatureBatch,
@@ -83,10 +83,10 @@ class Connection:
         )
         return result
 
-    def manifest(self, prefix: str = "") -> Manifest:
+    def manifest(self, prefix: str = "") -> DatasetManifest:
         """The dataset under `prefix` in the server's store."""
         body = ManifestRequest(prefix=prefix).to_bytes()
-        return Manifest.from_dict(self.action("manifest", body))
+        return DatasetManifest.from_dict(self.action("manifest", body))
 
     def stats(self) -> dict[str, Any]:
         """The server's counters."""

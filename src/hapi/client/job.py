@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from hapi.client._base import build_from_repo
 from hapi.client._decode import RawDecoder
+from hapi.client._from_repo import build_from_repo
 from hapi.client.config import JobConfig
 from hapi.client.connection import Connection, connect
 from hapi.client.loader import FeatureLoader
-from hapi.data import Manifest, Transforms
+from hapi.data import DatasetManifest, Transforms
 from hapi.errors import HapiError, InvalidRequest
 from hapi.graph import INPUT, RAW, ModelGraph, ModelSpec, build_model, trace
 from hapi.repo.refs import is_repo_ref
@@ -101,7 +101,7 @@ class TransferJob:
         if self.config.repo is not None:
             from hapi.repo import ModelRepo
 
-            self.repo = ModelRepo.open(self.config.repo, self.config.repo_options)
+            self.repo = ModelRepo.open(self.config.repo, self.config.repo_store_options)
         self.base: ModelVersion | None = None
         """The repository version the job started from, when it did."""
         self.spec, self.model = self._build(model)
@@ -117,15 +117,17 @@ class TransferJob:
             self.graph.check_cut(cut, self.freeze)
         # The baseline (and cut=RAW) fetches the objects' bytes and runs the whole model here.
         self.raw = self.config.mode == "local" or cut == RAW
-        self.cut = INPUT if self.raw else cut
+        self.cut = RAW if self.raw else cut
+        """The wire cut: RAW when the trainer decodes raw bytes itself."""
         self._frozen = list(self.graph.head(self.freeze).modules()) if self.freeze else []
         for module in self._frozen:
             for p in module.parameters(recurse=False):
                 p.requires_grad_(False)
-        self.tail = self.graph.tail(self.cut).to(self.device)
+        # A RAW job's tail starts at the input: the trainer decodes and transforms itself.
+        self.tail = self.graph.tail(max(self.cut, INPUT)).to(self.device)
         self.model.to(self.device)
         self.history = History()
-        self._manifests: dict[str, Manifest] = {}
+        self._manifests: dict[str, DatasetManifest] = {}
 
     @property
     def trainable_parameters(self) -> list[nn.Parameter]:
@@ -234,7 +236,7 @@ class TransferJob:
         """Training batches in one epoch of the training set."""
         return -(-len(self.manifest(self.config.dataset)) // self.config.batch_size)
 
-    def manifest(self, prefix: str) -> Manifest:
+    def manifest(self, prefix: str) -> DatasetManifest:
         """The dataset under `prefix`, listed once by the server."""
         if prefix not in self._manifests:
             self._manifests[prefix] = self.connection.manifest(prefix)
@@ -302,7 +304,7 @@ class TransferJob:
         local = self.raw
         request = SessionRequest(
             model=self._wire_model(),
-            cut=RAW if local else self.cut,
+            cut=self.cut,
             freeze=self.freeze,
             transforms=transforms.to_dict(),
             image_size=self.config.image_size,
@@ -336,7 +338,7 @@ class _OpenLoader:
         self,
         job: TransferJob,
         request: SessionRequest,
-        manifest: Manifest,
+        manifest: DatasetManifest,
         train: bool,
         decoder: RawDecoder | None,
     ) -> None:

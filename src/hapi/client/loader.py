@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from hapi.client.connection import ChunkResult, Connection
-from hapi.data import Manifest
+from hapi.data import DatasetManifest
 from hapi.errors import HapiError, ServerUnavailable
 from hapi.wire import ChunkTicket, FeatureBatch
 
@@ -64,7 +64,7 @@ class FeatureLoader:
         self,
         connection: Connection,
         session: str,
-        manifest: Manifest,
+        manifest: DatasetManifest,
         *,
         batch_size: int,
         chunk_size: int = 64,

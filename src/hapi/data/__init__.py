@@ -6,15 +6,16 @@ Names load on first use: `from hapi.data import StoreOptions` must not import to
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from hapi._lazy import lazy_exports
 
 __all__ = [
     "IMAGE_EXTENSIONS",
     "CenterCrop",
+    "DatasetManifest",
     "DatasetSummary",
     "HorizontalFlip",
-    "Manifest",
     "Normalize",
     "ObjectStore",
     "RandomResizedCrop",
@@ -35,48 +36,39 @@ __all__ = [
 ]
 
 _WHERE = {
-    "IMAGE_EXTENSIONS": "manifest",
-    "CenterCrop": "ops",
-    "DatasetSummary": "dataset",
-    "HorizontalFlip": "ops",
-    "Manifest": "manifest",
-    "Normalize": "ops",
-    "ObjectStore": "store",
-    "RandomResizedCrop": "ops",
-    "Resize": "ops",
-    "Store": "store",
-    "StoreOptions": "store",
-    "Transforms": "transforms",
-    "decode_image": "images",
-    "import_folder": "folder",
-    "load_sample": "images",
-    "local_images": "folder",
-    "open_dataset": "dataset",
-    "open_store": "store",
-    "sample_seed": "transforms",
-    "summarize": "dataset",
-    "synth_dataset": "synth",
-    "synth_image": "synth",
+    "IMAGE_EXTENSIONS": ".manifest",
+    "CenterCrop": ".ops",
+    "DatasetSummary": ".dataset",
+    "HorizontalFlip": ".ops",
+    "DatasetManifest": ".manifest",
+    "Normalize": ".ops",
+    "ObjectStore": ".store",
+    "RandomResizedCrop": ".ops",
+    "Resize": ".ops",
+    "Store": ".store",
+    "StoreOptions": ".store",
+    "Transforms": ".transforms",
+    "decode_image": ".images",
+    "import_folder": ".folder",
+    "load_sample": ".images",
+    "local_images": ".folder",
+    "open_dataset": ".dataset",
+    "open_store": ".store",
+    "sample_seed": ".transforms",
+    "summarize": ".dataset",
+    "synth_dataset": ".synth",
+    "synth_image": ".synth",
 }
 
 if TYPE_CHECKING:
     from hapi.data.dataset import DatasetSummary, open_dataset, summarize
     from hapi.data.folder import import_folder, local_images
     from hapi.data.images import decode_image, load_sample
-    from hapi.data.manifest import IMAGE_EXTENSIONS, Manifest
+    from hapi.data.manifest import IMAGE_EXTENSIONS, DatasetManifest
     from hapi.data.ops import CenterCrop, HorizontalFlip, Normalize, RandomResizedCrop, Resize
     from hapi.data.store import ObjectStore, Store, StoreOptions, open_store
     from hapi.data.synth import synth_dataset, synth_image
     from hapi.data.transforms import Transforms, sample_seed
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module 'hapi.data' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"hapi.data.{_WHERE[name]}"), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _WHERE)

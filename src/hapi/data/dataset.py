@@ -6,7 +6,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from hapi.data.manifest import Manifest
+from hapi.data.manifest import DatasetManifest
 from hapi.data.store import ObjectStore, Store, StoreOptions, open_store
 
 __all__ = ["DatasetSummary", "open_dataset", "summarize"]
@@ -14,20 +14,20 @@ __all__ = ["DatasetSummary", "open_dataset", "summarize"]
 
 def open_dataset(
     uri: str | os.PathLike[str], options: StoreOptions | None = None
-) -> tuple[Store, Manifest]:
+) -> tuple[Store, DatasetManifest]:
     """Open the dataset whose root is `uri` and list it.
 
     A dataset URI is a store URI (`/data/train`, `s3://bucket/train`) whose root holds
     `<class>/<image>` folders, so the manifest's prefix is `""` and its keys are relative
     to that root. To keep several datasets in one store, open the store and call
-    `Manifest.from_store(store, "train")` instead.
+    `DatasetManifest.from_store(store, "train")` instead.
 
     Raises:
         ObjectNotFound: no images in the ImageFolder layout at `uri`.
         StoreUnavailable: the store cannot be reached.
     """
     store = open_store(uri, options)
-    return store, Manifest.from_store(store)
+    return store, DatasetManifest.from_store(store)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,7 +49,9 @@ class DatasetSummary:
         )
 
 
-def summarize(store: ObjectStore, manifest: Manifest, *, in_flight: int = 16) -> DatasetSummary:
+def summarize(
+    store: ObjectStore, manifest: DatasetManifest, *, in_flight: int = 16
+) -> DatasetSummary:
     """Count a dataset's images per class and their bytes (one HEAD request per image)."""
     with ThreadPoolExecutor(in_flight, thread_name_prefix="hapi-size") as pool:
         nbytes = sum(pool.map(store.size, manifest.keys))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hapi.data._upload import Progress, put_all
-from hapi.data.manifest import IMAGE_EXTENSIONS, Manifest
+from hapi.data.manifest import IMAGE_EXTENSIONS, DatasetManifest
 from hapi.data.store import ObjectStore
 from hapi.errors import ObjectNotFound
 
@@ -15,7 +15,7 @@ __all__ = ["import_folder", "local_images"]
 def local_images(directory: str | Path) -> list[Path]:
     """The image files of a local ImageFolder tree, sorted.
 
-    The same rule as `Manifest.from_store`: files in class folders (at any depth below
+    The same rule as `DatasetManifest.from_store`: files in class folders (at any depth below
     them) with an image extension; files directly in `directory` and paths with a part
     starting with `.` are left out.
 
@@ -41,7 +41,7 @@ def local_images(directory: str | Path) -> list[Path]:
 
 def import_folder(
     directory: str | Path, store: ObjectStore, prefix: str = "", *, progress: Progress | None = None
-) -> Manifest:
+) -> DatasetManifest:
     """Upload a local ImageFolder tree under `prefix`, keeping its class folders.
 
     Args:
@@ -51,7 +51,7 @@ def import_folder(
         progress: called with the number of images uploaded so far.
 
     Returns:
-        The manifest of everything under `prefix`, as `Manifest.from_store` lists it.
+        The manifest of everything under `prefix`, as `DatasetManifest.from_store` lists it.
 
     Raises:
         ObjectNotFound: the directory does not exist or holds no class folders of images.
@@ -60,4 +60,4 @@ def import_folder(
     base = f"{prefix.strip('/')}/" if prefix.strip("/") else ""
     items = ((base + p.relative_to(root).as_posix(), p.read_bytes()) for p in local_images(root))
     put_all(store, items, progress=progress)
-    return Manifest.from_store(store, prefix)
+    return DatasetManifest.from_store(store, prefix)

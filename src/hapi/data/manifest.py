@@ -1,4 +1,4 @@
-"""`Manifest`: a dataset's keys and labels, read from an ImageFolder layout."""
+"""`DatasetManifest`: a dataset's keys and labels, read from an ImageFolder layout."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from typing import Any
 from hapi.data.store import ObjectStore
 from hapi.errors import InvalidRequest, ObjectNotFound
 
-__all__ = ["IMAGE_EXTENSIONS", "Manifest"]
+__all__ = ["IMAGE_EXTENSIONS", "DatasetManifest"]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
-"""File name endings (any case) that `Manifest.from_store` and `import_folder` take."""
+"""File name endings (any case) that `DatasetManifest.from_store` and `import_folder` take."""
 
 
 @dataclass(frozen=True)
-class Manifest:
+class DatasetManifest:
     """The samples of a dataset: full store keys, integer labels, and class names.
 
     `keys[i]` is the full store key (prefix included) of sample i, `labels[i]` indexes
@@ -54,7 +54,7 @@ class Manifest:
     @classmethod
     def from_store(
         cls, store: ObjectStore, prefix: str = "", *, extensions: Sequence[str] = IMAGE_EXTENSIONS
-    ) -> Manifest:
+    ) -> DatasetManifest:
         """List an ImageFolder layout: `<prefix>/<class>/<name>.<ext>`.
 
         Classes are the folders right under the prefix, sorted by name. Images nested
@@ -99,9 +99,9 @@ class Manifest:
             classes=classes,
         )
 
-    def subset(self, indices: Sequence[int]) -> Manifest:
+    def subset(self, indices: Sequence[int]) -> DatasetManifest:
         """The manifest of the samples at `indices`, in that order (same classes)."""
-        return Manifest(
+        return DatasetManifest(
             self.prefix,
             tuple(self.keys[i] for i in indices),
             tuple(self.labels[i] for i in indices),
@@ -125,7 +125,7 @@ class Manifest:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Manifest:
+    def from_dict(cls, data: dict[str, Any]) -> DatasetManifest:
         """Read a manifest from `to_dict` output.
 
         Raises:

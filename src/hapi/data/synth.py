@@ -17,7 +17,7 @@ import numpy as np
 from PIL import Image
 
 from hapi.data._upload import Progress, put_all
-from hapi.data.manifest import Manifest
+from hapi.data.manifest import DatasetManifest
 from hapi.data.store import ObjectStore
 from hapi.errors import InvalidRequest
 
@@ -59,7 +59,7 @@ def synth_dataset(
     seed: int = 0,
     quality: int = 90,
     progress: Progress | None = None,
-) -> Manifest:
+) -> DatasetManifest:
     """Write a labelled JPEG dataset `<prefix>/class_<c>/<i:05d>.jpg`; return its manifest.
 
     Write a train and a validation split as two prefixes with different seeds:
@@ -76,7 +76,7 @@ def synth_dataset(
         progress: called with the number of images written so far.
 
     Returns:
-        The manifest of everything under `prefix`, as `Manifest.from_store` lists it.
+        The manifest of everything under `prefix`, as `DatasetManifest.from_store` lists it.
 
     Raises:
         InvalidRequest: an argument out of range.
@@ -98,4 +98,4 @@ def synth_dataset(
                 yield f"{base}{class_name(label, classes)}/{i:05d}.jpg", buf.getvalue()
 
     put_all(store, images(), progress=progress)
-    return Manifest.from_store(store, prefix)
+    return DatasetManifest.from_store(store, prefix)

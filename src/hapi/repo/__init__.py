@@ -5,14 +5,14 @@ manifests record each version's tensors, module tree and parent; a local SQLite 
 indexes them for lineage and architecture queries and is rebuilt from the store at will.
 """
 
+from hapi.repo.config import RepoConfig
 from hapi.repo.diff import ModelDiff
 from hapi.repo.fsck import FsckReport
 from hapi.repo.gc import GcReport
 from hapi.repo.heads import HeadInfo
 from hapi.repo.lineage import LineageNode
-from hapi.repo.manifest import Manifest, TensorEntry
+from hapi.repo.manifest import TensorEntry, VersionManifest
 from hapi.repo.modules import ModuleEntry, describe_modules
-from hapi.repo.options import RepoOptions
 from hapi.repo.push import PushTransaction
 from hapi.repo.queries import PrefixMatch
 from hapi.repo.refs import parse_ref
@@ -26,7 +26,6 @@ __all__ = [
     "GcReport",
     "HeadInfo",
     "LineageNode",
-    "Manifest",
     "ModelDiff",
     "ModelRepo",
     "ModelVersion",
@@ -34,9 +33,10 @@ __all__ = [
     "PrefixMatch",
     "PushTransaction",
     "PushedVersion",
-    "RepoOptions",
+    "RepoConfig",
     "RepoUsage",
     "TensorEntry",
+    "VersionManifest",
     "default_catalog_path",
     "describe_modules",
     "parse_ref",

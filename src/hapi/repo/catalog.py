@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from hapi.repo.manifest import Manifest
+from hapi.repo.manifest import VersionManifest
 from hapi.repo.version import ModelVersion
 
 __all__ = ["Catalog"]
@@ -121,7 +121,7 @@ class Catalog:
             for table in _TABLES:
                 conn.execute(f"DELETE FROM {table}")
 
-    def add_manifests(self, manifests: Iterable[Manifest]) -> None:
+    def add_manifests(self, manifests: Iterable[VersionManifest]) -> None:
         with self.write() as conn:
             for m in manifests:
                 _insert(conn, m)
@@ -151,9 +151,9 @@ class Catalog:
         rows = self.query("SELECT name, version FROM refs WHERE name = ?", (name,))
         return {(r[0], r[1]) for r in rows}
 
-    def manifest(self, manifest_id: str) -> Manifest | None:
+    def manifest(self, manifest_id: str) -> VersionManifest | None:
         rows = self.query("SELECT body FROM manifests WHERE id = ?", (manifest_id,))
-        return Manifest.from_json(rows[0][0], manifest_id) if rows else None
+        return VersionManifest.from_json(rows[0][0], manifest_id) if rows else None
 
     def versions(
         self, where: str = "", args: Iterable[Any] = (), order: str = ""
@@ -174,7 +174,7 @@ class Catalog:
         return [r[0] for r in self.query("SELECT DISTINCT name FROM refs ORDER BY name")]
 
 
-def _insert(conn: sqlite3.Connection, m: Manifest) -> None:
+def _insert(conn: sqlite3.Connection, m: VersionManifest) -> None:
     mid = m.id
     conn.execute(
         "INSERT OR REPLACE INTO manifests VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hapi.repo.manifest import Manifest
+from hapi.repo.manifest import VersionManifest
 from hapi.repo.version import ModelVersion
 
 __all__ = ["ModelDiff", "diff_manifests"]
@@ -34,7 +34,9 @@ class ModelDiff:
         return not (self.changed or self.added or self.removed)
 
 
-def diff_manifests(a: ModelVersion, ma: Manifest, b: ModelVersion, mb: Manifest) -> ModelDiff:
+def diff_manifests(
+    a: ModelVersion, ma: VersionManifest, b: ModelVersion, mb: VersionManifest
+) -> ModelDiff:
     """Compare two versions' manifests (no tensor is read: hashes decide)."""
     changed = [k for k in ma.tensors if k in mb.tensors and ma.tensors[k] != mb.tensors[k]]
     added = [k for k in mb.tensors if k not in ma.tensors]

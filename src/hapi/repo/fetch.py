@@ -10,7 +10,7 @@ import torch
 from hapi.data.store import ObjectStore
 from hapi.errors import IntegrityError, ObjectNotFound
 from hapi.repo.layout import tensor_key
-from hapi.repo.manifest import Manifest
+from hapi.repo.manifest import VersionManifest
 from hapi.repo.tensors import decode_blob, dtype_name
 
 __all__ = ["fetch_tensors"]
@@ -18,7 +18,7 @@ __all__ = ["fetch_tensors"]
 
 def fetch_tensors(
     store: ObjectStore,
-    manifest: Manifest,
+    manifest: VersionManifest,
     keys: Iterable[str],
     *,
     label: str,

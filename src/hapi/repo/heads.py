@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from hapi.graph import ModelGraph
 
 from hapi.errors import IntegrityError, InvalidRequest
-from hapi.repo.manifest import Manifest
+from hapi.repo.manifest import VersionManifest
 from hapi.repo.modules import describe_modules
 
 __all__ = ["HeadInfo", "PlannedHead", "finish_head", "plan_head", "trace_version"]
@@ -70,7 +70,7 @@ class PlannedHead:
 
 
 def plan_head(
-    manifest: Manifest,
+    manifest: VersionManifest,
     ref: str,
     cut: int,
     *,
@@ -118,7 +118,7 @@ def plan_head(
 
 
 def trace_version(
-    manifest: Manifest, ref: str, *, model: nn.Module | None, input_shape: tuple[int, ...]
+    manifest: VersionManifest, ref: str, *, model: nn.Module | None, input_shape: tuple[int, ...]
 ) -> ModelGraph:
     """The version's architecture traced into cut points, without reading a tensor.
 
@@ -165,7 +165,7 @@ def _traced_spec(spec: str, input_shape: tuple[int, ...]) -> ModelGraph:
         return trace(build_model(ModelSpec.from_dict(json.loads(spec))), input_shape)
 
 
-def _skeleton(manifest: Manifest, ref: str, model: nn.Module | None) -> nn.Module:
+def _skeleton(manifest: VersionManifest, ref: str, model: nn.Module | None) -> nn.Module:
     if model is not None:
         return model
     if manifest.spec is None:

@@ -1,4 +1,4 @@
-"""`Manifest`: one immutable model version, named by its own digest.
+"""`VersionManifest`: one immutable model version, named by its own digest.
 
 The JSON written to the store is the source of truth for everything the catalog knows.
 Its id is the SHA-256 of the canonical JSON (sorted keys, no spaces, ASCII) of every field
@@ -17,7 +17,7 @@ from typing import Any
 from hapi.errors import IntegrityError
 from hapi.repo.modules import ModuleEntry
 
-__all__ = ["FORMAT", "Manifest", "TensorEntry"]
+__all__ = ["FORMAT", "TensorEntry", "VersionManifest"]
 
 FORMAT = "hapi.repo.manifest/1"
 
@@ -54,7 +54,7 @@ class TensorEntry:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Manifest:
+class VersionManifest:
     """A model version: its tensors, its module tree, its provenance."""
 
     name: str
@@ -114,7 +114,7 @@ class Manifest:
         return json.dumps({**self.body(), "id": self.id}, sort_keys=True, indent=1).encode()
 
     @classmethod
-    def from_json(cls, data: bytes | str, expect_id: str | None = None) -> Manifest:
+    def from_json(cls, data: bytes | str, expect_id: str | None = None) -> VersionManifest:
         """Parse a stored manifest and check its digest.
 
         Args:

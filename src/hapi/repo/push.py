@@ -24,7 +24,7 @@ from hapi.data.store import ObjectStore
 from hapi.errors import InvalidRequest
 from hapi.repo.layout import REFS, manifest_key, ref_key, tensor_key
 from hapi.repo.locks import HeldLock, Locks
-from hapi.repo.manifest import Manifest, TensorEntry
+from hapi.repo.manifest import TensorEntry, VersionManifest
 from hapi.repo.modules import describe_modules
 from hapi.repo.sync import parse_ref_key
 from hapi.repo.tensors import dtype_name, encode_blob, tensor_hash
@@ -41,7 +41,7 @@ def build_manifest(
     tags: tuple[str, ...] = (),
     metrics: Mapping[str, float] | None = None,
     spec: dict[str, Any] | None = None,
-) -> tuple[Manifest, dict[str, torch.Tensor]]:
+) -> tuple[VersionManifest, dict[str, torch.Tensor]]:
     """The manifest of `model` and its distinct tensors by content hash.
 
     Raises:
@@ -77,7 +77,7 @@ def build_manifest(
             clean_metrics[str(k)] = float(v)
         except (TypeError, ValueError) as exc:
             raise InvalidRequest(f"metric {k!r} must be a number, got {v!r}") from exc
-    manifest = Manifest(
+    manifest = VersionManifest(
         name=name,
         parent=parent,
         created=datetime.now(UTC).isoformat(timespec="microseconds"),
@@ -97,7 +97,7 @@ class PushTransaction:
         self,
         store: ObjectStore,
         locks: Locks,
-        manifest: Manifest,
+        manifest: VersionManifest,
         blobs: dict[str, torch.Tensor],
         *,
         concurrency: int = 16,

@@ -14,6 +14,7 @@ from torch import nn
 from hapi.data.store import ObjectStore, StoreOptions, open_store
 from hapi.errors import IntegrityError, InvalidRequest, ObjectNotFound, RefNotFound
 from hapi.repo.catalog import Catalog
+from hapi.repo.config import RepoConfig
 from hapi.repo.diff import ModelDiff, diff_manifests
 from hapi.repo.fetch import fetch_tensors
 from hapi.repo.fsck import FsckReport, check_blobs
@@ -22,9 +23,8 @@ from hapi.repo.heads import HeadInfo, finish_head, plan_head, trace_version
 from hapi.repo.layout import manifest_key
 from hapi.repo.lineage import LineageNode, ancestors, descendants, lineage_tree
 from hapi.repo.locks import Locks
-from hapi.repo.manifest import Manifest
+from hapi.repo.manifest import VersionManifest
 from hapi.repo.modules import describe_modules
-from hapi.repo.options import RepoOptions
 from hapi.repo.push import PushTransaction, build_manifest
 from hapi.repo.queries import PrefixMatch, containing, prefix_matches
 from hapi.repo.refs import check_name
@@ -71,37 +71,37 @@ class ModelRepo:
         store: ObjectStore,
         *,
         catalog: str | os.PathLike[str] | None = None,
-        options: RepoOptions | None = None,
+        config: RepoConfig | None = None,
     ) -> None:
         self.store = store
-        self.options = options or RepoOptions()
+        self.config = config or RepoConfig()
         path = str(catalog) if catalog is not None else default_catalog_path(store.uri)
         self.catalog = Catalog(path)
-        self.locks = Locks(store, ttl_s=self.options.lock_ttl_s, wait_s=self.options.lock_wait_s)
+        self.locks = Locks(store, ttl_s=self.config.lock_ttl_s, wait_s=self.config.lock_wait_s)
         self._synced = False
 
     @classmethod
     def open(
         cls,
         uri: str | os.PathLike[str],
-        options: StoreOptions | None = None,
+        store_options: StoreOptions | None = None,
         *,
         catalog: str | os.PathLike[str] | None = None,
-        repo_options: RepoOptions | None = None,
+        config: RepoConfig | None = None,
     ) -> ModelRepo:
         """Open the repository at `uri` (a directory, `file://`, `s3://bucket/prefix` or
         `memory://name`).
 
         Args:
             uri: the store; a directory is created if missing.
-            options: S3 endpoint and credentials.
+            store_options: S3 endpoint and credentials.
             catalog: the catalog file (default: `default_catalog_path(uri)`).
-            repo_options: locking, concurrency and verification settings.
+            config: locking, concurrency and verification settings.
         """
         uri = str(uri)
-        store = open_store(uri, options)
-        path = catalog if catalog is not None else default_catalog_path(uri, options)
-        return cls(store, catalog=path, options=repo_options)
+        store = open_store(uri, store_options)
+        path = catalog if catalog is not None else default_catalog_path(uri, store_options)
+        return cls(store, catalog=path, config=config)
 
     def __repr__(self) -> str:
         return f"ModelRepo({self.store.uri!r})"
@@ -157,7 +157,7 @@ class ModelRepo:
             model, name=name, parent=parent_id, tags=tuple(tags), metrics=metrics, spec=spec
         )
         return PushTransaction(
-            self.store, self.locks, manifest, blobs, concurrency=self.options.concurrency
+            self.store, self.locks, manifest, blobs, concurrency=self.config.concurrency
         )
 
     def push(
@@ -241,7 +241,7 @@ class ModelRepo:
             self.catalog.remove_manifests([version.id])
         raise RefNotFound(f"{ref} was removed from {self.uri}")
 
-    def manifest(self, ref: RefLike) -> Manifest:
+    def manifest(self, ref: RefLike) -> VersionManifest:
         """The manifest of the version `ref` names, read from the store."""
         return self._load(ref)[1]
 
@@ -522,7 +522,7 @@ class ModelRepo:
         if not self._synced:
             self.refresh()
 
-    def _load(self, ref: RefLike) -> tuple[ModelVersion, Manifest]:
+    def _load(self, ref: RefLike) -> tuple[ModelVersion, VersionManifest]:
         """Resolve `ref` and read its manifest from the store, the source of truth."""
         for _ in range(3):
             version = lookup(self.store, self.catalog, ref)
@@ -532,19 +532,19 @@ class ModelRepo:
                 # Removed by another process since our catalog saw it.
                 self.catalog.remove_manifests([version.id])
                 continue
-            return version, Manifest.from_json(data, version.id)
+            return version, VersionManifest.from_json(data, version.id)
         raise RefNotFound(f"{ref} was removed from {self.uri}")
 
     def _fetch(
-        self, version: ModelVersion, manifest: Manifest, keys: list[str]
+        self, version: ModelVersion, manifest: VersionManifest, keys: list[str]
     ) -> dict[str, torch.Tensor]:
         return fetch_tensors(
             self.store,
             manifest,
             keys,
             label=version.ref,
-            verify=self.options.verify,
-            concurrency=self.options.concurrency,
+            verify=self.config.verify,
+            concurrency=self.config.concurrency,
         )
 
 

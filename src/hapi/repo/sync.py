@@ -14,7 +14,7 @@ from hapi.data.store import ObjectStore
 from hapi.errors import IntegrityError, ObjectNotFound
 from hapi.repo.catalog import Catalog
 from hapi.repo.layout import MANIFESTS, REFS, id_of_manifest_key, manifest_key, ref_key
-from hapi.repo.manifest import Manifest
+from hapi.repo.manifest import VersionManifest
 
 __all__ = ["fetch_manifests", "parse_ref_key", "sync_all", "sync_name"]
 
@@ -31,7 +31,7 @@ def parse_ref_key(key: str) -> tuple[str, int] | None:
 
 def fetch_manifests(
     store: ObjectStore, ids: set[str] | list[str], *, skip_corrupt: bool = False
-) -> list[Manifest]:
+) -> list[VersionManifest]:
     """Read and check manifests; skip the ones gone since they were listed.
 
     Args:
@@ -43,14 +43,14 @@ def fetch_manifests(
         IntegrityError: a manifest is corrupt (unless `skip_corrupt`).
     """
     ids = sorted(ids)
-    found: list[Manifest] = []
+    found: list[VersionManifest] = []
     for mid, data in zip(ids, store.get_many(manifest_key(i) for i in ids), strict=True):
         if isinstance(data, ObjectNotFound):
             continue
         if isinstance(data, BaseException):
             raise data
         try:
-            found.append(Manifest.from_json(data, mid))
+            found.append(VersionManifest.from_json(data, mid))
         except IntegrityError as exc:
             if not skip_corrupt:
                 raise

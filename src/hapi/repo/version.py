@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hapi.repo.manifest import Manifest
+from hapi.repo.manifest import VersionManifest
 
 __all__ = ["ModelVersion", "PushedVersion"]
 
@@ -42,7 +42,7 @@ class ModelVersion:
         return self.id[:12]
 
     @classmethod
-    def of(cls, manifest: Manifest, version: int) -> ModelVersion:
+    def of(cls, manifest: VersionManifest, version: int) -> ModelVersion:
         """The version `version` that `manifest` is stored as."""
         return cls(
             id=manifest.id,

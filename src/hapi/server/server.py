@@ -15,12 +15,12 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import torch
 
-from hapi.data import Manifest, Store, Transforms, open_store
+from hapi.data import DatasetManifest, Store, Transforms, open_store
 from hapi.errors import HapiError, InvalidRequest, SessionNotFound
 from hapi.graph import INPUT, RAW
 from hapi.server.auth import TokenMiddlewareFactory
 from hapi.server.config import ServerConfig
-from hapi.server.heads import HeadCache, HeadLease
+from hapi.server.head_cache import HeadCache, HeadLease
 from hapi.server.session import Session
 from hapi.server.shaping import TokenBucket, parse_rate
 from hapi.wire import (
@@ -200,7 +200,7 @@ class HapiServer(flight.FlightServerBase):
 
     def manifest(self, prefix: str) -> dict[str, Any]:
         """The dataset under `prefix` in this server's store."""
-        return Manifest.from_store(self.store, prefix).to_dict()
+        return DatasetManifest.from_store(self.store, prefix).to_dict()
 
     def stats(self) -> dict[str, Any]:
         """Counters of open and closed sessions, and the server's settings."""

@@ -1,4 +1,4 @@
-"""`hapi demo`: the baseline and pushdown, side by side, through one emulated link.
+"""What `hapi demo` runs: the baseline and pushdown, side by side, through one emulated link.
 
 It makes a synthetic labelled image set in a temporary local store, starts a server on
 loopback whose egress is shaped to a storage link, and fine-tunes EfficientNet-Lite0

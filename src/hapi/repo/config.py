@@ -1,14 +1,14 @@
-"""`RepoOptions`: the repository's settings."""
+"""`RepoConfig`: the repository's settings."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["RepoOptions"]
+__all__ = ["RepoConfig"]
 
 
 @dataclass(frozen=True, kw_only=True)
-class RepoOptions:
+class RepoConfig:
     """How a `ModelRepo` talks to its store."""
 
     concurrency: int = 16
