@@ -1,0 +1,91 @@
+"""A real shaped link for benchmarks: two network namespaces joined by a veth pair.
+
+The storage side lives in one namespace, the trainer in the other; the storage side's end
+of the veth is shaped with `tc tbf` (these machines have no `netem`), so everything the
+server sends crosses a link of the given rate, as it would across a storage network.
+`set_rate` changes the rate while traffic flows (the re-planning benchmark). Needs root;
+the namespaces and the veth are removed on exit, whatever happened.
+
+    with ShapedLink("25mbit") as link:
+        server = subprocess.Popen(link.storage_cmd(["hapi", "serve", ...]))
+        trainer = subprocess.run(link.trainer_cmd([...]))   # connects to link.storage_ip
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Sequence
+
+__all__ = ["ShapedLink"]
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+class ShapedLink:
+    """Two namespaces, `storage` and `trainer`, joined by a veth shaped on the storage side.
+
+    Args:
+        rate: the storage side's egress, in tc's units (`10mbit`, `1gbit`).
+        subnet: the third octet of the private 10.77.N.0/24 net (one per concurrent link).
+    """
+
+    def __init__(self, rate: str, *, subnet: int | None = None) -> None:
+        tag = f"{os.getpid() % 100000}"
+        self.storage = f"hapi-s{tag}"
+        self.trainer = f"hapi-t{tag}"
+        n = subnet if subnet is not None else os.getpid() % 200 + 20
+        self.storage_ip = f"10.77.{n}.1"
+        self.trainer_ip = f"10.77.{n}.2"
+        self.rate = rate
+        self._veth = (f"vs{tag}", f"vt{tag}")
+
+    def __enter__(self) -> ShapedLink:
+        vs, vt = self._veth
+        try:
+            _ip("netns", "add", self.storage)
+            _ip("netns", "add", self.trainer)
+            _ip("link", "add", vs, "type", "veth", "peer", "name", vt)
+            _ip("link", "set", vs, "netns", self.storage)
+            _ip("link", "set", vt, "netns", self.trainer)
+            for ns, dev, addr in (
+                (self.storage, vs, self.storage_ip),
+                (self.trainer, vt, self.trainer_ip),
+            ):
+                _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+                _ip("-n", ns, "link", "set", dev, "up")
+                _ip("-n", ns, "link", "set", "lo", "up")
+            self._tc("add")
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def set_rate(self, rate: str) -> None:
+        """Change the link's rate now; streams in flight slow down or speed up at once."""
+        self.rate = rate
+        self._tc("change")
+
+    def _tc(self, verb: str) -> None:
+        # A burst of ~10 ms of traffic (at least 32 KB) keeps tbf accurate at low rates
+        # without letting a fast link run in bursts far above its rate.
+        subprocess.run(
+            ["ip", "netns", "exec", self.storage, "tc", "qdisc", verb, "dev", self._veth[0],
+             "root", "tbf", "rate", self.rate, "burst", "64kb", "latency", "100ms"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+
+    def storage_cmd(self, argv: Sequence[str]) -> list[str]:
+        """`argv` run inside the storage namespace."""
+        return ["ip", "netns", "exec", self.storage, *argv]
+
+    def trainer_cmd(self, argv: Sequence[str]) -> list[str]:
+        """`argv` run inside the trainer namespace."""
+        return ["ip", "netns", "exec", self.trainer, *argv]
+
+    def __exit__(self, *exc: object) -> None:
+        # Deleting a namespace deletes the veth end inside it, and with it its peer.
+        for ns in (self.storage, self.trainer):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
