@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Callable
 
 from hapi.errors import InvalidRequest
 
@@ -21,27 +22,43 @@ _UNITS = {
     "kib": 2**10, "mib": 2**20, "gib": 2**30,
 }  # fmt: skip
 
+_FORMS = "a number with a unit such as 50mbit, 1gbit, 100MB or 64KiB (per second)"
+
 
 def parse_rate(text: str | float | int) -> float:
-    """Parse a rate like `50mbit`, `1gbit`, `12.5MB` (per second) into bytes per second.
+    """Parse a rate like `50mbit`, `1gbit`, `12.5MB/s`, `64KiB` into bytes per second.
+
+    A string needs its unit: a bare `50` could mean bits or bytes, and a link cap off by a
+    factor of eight would go unnoticed. A number given from Python is bytes per second.
+    `Xbps` is bits and `XBps` bytes per second, as the two are usually written.
 
     Raises:
-        InvalidRequest: the text is not a positive number with a known unit.
+        InvalidRequest: not a positive number with a known unit.
     """
+    if isinstance(text, bool) or not isinstance(text, str | int | float):
+        raise InvalidRequest(f"a rate is {_FORMS}, got {type(text).__name__}")
     if isinstance(text, int | float):
         rate = float(text)
     else:
-        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*?)(?:/s|ps)?\s*", text)
-        unit = match.group(2).lower() if match else ""
-        if not match or (unit and unit not in _UNITS):
-            raise InvalidRequest(
-                f"cannot read rate {text!r}: use a number with a unit such as 50mbit, 1gbit, "
-                "100MB or 64KiB (per second)"
-            )
-        rate = float(match.group(1)) * _UNITS.get(unit, 1)
-    if rate <= 0:
-        raise InvalidRequest(f"rate must be positive, got {text!r}")
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]+?)(/s|ps)?\s*", text)
+        unit = _unit(match.group(2), per_second=match.group(3)) if match else None
+        if match is None or unit is None:
+            raise InvalidRequest(f"cannot read rate {text[:60]!r}: use {_FORMS}")
+        rate = float(match.group(1)) * _UNITS[unit]
+    if not 0 < rate < float("inf"):
+        raise InvalidRequest(f"rate must be positive and finite, got {text!r}")
     return rate
+
+
+def _unit(unit: str, per_second: str | None) -> str | None:
+    """The `_UNITS` key `unit` means, or None; a `ps` suffix reads `b` as bit, `B` as byte."""
+    if per_second == "ps":
+        if unit.endswith("b"):
+            unit = unit[:-1] + "bit"
+        elif not unit.endswith("B"):
+            return None
+    unit = unit.lower()
+    return unit if unit in _UNITS else None
 
 
 class TokenBucket:
@@ -50,26 +67,48 @@ class TokenBucket:
     `consume(n)` blocks until `n` bytes may go out. Callers share one bucket, so the
     total over all streams keeps to `rate`. A message larger than the burst goes out once
     the bucket has paid for it (the balance goes negative), so big batches are not refused.
+
+    Args:
+        rate: bytes per second.
+        burst: bytes that may go out at once after a quiet spell; None: 50 ms of `rate`,
+            at least 64 KiB.
+        clock: seconds, monotonic; tests pass a fake one to check the accounting exactly.
+        sleep: waits the given seconds; a fake clock's tests pass one that advances it.
+
+    Raises:
+        InvalidRequest: `rate` or `burst` is not positive.
     """
 
-    def __init__(self, rate: float, burst: float | None = None) -> None:
-        if rate <= 0:
-            raise ValueError(f"rate must be positive, got {rate}")
+    def __init__(
+        self,
+        rate: float,
+        burst: float | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if not rate > 0:
+            raise InvalidRequest(f"rate must be positive bytes per second, got {rate!r}")
+        if burst is not None and not burst > 0:
+            raise InvalidRequest(f"burst must be positive bytes or None, got {burst!r}")
         self.rate = rate
         # A 50 ms burst keeps the shaped rate smooth without a sleep per tiny message.
         self.burst = burst if burst is not None else max(rate * 0.05, 64 * 1024)
+        self._clock = clock
+        self._sleep = sleep
         self._tokens = self.burst
-        self._last = time.monotonic()
+        self._last = clock()
         self._lock = threading.Lock()
 
     def consume(self, nbytes: int) -> float:
         """Take `nbytes` from the bucket, sleeping as long as the link needs; return the wait."""
         with self._lock:
-            now = time.monotonic()
+            now = self._clock()
             self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
             self._last = now
             self._tokens -= nbytes
             wait = -self._tokens / self.rate if self._tokens < 0 else 0.0
+        # Sleep outside the lock: later callers book their turn behind this one meanwhile.
         if wait > 0:
-            time.sleep(wait)
+            self._sleep(wait)
         return wait
