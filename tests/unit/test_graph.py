@@ -2,20 +2,41 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import pytest
 import torch
 from torch import nn
 from torchvision.models import VisionTransformer
 
 from hapi.errors import InvalidCut, InvalidRequest
-from hapi.graph import INPUT, ModelSpec, build_model, trace
+from hapi.graph import INPUT, ModelGraph, ModelSpec, build_model, trace
+
+Zoo = Callable[[str], tuple[nn.Module, ModelGraph]]
 
 
-def _roundtrip(model: nn.Module, size: int, cuts: list[int] | None = None) -> int:
+@pytest.fixture(scope="module")
+def zoo() -> Iterator[Zoo]:
+    """Named models, built (seeded) and traced at 64 px once for this module's tests.
+
+    Building and tracing is most of what these tests cost; the models are used read-only.
+    """
+    cache: dict[str, tuple[nn.Module, ModelGraph]] = {}
+
+    def get(name: str) -> tuple[nn.Module, ModelGraph]:
+        if name not in cache:
+            model = build_model(ModelSpec(name=name)).eval()
+            cache[name] = (model, trace(model, (3, 64, 64)))
+        return cache[name]
+
+    yield get
+    cache.clear()  # vgg11 alone holds half a gigabyte of parameters
+
+
+def _roundtrip(model: nn.Module, graph: ModelGraph, cuts: list[int] | None = None) -> int:
     """Check the split at `cuts` (negative: from the end; None: all); return the cut count."""
     model.eval()
-    graph = trace(model, (3, size, size))
-    x = torch.randn(2, 3, size, size)
+    x = torch.randn(2, *graph.input_shape)
     with torch.no_grad():
         expected = model(x)
         for cut in cuts if cuts is not None else range(graph.num_cuts + 1):
@@ -27,10 +48,9 @@ def _roundtrip(model: nn.Module, size: int, cuts: list[int] | None = None) -> in
     return graph.num_cuts
 
 
-def test_resnet18_every_cut_is_exact_and_named_by_block() -> None:
-    model = build_model(ModelSpec(name="resnet18"))
-    assert _roundtrip(model, 64) == 15
-    graph = trace(model, (3, 64, 64))
+def test_resnet18_every_cut_is_exact_and_named_by_block(zoo: Zoo) -> None:
+    model, graph = zoo("resnet18")
+    assert _roundtrip(model, graph) == 15
     assert graph.traced and graph.fallback_reason is None
     assert graph.names()[:4] == ("conv1", "bn1", "relu", "maxpool")
     assert graph.names()[4:12] == tuple(f"layer{i}{s}" for i in range(1, 5) for s in (".0", ""))
@@ -42,20 +62,20 @@ def test_resnet18_every_cut_is_exact_and_named_by_block() -> None:
     ("name", "expected_cuts"),
     [
         ("resnet50", 23),
-        ("vgg11", 30),
+        pytest.param("vgg11", 30, marks=pytest.mark.slow),  # 133M parameters to initialise
         ("alexnet", 22),
         ("densenet121", 16),
         ("mobilenet_v3_large", 36),
         ("efficientnet_b0", 42),
     ],
 )
-def test_torchvision_models_split_exactly(name: str, expected_cuts: int) -> None:
-    model = build_model(ModelSpec(name=name))
-    assert _roundtrip(model, 64, [1, expected_cuts // 2, -2, -1]) == expected_cuts
+def test_torchvision_models_split_exactly(zoo: Zoo, name: str, expected_cuts: int) -> None:
+    model, graph = zoo(name)
+    assert _roundtrip(model, graph, [1, expected_cuts // 2, -2, -1]) == expected_cuts
 
 
-def test_densenet_cuts_are_dense_blocks_and_transitions() -> None:
-    names = trace(build_model(ModelSpec(name="densenet121")), (3, 64, 64)).names()
+def test_densenet_cuts_are_dense_blocks_and_transitions(zoo: Zoo) -> None:
+    names = zoo("densenet121")[1].names()
     for i in range(1, 4):
         assert f"features.denseblock{i}" in names and f"features.transition{i}" in names
     assert not any("denselayer" in n for n in names)  # a dense layer's input flows on
@@ -65,14 +85,18 @@ def test_vision_transformer_cuts_at_encoder_blocks() -> None:
     vit = VisionTransformer(
         image_size=32, patch_size=16, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64
     )
-    assert _roundtrip(vit, 32) == trace(vit, (3, 32, 32)).num_cuts
-    names = trace(vit, (3, 32, 32)).names()
-    assert [n for n in names if n.startswith("encoder.layers")] == [
+    graph = trace(vit, (3, 32, 32))
+    assert _roundtrip(vit, graph) == 8
+    blocks = [p for p in graph.cut_points if p.name.startswith("encoder.layers")]
+    assert [p.name for p in blocks] == [
         "encoder.layers.encoder_layer_0",
         "encoder.layers.encoder_layer_1",
     ]
+    assert all(p.shape == (5, 32) for p in blocks)  # 2x2 patches + the class token
+    assert graph.cut_points[-1].shape == (1000,)
 
 
+@pytest.mark.slow  # vit_b_16 has 86M parameters to initialise, and takes only 224 px
 def test_vit_b_16_shapes_at_224() -> None:
     graph = trace(build_model(ModelSpec(name="vit_b_16")), (3, 224, 224))
     blocks = [p for p in graph.cut_points if p.name.startswith("encoder.layers.")]
@@ -83,8 +107,8 @@ def test_vit_b_16_shapes_at_224() -> None:
 
 def test_efficientnet_lite0_with_its_shipped_imagenet_weights() -> None:
     model = build_model(ModelSpec(name="efficientnet_lite0", weights="imagenet"))
-    assert _roundtrip(model, 64, [1, 12, -2, -1]) == 25
     graph = trace(model, (3, 64, 64))
+    assert _roundtrip(model, graph, [1, 12, -2, -1]) == 25
     assert graph.names()[:3] == ("_conv_stem", "_bn0", "_blocks.0")
     assert graph.cut_points[-1].shape == (1000,)
 
@@ -121,10 +145,11 @@ class UntraceableSkip(nn.Module):
 
 
 def test_user_module_cuts_only_where_one_tensor_flows() -> None:
-    graph = trace(UserNet(), (3, 16, 16))
+    model = UserNet()
+    graph = trace(model, (3, 16, 16))
     assert graph.traced
     assert graph.names() == ("add", "mean", "head")
-    assert _roundtrip(UserNet(), 16) == 3
+    assert _roundtrip(model, graph) == 3
 
 
 def test_untraceable_model_falls_back_to_children_and_says_so() -> None:
@@ -157,9 +182,8 @@ def test_an_input_the_model_cannot_take_is_a_clear_error() -> None:
         trace(UserNet(), (3, 0, 16))
 
 
-def test_cut_point_sizes_and_head_parameters() -> None:
-    model = build_model(ModelSpec(name="resnet18"))
-    graph = trace(model, (3, 64, 64))
+def test_cut_point_sizes_and_head_parameters(zoo: Zoo) -> None:
+    model, graph = zoo("resnet18")
     layer1 = graph.cut_point(5)
     assert layer1.shape == (64, 16, 16)
     assert layer1.numel == 64 * 16 * 16 and layer1.bytes_per_sample == 4 * layer1.numel
@@ -186,9 +210,8 @@ def test_tracing_leaves_modes_flags_and_rng_alone() -> None:
     assert model.bn1.num_batches_tracked.item() == 0  # shapes were propagated in eval mode
 
 
-def test_heads_and_tails_share_the_models_parameters() -> None:
-    model = build_model(ModelSpec(name="resnet18"))
-    graph = trace(model, (3, 32, 32))
+def test_heads_and_tails_share_the_models_parameters(zoo: Zoo) -> None:
+    model, graph = zoo("resnet18")
     head, tail = graph.head(10), graph.tail(10)
     assert head.get_submodule("conv1").weight is model.conv1.weight
     assert tail.get_submodule("fc").weight is model.fc.weight
