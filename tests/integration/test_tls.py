@@ -143,7 +143,8 @@ def test_two_tenants_over_tls(certs: Certs) -> None:
             Tenant(name="team-b", token="token-b-0123456789", prefixes=("datasets/b",)),
         ]
     )
-    middleware = {TENANT_MIDDLEWARE: TenantMiddlewareFactory(tenants)}
+    refused: list[Unauthenticated] = []
+    middleware = {TENANT_MIDDLEWARE: TenantMiddlewareFactory(tenants, on_refused=refused.append)}
     tls = ServerTls.from_files(certs.server_cert, certs.server_key)
     with serve(tls, middleware=middleware) as server:
         address = f"grpc+tls://127.0.0.1:{server.port}"
@@ -158,6 +159,7 @@ def test_two_tenants_over_tls(certs: Certs) -> None:
                 with pytest.raises(flight.FlightUnauthenticatedError) as info:
                     whoami(client, options)
                 assert isinstance(decode_error(info.value), Unauthenticated)
+    assert len(refused) == 2
 
 
 def refusal(address: str, **options: Any) -> str:

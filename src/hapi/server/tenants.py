@@ -156,7 +156,7 @@ class Tenants:
     def __init__(self, tenants: Iterable[Tenant], *, path: Path | None = None) -> None:
         """Tenants from `tenants`; `path` is the file `reload` re-reads (None: no file)."""
         self._path = path
-        self._table = _Table.of(tuple(tenants))
+        self._table = _Table.of(tuple(tenants), path=path)
         self._reload_lock = threading.Lock()
 
     @classmethod
@@ -303,8 +303,12 @@ class TenantMiddlewareFactory(flight.ServerMiddlewareFactory):
     Install as `middleware={TENANT_MIDDLEWARE: TenantMiddlewareFactory(tenants)}`.
     """
 
-    def __init__(self, tenants: Tenants) -> None:
+    def __init__(
+        self, tenants: Tenants, *, on_refused: Callable[[Unauthenticated], None] | None = None
+    ) -> None:
+        """Authenticate by `tenants`; `on_refused` sees each refusal (to count it)."""
         self.tenants = tenants
+        self.on_refused = on_refused
 
     def start_call(
         self, info: flight.CallInfo, headers: dict[str, list[str]]
@@ -312,6 +316,8 @@ class TenantMiddlewareFactory(flight.ServerMiddlewareFactory):
         try:
             tenant = self.tenants.authenticate_header(headers.get("authorization", []))
         except Unauthenticated as exc:
+            if self.on_refused is not None:
+                self.on_refused(exc)
             raise encode_error(exc) from None
         return TenantMiddleware(tenant)
 
@@ -391,7 +397,7 @@ def _read(path: Path, environ: Mapping[str, str]) -> tuple[Tenant, ...]:
             tenants.append(_tenant(name, table, environ))
         except InvalidRequest as exc:
             raise InvalidRequest(f"tenants file {path}: tenant {name!r}: {exc}") from None
-    return tuple(_Table.of(tuple(tenants), path=path).tenants)
+    return tuple(tenants)
 
 
 def _tenant(name: str, table: Any, environ: Mapping[str, str]) -> Tenant:
