@@ -12,7 +12,7 @@ from hapi.errors import InvalidRequest, ObjectNotFound
 
 __all__ = ["INVALID_KEYS", "check_store_contract"]
 
-INVALID_KEYS = ["", "/abs", "a//b", "a/../b", "./a", "a/"]
+INVALID_KEYS = ["", "/abs", "a//b", "a/../b", "./a", "a/", "a\x00b", "a/b\nc", "a\x7f"]
 
 
 def check_store_contract(store: ObjectStore) -> None:

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from hapi.cli import main
 from hapi.cli.demo_run import DemoConfig, run_demo
 from hapi.client import connect
 
+from ..cli_runner import hapi
 from ..seaweed import free_port
 
 HAPI = [sys.executable, "-m", "hapi.cli"]
@@ -30,19 +30,12 @@ class Result:
 
 
 @pytest.fixture
-def hapi_cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    """Run `hapi ARGS...` in this process, through the same `main()` as the console script."""
+def hapi_cli():  # type: ignore[no-untyped-def]
+    """Run `hapi ARGS...` in this process; output with runs of whitespace made one space."""
 
     def run(*args: str) -> Result:
-        monkeypatch.setattr(sys, "argv", ["hapi", *args])
-        capsys.readouterr()
-        try:
-            main()
-            code = 0
-        except SystemExit as exc:
-            code = int(exc.code or 0)
-        out, err = capsys.readouterr()
-        return Result(code, " ".join(out.split()), " ".join(err.split()))
+        done = hapi(*args)
+        return Result(done.code, " ".join(done.stdout.split()), " ".join(done.stderr.split()))
 
     return run
 
@@ -76,7 +69,6 @@ def test_data_import(hapi_cli, tmp_path: Path) -> None:  # type: ignore[no-untyp
     ("args", "needle"),
     [
         (("profile", "no_such_model"), "unknown model 'no_such_model'"),
-        (("data", "ls", "/nonexistent/hapi-empty"), "no images"),
         (("serve", "--store", "ftp://x"), "unknown store URI scheme"),
         (("serve", "--store", "/nonexistent/hapi-store"), "/nonexistent/hapi-store does not exist"),
         (("serve", "--store", ".", "--port", "0", "--egress-limit", "fast"), "cannot read rate"),

@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
-
-from typer.testing import CliRunner
 
 from hapi.graph import ModelSpec, build_model, profile_rows, trace
 
+from ..cli_runner import hapi
+
 
 def _cli(*args: str) -> tuple[int, str]:
-    from hapi.cli import _register, app
-
-    _register()
-    result = CliRunner().invoke(app, list(args))
-    return result.exit_code, result.output
+    result = hapi(*args)
+    return result.code, result.stdout + result.stderr
 
 
 def test_profile_rows_list_the_input_and_every_cut_point() -> None:
@@ -54,11 +48,8 @@ def test_profile_command_prints_json_and_a_table() -> None:
 
 
 def test_profile_of_an_unknown_model_is_one_line_on_stderr() -> None:
-    hapi = Path(sys.executable).with_name("hapi")
-    done = subprocess.run(
-        [str(hapi), "profile", "resnet_nope", "--json"], capture_output=True, text=True
-    )
-    assert done.returncode == 1
+    done = hapi("profile", "resnet_nope", "--json")
+    assert done.code == 1
     assert done.stdout == ""
-    assert done.stderr.startswith("error:") and "resnet_nope" in done.stderr
+    assert done.stderr.startswith("error:") and "resnet_nope" in done.error
     assert "Traceback" not in done.stderr

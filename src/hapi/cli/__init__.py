@@ -5,9 +5,6 @@ from __future__ import annotations
 import sys
 
 import typer
-from rich.console import Console
-
-from hapi.errors import HapiError
 
 __all__ = ["app", "main"]
 
@@ -21,7 +18,10 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    # Each command group lives in its own module and adds itself to `app`.
+    # Each command group lives in its own module and adds itself to `app`, once: tests
+    # call main() many times in one process.
+    if app.registered_commands:
+        return
     from hapi.cli import data, demo, profile, repo, serve
 
     for module in (serve, demo, profile, data, repo):
@@ -29,25 +29,8 @@ def _register() -> None:
 
 
 def main() -> None:
-    """Entry point of the console script: domain errors print one line, no traceback."""
-    _register()
-    try:
-        # Outside standalone mode click returns a `typer.Exit`'s code instead of exiting.
-        code = app(standalone_mode=False)
-    except HapiError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False)
-        sys.exit(1)
-    except (typer.Abort, KeyboardInterrupt):
-        Console(stderr=True).print("[yellow]aborted[/]")
-        sys.exit(130)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except Exception as exc:  # click usage errors and the like
-        import click
+    """Entry point of the console script: errors are one `error:` line (see `_errors`)."""
+    from hapi.cli._errors import run
 
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise
-    if isinstance(code, int) and code:
-        sys.exit(code)
+    _register()
+    sys.exit(run(app, sys.argv[1:]))

@@ -71,16 +71,19 @@ def ls(
     endpoint: str | None = typer.Option(None, help=_ENDPOINT_HELP),
 ) -> None:
     """Print a dataset's image count, classes with their counts, and size."""
+    from hapi.cli._stores import existing_store, store_options
     from hapi.data import DatasetManifest
 
-    store = _store(uri, endpoint)
+    hint = f"make a dataset there first (`hapi data synth {uri}` or `hapi data import DIR {uri}`)"
+    store = existing_store(uri, store_options(endpoint), hint)
     _summary(store, DatasetManifest.from_store(store))
 
 
 def _store(uri: str, endpoint: str | None) -> Store:
-    from hapi.data import StoreOptions, open_store
+    from hapi.cli._stores import store_options
+    from hapi.data import open_store
 
-    return open_store(uri, StoreOptions(endpoint=endpoint) if endpoint else None)
+    return open_store(uri, store_options(endpoint))
 
 
 @contextmanager

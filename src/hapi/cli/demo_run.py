@@ -18,8 +18,10 @@ import torch
 
 from hapi.client import EpochStats, EvalResult, TransferJob
 from hapi.data import Transforms, open_store, synth_dataset
+from hapi.errors import InvalidRequest
 from hapi.graph import ModelSpec, build_model, trace
 from hapi.server import ServerConfig, serve
+from hapi.server.shaping import parse_rate
 
 __all__ = ["DemoConfig", "DemoRun", "run_demo"]
 
@@ -57,7 +59,11 @@ class DemoConfig:
 
     def __post_init__(self) -> None:
         if self.epochs < 1 or self.classes < 2:
-            raise ValueError("the demo needs at least 1 epoch and 2 classes")
+            raise InvalidRequest(
+                f"the demo needs at least 1 epoch and 2 classes, got epochs={self.epochs}, "
+                f"classes={self.classes}"
+            )
+        parse_rate(self.link)  # refuse a bad link before minutes of writing images
 
 
 @dataclass(frozen=True)

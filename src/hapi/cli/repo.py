@@ -34,13 +34,17 @@ def register(app: typer.Typer) -> None:
     app.add_typer(repo_app, name="repo")
 
 
-def _open(uri: str, endpoint: str | None, catalog: str | None) -> ModelRepo:
-    from hapi.data import StoreOptions
+def _open(
+    uri: str, endpoint: str | None, catalog: str | None, *, create: bool = False
+) -> ModelRepo:
+    """Open the repository; only a writer that adds to it (`push`) may create it."""
+    from hapi.cli._stores import existing_repo, store_options
     from hapi.repo import ModelRepo
 
-    return ModelRepo.open(
-        uri, StoreOptions(endpoint=endpoint) if endpoint else None, catalog=catalog
-    )
+    options = store_options(endpoint)
+    if not create:
+        existing_repo(uri, options)  # ModelRepo.open would make a mistyped directory
+    return ModelRepo.open(uri, options, catalog=catalog)
 
 
 def _size(n: float) -> str:
@@ -230,7 +234,7 @@ def push(
     from hapi.graph import ModelSpec, build_model
 
     spec = ModelSpec(name=model, seed=seed, num_classes=num_classes)
-    v = _open(repo, endpoint, catalog).push(
+    v = _open(repo, endpoint, catalog, create=True).push(
         build_model(spec), name, parent=parent, tags=tag or (), spec=spec
     )
     console.print(

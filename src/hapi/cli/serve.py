@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -31,14 +30,13 @@ def serve(
     endpoint: str = typer.Option(None, help="S3 endpoint URL (default: AWS_ENDPOINT_URL)."),
 ) -> None:
     """Serve features computed next to the data over Arrow Flight, until Ctrl-C."""
-    from hapi.data import StoreOptions
+    from hapi.cli._stores import existing_repo, existing_store, store_options
     from hapi.server import HapiServer, ServerConfig
 
-    _check_local_store(store)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    options = store_options(endpoint)
     config = ServerConfig(
         store=store,
-        store_options=StoreOptions(endpoint=endpoint) if endpoint else None,
+        store_options=options,
         host=host,
         port=port,
         egress_limit=egress_limit,
@@ -48,6 +46,13 @@ def serve(
         token=token,
         repo=repo,
     )
+    # A server reads its store and repository: refuse a mistyped directory instead of
+    # making it, and an unreachable S3 endpoint now instead of at the first chunk.
+    hint = f"make a dataset there first (`hapi data synth {store}/train`)"
+    existing_store(store, options, hint).check()
+    if repo:
+        existing_repo(repo, options).check()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     server = HapiServer(config)
     limit = f", egress limited to {egress_limit}" if egress_limit else ""
     models = f", models from [bold]{repo}[/]" if repo else ""
@@ -65,20 +70,6 @@ def serve(
         # Streams cut off by a vanished client can hold shutdown; do not wait forever.
         stopper.join(timeout=10)
     Console().print("hapi server stopped")
-
-
-def _check_local_store(store: str) -> None:
-    """Refuse to serve a local directory that does not exist: it is a typo, not a store."""
-    from hapi.errors import InvalidRequest
-
-    if "://" in store and not store.startswith("file://"):
-        return
-    path = Path(store.removeprefix("file://")).expanduser()
-    if not path.is_dir():
-        raise InvalidRequest(
-            f"store directory {path} does not exist: check the path, or make a dataset "
-            f"there first (`hapi data synth {path}/train` or `hapi data import DIR {path}/train`)"
-        )
 
 
 def _interrupt(signum: int, frame: object) -> None:

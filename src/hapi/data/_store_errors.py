@@ -4,15 +4,29 @@ from __future__ import annotations
 
 import re
 
-from hapi.errors import InvalidRequest, ObjectNotFound, StoreUnavailable
+from hapi.errors import InvalidRequest, ObjectNotFound, StoreUnavailable, shorten
 
-__all__ = ["is_not_implemented", "translate"]
+__all__ = ["connect_failure", "is_not_implemented", "translate"]
 
 
 def is_not_implemented(exc: Exception) -> bool:
     from obstore.exceptions import NotSupportedError
 
     return isinstance(exc, NotSupportedError | NotImplementedError)
+
+
+def connect_failure(exc: Exception) -> str | None:
+    """Why a request never reached the store ('Connection refused', a DNS error, a timeout),
+    or None when it did (the store answered, perhaps with an error)."""
+    text = str(exc)
+    if "kind: Connect" not in text and "kind: Timeout" not in text:
+        return None
+    # obstore raises a GenericError here with no structured cause; its message, which
+    # ends in Rust's debug form of the cause, is all there is. The innermost says it best.
+    found = re.findall(r'(?:message|error): "([^"]+)"', text)
+    if found:
+        return found[-1]
+    return "timed out" if "kind: Timeout" in text else "cannot connect"
 
 
 def translate(exc: Exception, uri: str, key: str) -> Exception:
@@ -26,24 +40,41 @@ def translate(exc: Exception, uri: str, key: str) -> Exception:
 
     if isinstance(exc, InvalidRequest | ObjectNotFound | StoreUnavailable):
         return exc
+    what = shorten(repr(key)) if key else "its listing"
     if isinstance(exc, NotFoundError | FileNotFoundError):
-        return ObjectNotFound(f"object {key!r} not found in store {uri}")
+        return ObjectNotFound(f"object {shorten(repr(key))} not found in store {uri}")
     if isinstance(exc, InvalidPathError):
-        return InvalidRequest(f"invalid object key {key!r} for store {uri}: {_first_line(exc)}")
+        return InvalidRequest(
+            f"invalid object key {shorten(repr(key))} for store {uri}: {_first_line(exc)}"
+        )
     code = _s3_code(exc)
     if code == "NoSuchBucket":
         return ObjectNotFound(
             f"the bucket of store {uri} does not exist: create it, or check the URI"
         )
-    if isinstance(exc, PermissionDeniedError | UnauthenticatedError):
+    if isinstance(exc, PermissionDeniedError | UnauthenticatedError) or code in _AUTH_CODES:
         return StoreUnavailable(
-            f"store {uri} refused the request for {key!r} ({code or 'access denied'}): check "
+            f"store {uri} refused the request for {what} ({code or 'access denied'}): "
+            "check "
             "the access key and secret (options, or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)"
         )
+    reason = connect_failure(exc)
+    if reason is not None:
+        return StoreUnavailable(
+            f"store {uri} failed on {what}: no answer ({reason}). Check that the store is "
+            "running and that the endpoint is right."
+        )
     return StoreUnavailable(
-        f"store {uri} failed on {key!r}: {code or type(exc).__name__}: {_first_line(exc)}. "
-        "Check that the store is running and the endpoint and credentials are right."
+        f"store {uri} failed on {what}: {code or type(exc).__name__}: "
+        f"{shorten(_first_line(exc))}. Check that the store is running and the endpoint "
+        "and credentials are right."
     )
+
+
+# S3 codes of a refused signature or key; obstore reports some of them as a GenericError.
+_AUTH_CODES = frozenset(
+    {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AuthorizationHeaderMalformed"}
+)
 
 
 def _s3_code(exc: Exception) -> str:

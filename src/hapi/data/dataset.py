@@ -23,10 +23,11 @@ def open_dataset(
     `DatasetManifest.from_store(store, "train")` instead.
 
     Raises:
-        ObjectNotFound: no images in the ImageFolder layout at `uri`.
+        ObjectNotFound: no images in the ImageFolder layout at `uri` (a missing local
+            directory is reported, not made).
         StoreUnavailable: the store cannot be reached.
     """
-    store = open_store(uri, options)
+    store = open_store(uri, options, create=False)
     return store, DatasetManifest.from_store(store)
 
 

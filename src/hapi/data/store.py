@@ -8,17 +8,18 @@ local directories, memory, S3-compatible stores, GCS and Azure, with retries bui
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlparse
 
-from hapi.data._store_errors import is_not_implemented, translate
-from hapi.errors import InvalidRequest, ObjectNotFound, StoreUnavailable
+from hapi.data._store_errors import connect_failure, is_not_implemented, translate
+from hapi.errors import InvalidRequest, ObjectNotFound, StoreUnavailable, shorten
 
 __all__ = ["ObjectStore", "Store", "StoreOptions", "open_store"]
 
@@ -90,29 +91,38 @@ class StoreOptions:
     in well under a second instead of after minutes of backoff."""
 
     def __post_init__(self) -> None:
+        if self.endpoint is not None:
+            _check_endpoint(self.endpoint, "endpoint")
         if self.concurrency < 1:
-            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+            raise InvalidRequest(f"concurrency must be >= 1, got {self.concurrency}")
         if not (self.connect_timeout > 0 and self.request_timeout > 0):
-            raise ValueError(
+            raise InvalidRequest(
                 f"timeouts must be positive seconds, got connect_timeout={self.connect_timeout}"
                 f", request_timeout={self.request_timeout}"
             )
         if self.max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
+            raise InvalidRequest(f"max_retries must be >= 0, got {self.max_retries}")
 
 
-def open_store(uri: str | os.PathLike[str], options: StoreOptions | None = None) -> Store:
-    """Open the store named by `uri`.
+def open_store(
+    uri: str | os.PathLike[str], options: StoreOptions | None = None, *, create: bool = True
+) -> Store:
+    """Open the store named by `uri`. Nothing is connected until the first request.
 
     Args:
-        uri: `memory://`, `file:///abs/dir`, a plain directory path (created when missing,
-            as an empty bucket), or `s3://bucket/prefix`.
+        uri: `memory://`, `file:///abs/dir`, a plain directory path, or `s3://bucket/prefix`.
         options: endpoint and credentials for `s3://`; the AWS variables otherwise.
+        create: make a missing local directory (as an empty bucket) on first use. Readers
+            pass False, so a mistyped path is reported instead of created.
 
     Raises:
         InvalidRequest: the scheme is not one hapi knows.
+        ObjectNotFound: `create` is False and the local directory does not exist.
     """
-    return Store(str(uri), options or StoreOptions())
+    store = Store(str(uri), options or StoreOptions(), create=create)
+    if not create and _is_local(store.uri):
+        _local_dir(store.uri, create=False)  # report a missing directory now, not on first use
+    return store
 
 
 # The pid of the process whose stores started obstore's (Rust, tokio) runtime. fork()
@@ -154,6 +164,8 @@ class Store:
 
     uri: str
     options: StoreOptions = field(default_factory=StoreOptions)
+    create: bool = True
+    """Whether a missing local directory is made on first use (see `open_store`)."""
 
     def __post_init__(self) -> None:
         self._client: Any = None
@@ -161,16 +173,17 @@ class Store:
         scheme = urlparse(self.uri).scheme
         if scheme not in ("", "file", "memory", "s3") and not _is_windows_drive(self.uri):
             raise InvalidRequest(
-                f"unknown store URI scheme {scheme!r} in {self.uri!r}: use a directory path, "
-                "file:///dir, s3://bucket/prefix or memory://"
+                f"unknown store URI scheme {shorten(repr(scheme))} in {shorten(repr(self.uri))}: "
+                "use a directory path, file:///dir, s3://bucket/prefix or memory://"
             )
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"uri": self.uri, "options": self.options}
+        return {"uri": self.uri, "options": self.options, "create": self.create}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.uri = state["uri"]
         self.options = state["options"]
+        self.create = state.get("create", True)
         self.__post_init__()
 
     def __repr__(self) -> str:
@@ -187,8 +200,46 @@ class Store:
         if self._client is None:
             with self._lock:
                 if self._client is None:
-                    self._client = _make_client(self.uri, self.options)
+                    self._client = _make_client(self.uri, self.options, create=self.create)
         return self._client
+
+    def check(self, timeout: float = 5.0) -> None:
+        """Make one cheap request, so that a store that cannot be reached is reported now
+        (at a server's start) rather than at the first read.
+
+        A local directory must exist (or is made, when the store creates); an S3 store
+        lists at most one key under its prefix, with no retry and at most `timeout`
+        seconds to connect and answer.
+
+        Raises:
+            StoreUnavailable: the endpoint cannot be reached, or refused the credentials.
+            ObjectNotFound: the bucket or the local directory does not exist.
+        """
+        import obstore
+
+        _check_not_forked(self.uri)
+        if _is_local(self.uri):
+            _local_dir(self.uri, create=self.create)
+            return
+        if urlparse(self.uri).scheme != "s3":
+            return  # memory: always there
+        quick = replace(
+            self.options,
+            connect_timeout=min(self.options.connect_timeout, timeout),
+            request_timeout=min(self.options.request_timeout, timeout),
+            max_retries=0,
+        )
+        try:
+            next(iter(obstore.list(_make_client(self.uri, quick), chunk_size=1)), None)
+        except Exception as exc:
+            reason = connect_failure(exc)
+            if reason is None:
+                raise translate(exc, self.uri, "") from exc
+            raise StoreUnavailable(
+                f"cannot reach store {self.uri} at {_endpoint_name(self.options)} ({reason}): "
+                "check that the store is running, the endpoint (--endpoint or "
+                "AWS_ENDPOINT_URL) and the network"
+            ) from None
 
     def get(self, key: str) -> bytes:
         import obstore
@@ -258,6 +309,8 @@ class Store:
         import obstore
 
         prefix = prefix.strip("/")
+        if prefix:
+            _check_key(prefix)
         try:
             for page in obstore.list(self.client, prefix or None):
                 for meta in page:
@@ -277,19 +330,67 @@ class Store:
 
 
 def _check_key(key: str) -> str:
-    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in key.split("/")):
+    # Checked before obstore sees the key: obstore reports a control character as a failed
+    # request (StoreUnavailable), and a key with '..' must never leave a local store's root.
+    if (
+        not isinstance(key, str)
+        or not key
+        or key.startswith("/")
+        or any(p in ("", ".", "..") for p in key.split("/"))
+        or _CONTROL.search(key)
+    ):
         raise InvalidRequest(
-            f"invalid object key {key!r}: keys are relative '/'-separated paths "
-            "without empty, '.' or '..' parts"
+            f"invalid object key {shorten(repr(key))}: keys are relative '/'-separated paths "
+            "without empty, '.' or '..' parts or control characters"
         )
     return key
+
+
+# object_store refuses ASCII control characters (NUL, newline, DEL...) in a path.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _check_endpoint(endpoint: str, name: str) -> None:
+    # obstore panics on an endpoint without a scheme, with a PanicException that is a
+    # BaseException: `except Exception` would miss it.
+    parsed = urlparse(endpoint)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise InvalidRequest(
+            f"{name} {shorten(repr(endpoint))} is not an http(s) URL: write it as "
+            "http://host:port or https://host"
+        )
+
+
+def _endpoint_name(options: StoreOptions) -> str:
+    return options.endpoint or os.environ.get("AWS_ENDPOINT_URL") or "the AWS S3 endpoint"
+
+
+def _local_dir(uri: str, *, create: bool) -> Path:
+    """The directory of a local store URI, made if missing when `create` is set.
+
+    Raises:
+        ObjectNotFound: it does not exist (and `create` is False), or is not a directory.
+    """
+    parsed = urlparse(uri)
+    path = Path(parsed.path if parsed.scheme == "file" else uri).expanduser().resolve()
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
+    elif not path.exists():
+        raise ObjectNotFound(f"store directory {path} does not exist (nothing was created)")
+    if not path.is_dir():
+        raise ObjectNotFound(f"store {path} is not a directory")
+    return path
 
 
 def _is_windows_drive(uri: str) -> bool:
     return len(uri) > 1 and uri[1] == ":"
 
 
-def _make_client(uri: str, options: StoreOptions) -> Any:
+def _is_local(uri: str) -> bool:
+    return urlparse(uri).scheme in ("", "file") or _is_windows_drive(uri)
+
+
+def _make_client(uri: str, options: StoreOptions, *, create: bool = True) -> Any:
     from obstore.store import LocalStore, MemoryStore, S3Store
 
     parsed = urlparse(uri)
@@ -300,6 +401,8 @@ def _make_client(uri: str, options: StoreOptions) -> Any:
         if not parsed.netloc:
             raise InvalidRequest(f"{uri!r} names no bucket: use s3://bucket/prefix")
         endpoint = options.endpoint or os.environ.get("AWS_ENDPOINT_URL")
+        if endpoint and not options.endpoint:
+            _check_endpoint(endpoint, "AWS_ENDPOINT_URL")
         config: dict[str, str] = {
             "region": options.region or os.environ.get("AWS_REGION", "us-east-1"),
         }
@@ -331,6 +434,4 @@ def _make_client(uri: str, options: StoreOptions) -> Any:
                 "retry_timeout": timedelta(seconds=options.request_timeout),
             },
         )
-    path = Path(parsed.path if parsed.scheme == "file" else uri).expanduser().resolve()
-    path.mkdir(parents=True, exist_ok=True)
-    return LocalStore(path)
+    return LocalStore(_local_dir(uri, create=create))
