@@ -9,12 +9,21 @@ send them across the network by class name and message alone.
 
 from __future__ import annotations
 
+import re
+import secrets
+
 __all__ = [
+    "ECHO_LIMIT",
     "CorruptObject",
+    "DuplicateDelivery",
     "HapiError",
+    "IncompleteEpoch",
     "IntegrityError",
+    "InternalError",
     "InvalidCut",
     "InvalidRequest",
+    "NotDecoded",
+    "NothingToTrain",
     "ObjectNotFound",
     "RefNotFound",
     "RepoError",
@@ -24,7 +33,22 @@ __all__ = [
     "Unauthenticated",
     "UnknownModel",
     "error_class",
+    "shorten",
 ]
+
+ECHO_LIMIT = 200
+"""Characters of a request's value an error message repeats: enough to recognise it, and
+a 10 MB field cannot make an error too large to send (gRPC caps metadata at 16 KiB)."""
+
+
+def shorten(text: str, limit: int = ECHO_LIMIT) -> str:
+    """`text` cut to about `limit` characters, saying how much was left out.
+
+    Use it wherever a message repeats input: `f"no model {shorten(repr(name))}"`.
+    """
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}...({len(text) - limit} more characters)"
 
 
 class HapiError(Exception):
@@ -69,6 +93,48 @@ class Unauthenticated(HapiError, PermissionError):
 
 class ServerUnavailable(HapiError, ConnectionError):
     """A hapi server cannot be reached."""
+
+
+class InternalError(HapiError, RuntimeError):
+    """A server failed in a way it did not expect; the id finds the details in its log.
+
+    The client gets only this message: the traceback, which may show the server's files
+    and data, stays in the server's log under the id.
+    """
+
+    @classmethod
+    def new(cls) -> InternalError:
+        """An error with a fresh random id, to log next to the traceback."""
+        error_id = secrets.token_hex(6)
+        return cls(
+            f"internal error {error_id}: the server failed unexpectedly and logged the "
+            "details under this id; retry, or give the id to the server's operator"
+        )
+
+    @property
+    def error_id(self) -> str | None:
+        """The id in the message (None for a message `new` did not write)."""
+        # The id lives in the message, so the error pickles and crosses the wire as
+        # its message alone, like every other hapi error.
+        match = re.match(r"internal error ([0-9a-f]+):", str(self))
+        return match.group(1) if match else None
+
+
+class DuplicateDelivery(HapiError, RuntimeError):
+    """A key arrived twice in one epoch: a chunk was delivered more than once."""
+
+
+class IncompleteEpoch(HapiError, RuntimeError):
+    """Keys of an epoch were neither delivered nor reported as skipped."""
+
+
+class NotDecoded(HapiError, TypeError):
+    """Raw object bytes reached code that needs features, or features reached the decoder
+    of raw bytes: a RAW session's loader needs a decoder, and only it."""
+
+
+class NothingToTrain(HapiError, ValueError):
+    """A model whose parameters are all frozen: `fit` would change nothing."""
 
 
 class RepoError(HapiError):

@@ -3,18 +3,29 @@
 from __future__ import annotations
 
 import json
-import time
+import logging
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 import torch
 
 from hapi.client import Connection, connect
-from hapi.data import Transforms, load_sample, open_store, sample_seed, synth_dataset
+from hapi.data import (
+    ObjectStore,
+    Transforms,
+    load_sample,
+    open_store,
+    sample_seed,
+    synth_dataset,
+)
 from hapi.errors import (
     CorruptObject,
+    HapiError,
+    InternalError,
     InvalidCut,
     InvalidRequest,
     ObjectNotFound,
@@ -25,7 +36,15 @@ from hapi.errors import (
 )
 from hapi.graph import INPUT, RAW, ModelSpec, build_model, trace
 from hapi.server import HapiServer, ServerConfig, serve
-from hapi.wire import ChunkTicket, SessionRequest
+from hapi.wire import (
+    MAX_ERROR_MESSAGE,
+    ActionType,
+    ChunkTicket,
+    ServerStats,
+    SessionRequest,
+    SessionStats,
+    decode_error,
+)
 
 SIZE = 64
 SPEC = ModelSpec(name="resnet18", num_classes=3)
@@ -118,8 +137,10 @@ def test_skip_mode_reports_what_it_skipped(conn: Connection) -> None:
     info = conn.open_session(_request(on_error="skip"))
     result = conn.fetch(_ticket(info.session, ["bad/cat/broken.jpg", "bad/cat/fine.jpg"]))
     assert [k for b in result.batches for k in b.keys] == ["bad/cat/fine.jpg"]
-    assert [s["key"] for s in result.skipped] == ["bad/cat/broken.jpg"]
-    assert "CorruptObject" in result.skipped[0]["error"]
+    assert [s.key for s in result.skipped] == ["bad/cat/broken.jpg"]
+    assert result.skipped[0].error == "CorruptObject"
+    assert isinstance(result.skipped[0].exception(), CorruptObject)
+    assert "bad/cat/broken.jpg" in result.skipped[0].message
 
 
 def test_a_missing_object_is_named(conn: Connection) -> None:
@@ -143,10 +164,12 @@ def test_cut_past_freeze_or_model_is_refused(
 
 def test_malformed_requests_are_refused(conn: Connection, server: HapiServer) -> None:
     raw = flight.connect(server.address)
-    with pytest.raises(flight.FlightServerError, match="InvalidRequest"):
-        list(raw.do_action(flight.Action("open_session", b'{"model": 3}')))
-    with pytest.raises(flight.FlightServerError, match="InvalidRequest"):
+    with pytest.raises(flight.FlightServerError) as action_error:
+        list(raw.do_action(flight.Action(ActionType.OPEN_SESSION, b'{"model": 3}')))
+    assert json.loads(action_error.value.extra_info)["type"] == "InvalidRequest"
+    with pytest.raises(flight.FlightServerError) as get_error:
         raw.do_get(flight.Ticket(b"\x80\x04pickle")).read_all()
+    assert isinstance(decode_error(get_error.value), InvalidRequest)
     with pytest.raises(InvalidRequest, match="unknown action"):
         conn.action("format_disk")
     with pytest.raises(SessionNotFound, match="open a new session"):
@@ -156,16 +179,22 @@ def test_malformed_requests_are_refused(conn: Connection, server: HapiServer) ->
 def test_sessions_share_heads_and_close_with_stats(conn: Connection) -> None:
     first = conn.open_session(_request(cut=4))
     second = conn.open_session(_request(cut=4, wire_dtype="bf16"))
-    cached = conn.stats()["heads_cached"]
+    cached = conn.stats().heads_cached
     conn.open_session(_request(cut=4))
-    assert conn.stats()["heads_cached"] == cached
+    assert conn.stats().heads_cached == cached
     key = conn.manifest("train").keys[0]
-    conn.fetch(_ticket(first.session, [key]))
+    result = conn.fetch(_ticket(first.session, [key]))
     stats = conn.close_session(first.session)
-    assert stats["samples"] == 1 and stats["bytes_sent"] > 0
+    assert isinstance(stats, SessionStats)
+    assert stats.chunks == stats.samples == 1 and stats.skipped == 0
+    assert stats.bytes_sent == result.nbytes > 0 and stats.bytes_read > 0
     with pytest.raises(SessionNotFound):
         conn.close_session(first.session)
-    assert second.session in conn.stats()["sessions"]
+    server_stats = conn.stats()
+    assert isinstance(server_stats, ServerStats)
+    assert second.session in server_stats.sessions
+    assert server_stats.closed_sessions[first.session] == stats
+    assert server_stats.bytes_sent >= stats.bytes_sent
 
 
 def test_egress_limit_shapes_what_is_sent(store_dir: Path) -> None:
@@ -176,10 +205,10 @@ def test_egress_limit_shapes_what_is_sent(store_dir: Path) -> None:
         info = conn.open_session(_request(cut=RAW))
         keys = list(conn.manifest("train").keys)
         result = conn.fetch(_ticket(info.session, keys))
-        stats = conn.stats()["sessions"][info.session]
+        stats = conn.stats().sessions[info.session]
     # 2 Mbit/s is 250 kB/s: what the chunk sent beyond the burst had to wait for the link.
-    assert stats["bytes_sent"] == result.nbytes
-    assert stats["shaping_wait_s"] >= (result.nbytes - 64 * 1024) / 250_000 * 0.9
+    assert stats.bytes_sent == result.nbytes
+    assert stats.shaping_wait_s >= (result.nbytes - 64 * 1024) / 250_000 * 0.9
 
 
 def test_a_token_is_required_when_set(store_dir: Path) -> None:
@@ -188,7 +217,7 @@ def test_a_token_is_required_when_set(store_dir: Path) -> None:
             connect(server.address).stats()
         with pytest.raises(Unauthenticated):
             connect(server.address, token="wrong").stats()
-        assert connect(server.address, token="s3cret").stats()["bytes_sent"] == 0
+        assert connect(server.address, token="s3cret").stats().bytes_sent == 0
 
 
 def test_a_store_that_is_down_is_named(tmp_path: Path) -> None:
@@ -206,7 +235,10 @@ def test_a_store_that_is_down_is_named(tmp_path: Path) -> None:
         info = conn.open_session(_request(cut=RAW))
         with pytest.raises(StoreUnavailable):
             conn.fetch(_ticket(info.session, ["train/a.jpg"]))
-        assert json.dumps(conn.stats())  # still serving
+        # Still serving: the session is there, and the failed chunk delivered nothing.
+        stats = conn.stats()
+        assert stats.store == "s3://nobucket"
+        assert stats.sessions[info.session].samples == 0 == stats.bytes_sent
 
 
 def test_heads_no_session_holds_are_dropped_beyond_the_idle_limit(store_dir: Path) -> None:
@@ -217,12 +249,12 @@ def test_heads_no_session_holds_are_dropped_beyond_the_idle_limit(store_dir: Pat
         held = conn.open_session(_request(cut=3))
         sessions = [conn.open_session(_request(cut=cut)) for cut in (5, 7)]
         assert len(server.heads) == 3
-        full = conn.stats()["heads_bytes"]
+        full = conn.stats().heads_bytes
         for info in reversed(sessions):
             conn.close_session(info.session)
         # The held head stays, and of the released ones only the most recent (cut 5:
         # the deeper head's extra layers are freed; heads of one model share the rest).
-        assert len(server.heads) == 2 and conn.stats()["heads_bytes"] < full
+        assert len(server.heads) == 2 and conn.stats().heads_bytes < full
         conn.close_session(held.session)
         assert len(server.heads) == 1
         # A dropped head is loaded again when a session needs it; it computes the same.
@@ -233,13 +265,170 @@ def test_heads_no_session_holds_are_dropped_beyond_the_idle_limit(store_dir: Pat
         assert len(server.heads) == 2
 
 
+class _Clock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_a_session_its_job_abandoned_is_closed_and_frees_its_head(store_dir: Path) -> None:
-    config = ServerConfig(store=str(store_dir), idle_heads=0, session_idle_s=0.3)
-    with serve(config) as server, connect(server.address) as conn:
+    clock = _Clock()
+    config = ServerConfig(store=str(store_dir), idle_heads=0, session_idle_s=60)
+    with serve(config, clock=clock) as server, connect(server.address) as conn:
         abandoned = conn.open_session(_request(cut=6))
-        time.sleep(0.5)
+        used = conn.open_session(_request(cut=6))
+        key = conn.manifest("train").keys[0]
+        clock.now += 50
+        conn.fetch(_ticket(used.session, [key]))  # a chunk keeps its session alive
+        clock.now += 20
         conn.open_session(_request(cut=2))  # opening a session closes the abandoned ones
-        assert len(server.heads) == 1
-        assert abandoned.session in conn.stats()["closed_sessions"]
+        stats = conn.stats()
+        assert abandoned.session in stats.closed_sessions
+        assert used.session in stats.sessions
+        assert len(server.heads) == 2  # the used session's head, and the new one's
         with pytest.raises(SessionNotFound, match="unused for too long"):
-            conn.fetch(_ticket(abandoned.session, [conn.manifest("train").keys[0]]))
+            conn.fetch(_ticket(abandoned.session, [key]))
+
+
+def test_list_actions_names_every_action(conn: Connection) -> None:
+    listed = {a.type: a.description for a in conn.client.list_actions()}
+    assert set(listed) == {a.value for a in ActionType}
+    assert all(listed.values())
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda c: list(c.list_flights()),
+        lambda c: c.get_flight_info(flight.FlightDescriptor.for_path("x")),
+        lambda c: c.get_schema(flight.FlightDescriptor.for_path("x")),
+        lambda c: c.do_put(flight.FlightDescriptor.for_path("x"), pa.schema([]))[0].close(),
+        lambda c: c.do_exchange(flight.FlightDescriptor.for_path("x"))[0].close(),
+    ],
+    ids=["list_flights", "get_flight_info", "get_schema", "do_put", "do_exchange"],
+)
+def test_flight_calls_hapi_does_not_use_are_refused_cleanly(conn: Connection, call: object) -> None:
+    # pyarrow's client raises a plain OSError for get_schema, FlightErrors for the rest.
+    with pytest.raises((flight.FlightError, OSError)) as caught:
+        call(conn.client)  # type: ignore[operator]
+    if isinstance(caught.value, flight.FlightError):
+        assert isinstance(decode_error(caught.value), InvalidRequest)
+    assert "InvalidRequest: hapi servers do not answer" in str(caught.value)
+    assert "Traceback" not in str(caught.value) and ".py" not in str(caught.value)
+
+
+def test_a_label_beyond_int64_is_an_invalid_request(conn: Connection) -> None:
+    info = conn.open_session(_request())
+    key = conn.manifest("train").keys[0]
+    # model_construct skips the client's own validation: the server must check for itself.
+    ticket = ChunkTicket.model_construct(
+        session=info.session, chunk=0, epoch=0, keys=[key], labels=[2**70]
+    )
+    with pytest.raises(InvalidRequest, match="labels") as caught:
+        conn.fetch(ticket)
+    assert "Traceback" not in str(caught.value)
+    assert len(conn.fetch(_ticket(info.session, [key])).batches) == 1
+
+
+class _FailingStore:
+    """The server's store at the boundary, failing as no store should: with a bug's error."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+        self.uri = store.uri
+
+    def get(self, key: str) -> bytes:
+        if "explode" in key:
+            raise RuntimeError("/srv/secret/hapi/store.py: invariant broken")
+        return self.store.get(key)
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        if "explode" in prefix:
+            raise RuntimeError("/srv/secret/hapi/store.py: invariant broken")
+        return self.store.list(prefix)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.store, name)
+
+
+@pytest.fixture
+def failing_server(store_dir: Path) -> Iterator[HapiServer]:
+    config = ServerConfig(store=str(store_dir))
+    server = HapiServer(config, store=_FailingStore(open_store(store_dir)))  # type: ignore[arg-type]
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        thread.join(timeout=10)
+
+
+def test_an_unexpected_error_is_an_internal_error_with_a_logged_id(
+    failing_server: HapiServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="hapi.server")
+    with connect(failing_server.address) as conn:
+        info = conn.open_session(_request(cut=RAW))
+        key = conn.manifest("train").keys[0]
+        errors = []
+        # In the chunk's stream, and in an action.
+        with pytest.raises(InternalError) as in_stream:
+            conn.fetch(_ticket(info.session, [key, "train/explode.jpg"]))
+        errors.append(in_stream.value)
+        with pytest.raises(InternalError) as in_action:
+            conn.manifest("explode")
+        errors.append(in_action.value)
+        # The server goes on serving, the same session too.
+        assert len(conn.fetch(_ticket(info.session, [key])).batches) == 1
+    for error in errors:
+        assert error.error_id is not None
+        for leak in ("Traceback", "/srv/secret", ".py", "invariant", "RuntimeError"):
+            assert leak not in str(error)
+        # The operator finds the traceback in the log by the id the user reports.
+        (record,) = [r for r in caplog.records if error.error_id in r.getMessage()]
+        assert record.exc_info is not None and "invariant broken" in str(record.exc_info[1])
+
+
+_BIG = 10_000_000
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ({"model": {"name": "x" * _BIG}}, UnknownModel),
+        ({"model": {"name": "resnet18", "x" * _BIG: 1}}, InvalidRequest),
+        ({"transforms": {"ops": [{"op": "\U0001f600" * (_BIG // 4)}]}}, InvalidRequest),
+        ({"transforms": {"ops": [{"op": "resize", "size": "s" * _BIG}]}}, InvalidRequest),
+        ({"wire_dtype": "\u00e9" * (_BIG // 2)}, InvalidRequest),
+    ],
+    ids=["model name", "model field", "op name", "op value", "wire dtype"],
+)
+def test_a_10mb_field_gives_the_hapi_error_not_a_transport_error(
+    conn: Connection, overrides: dict[str, object], expected: type[HapiError]
+) -> None:
+    request = SessionRequest.model_construct(**{**_request().model_dump(), **overrides})
+    with pytest.raises(expected) as caught:
+        conn.open_session(request)
+    assert len(str(caught.value)) <= MAX_ERROR_MESSAGE + 100
+
+
+def test_a_10mb_key_or_session_is_an_invalid_request(conn: Connection) -> None:
+    info = conn.open_session(_request())
+    for ticket in (
+        ChunkTicket.model_construct(
+            session=info.session, chunk=0, epoch=0, keys=["k" * _BIG], labels=[0]
+        ),
+        ChunkTicket.model_construct(
+            session="s" * _BIG, chunk=0, epoch=0, keys=["train/a.jpg"], labels=[0]
+        ),
+    ):
+        with pytest.raises(InvalidRequest) as caught:
+            conn.fetch(ticket)
+        assert len(str(caught.value)) <= MAX_ERROR_MESSAGE + 100
+    with pytest.raises(InvalidRequest, match="unknown action"):
+        conn.action("y" * _BIG)

@@ -13,10 +13,19 @@ from hypothesis import strategies as st
 
 from hapi.errors import CorruptObject, HapiError, InvalidRequest, ServerUnavailable
 from hapi.wire import (
+    WIRE_DTYPES,
+    ActionType,
+    ChunkReport,
     ChunkTicket,
+    CloseSessionRequest,
+    ServerStats,
     SessionRequest,
+    SessionStats,
+    SkippedKey,
+    check_wire_dtype,
     decode_batch,
     decode_error,
+    dtype_width,
     encode_batch,
     encode_error,
     feature_schema,
@@ -92,6 +101,9 @@ def test_ticket_json_round_trips(keys: list[str], epoch: int) -> None:
         (b'{"session": "s", "chunk": 0, "keys": []}', "keys"),
         (b'{"session": "s", "chunk": -1, "keys": ["a"], "labels": [0]}', "chunk"),
         (b'{"session": "s", "chunk": 0, "keys": ["a"], "labels": [0], "pickle": 1}', "pickle"),
+        (b"[" * 100_000 + b"]" * 100_000, "not valid JSON"),
+        (b'{"session": "s", "chunk": 0, "keys": ["a"], "labels": [' + b"9" * 30 + b"]}", "labels"),
+        (b'{"session": "s", "chunk": 0, "keys": ["' + b"k" * 2000 + b'"], "labels": [0]}', "keys"),
     ],
 )
 def test_malformed_tickets_name_the_problem(body: bytes, needle: str) -> None:
@@ -107,11 +119,19 @@ def test_session_request_refuses_unknown_dtype() -> None:
 
 def test_errors_cross_the_wire_as_their_class() -> None:
     sent = encode_error(CorruptObject("object 'a/b.jpg' is not an image"))
-    # What the client sees: the server's message inside gRPC's decoration.
-    received = flight.FlightServerError(f"{sent}. Detail: Failed. gRPC client debug context: x")
+    # What the client sees: gRPC's decoration around the text, the JSON in extra_info.
+    received = flight.FlightServerError(
+        f"{sent}. Detail: Failed. gRPC client debug context: x", extra_info=sent.extra_info
+    )
     error = decode_error(received)
     assert type(error) is CorruptObject
     assert str(error) == "object 'a/b.jpg' is not an image"
+
+
+def test_error_text_alone_is_not_decoded() -> None:
+    # The class comes from extra_info only: a message that merely mentions one is not it.
+    received = flight.FlightServerError('hapi-error:{"type": "CorruptObject", "message": "x"}')
+    assert decode_error(received) is received
 
 
 def test_unreachable_server_becomes_server_unavailable() -> None:
@@ -124,3 +144,47 @@ def test_errors_pickle() -> None:
     error = pickle.loads(pickle.dumps(CorruptObject("bad key k")))
     assert isinstance(error, CorruptObject) and isinstance(error, HapiError)
     assert str(error) == "bad key k"
+
+
+def test_wire_dtypes_know_their_width() -> None:
+    assert WIRE_DTYPES == ("fp32", "fp16", "bf16")
+    assert [dtype_width(d) for d in WIRE_DTYPES] == [4, 2, 2]
+    with pytest.raises(InvalidRequest, match="fp32, fp16 or bf16"):
+        check_wire_dtype("fp64")
+
+
+def test_action_names_are_the_documented_ones() -> None:
+    assert [a.value for a in ActionType] == ["open_session", "close_session", "manifest", "stats"]
+    assert all(a.description for a in ActionType)
+
+
+def test_replies_ignore_fields_a_newer_server_adds() -> None:
+    stats = SessionStats.model_validate_json(b'{"chunks": 2, "gpu_s": 1.5}')
+    assert stats.chunks == 2 and stats.samples == 0
+    # Requests are strict: a typo must not be ignored.
+    with pytest.raises(InvalidRequest, match="session_id"):
+        parse(CloseSessionRequest, b'{"session_id": "x"}')
+
+
+def test_server_stats_round_trip_and_read_by_name() -> None:
+    stats = ServerStats(
+        store="memory://x",
+        heads_cached=1,
+        heads_bytes=10,
+        bytes_sent=5,
+        sessions={"a": SessionStats(chunks=1, bytes_sent=5)},
+    )
+    again = ServerStats.model_validate_json(stats.to_bytes())
+    assert again == stats
+    assert again["heads_cached"] == 1 and again.sessions["a"]["bytes_sent"] == 5
+    with pytest.raises(KeyError):
+        again["nope"]
+
+
+def test_a_chunk_report_lists_its_skipped_keys() -> None:
+    report = ChunkReport(
+        chunk=3, skipped=[SkippedKey.of("a.jpg", CorruptObject("object 'a.jpg' is broken"))]
+    )
+    again = ChunkReport.model_validate_json(report.to_bytes())
+    assert again == report
+    assert isinstance(again.skipped[0].exception(), CorruptObject)

@@ -3,56 +3,60 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
-from hapi.data import Transforms, load_sample, sample_seed
-from hapi.errors import HapiError
-from hapi.wire import FeatureBatch
+from hapi.data import Transforms
+from hapi.data.samples import Sample, load_samples
+from hapi.errors import NotDecoded
+from hapi.wire import FeatureBatch, OnError, SkippedKey
 
 __all__ = ["RawDecoder"]
 
 
 @dataclass(frozen=True)
 class RawDecoder:
-    """The local baseline's input pipeline: decode and transform raw bytes in the trainer."""
+    """The local baseline's input pipeline: decode and transform raw bytes in the trainer.
+
+    It runs the server's own sample pipeline (`hapi.data.samples.load_samples`), so a
+    chunk decoded here gives the inputs a server would have computed.
+    """
 
     transforms: Transforms
     seed: int
-    on_error: str
+    on_error: OnError
 
-    def __call__(
-        self, batch: FeatureBatch, epoch: int
-    ) -> tuple[FeatureBatch, list[dict[str, str]]]:
-        keys: list[str] = []
-        labels: list[int] = []
-        inputs: list[torch.Tensor] = []
-        skipped: list[dict[str, str]] = []
-        for key, label, data in zip(batch.keys, batch.labels.tolist(), _raw(batch), strict=True):
-            try:
-                inputs.append(
-                    load_sample(data, key, self.transforms, sample_seed(self.seed, epoch, key))
-                )
-            except HapiError as exc:
-                if self.on_error == "raise":
-                    raise
-                skipped.append({"key": key, "error": f"{type(exc).__name__}: {exc}"})
-                continue
-            keys.append(key)
-            labels.append(label)
-        features = torch.stack(inputs) if inputs else torch.empty(0)
-        return dataclasses.replace(
+    def __call__(self, batch: FeatureBatch, epoch: int) -> tuple[FeatureBatch, list[SkippedKey]]:
+        """The batch's samples as model inputs, and the keys left out under `skip`.
+
+        Raises:
+            NotDecoded: the batch holds features, not raw bytes.
+            HapiError: a corrupt object under `on_error="raise"`, naming the key.
+        """
+        if batch.data is None:
+            raise NotDecoded("the raw decoder got a batch of features: it decodes RAW batches")
+        samples: list[Sample] = []
+        skipped: list[SkippedKey] = []
+        for item in load_samples(
+            batch.keys,
+            batch.labels.tolist(),
+            batch.data,
+            self.transforms,
+            seed=self.seed,
+            epoch=epoch,
+            skip=self.on_error == "skip",
+        ):
+            if isinstance(item, Sample):
+                samples.append(item)
+            else:
+                skipped.append(SkippedKey.of(item.key, item.error))
+        features = torch.stack([s.tensor for s in samples]) if samples else torch.empty(0)
+        decoded = dataclasses.replace(
             batch,
-            keys=keys,
-            labels=torch.tensor(labels, dtype=torch.int64),
+            keys=[s.key for s in samples],
+            labels=torch.tensor([s.label for s in samples], dtype=torch.int64),
             features=features,
             data=None,
-        ), skipped
-
-
-def _raw(batch: FeatureBatch) -> Iterator[bytes]:
-    if batch.data is None:
-        raise HapiError("expected a RAW batch of object bytes")
-    return iter(batch.data)
+        )
+        return decoded, skipped

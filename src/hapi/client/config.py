@@ -6,14 +6,20 @@ from dataclasses import dataclass
 from typing import Literal
 
 from hapi.data import StoreOptions, Transforms
+from hapi.errors import InvalidRequest, shorten
 from hapi.graph import RAW, ModelSpec
+from hapi.wire import OnError, WireDtype, check_wire_dtype
 
 __all__ = ["JobConfig"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class JobConfig:
-    """A transfer-learning job: which model, which data, where the cut is, how to train."""
+    """A transfer-learning job: which model, which data, where the cut is, how to train.
+
+    Raises:
+        InvalidRequest: a value out of range or of the wrong kind, saying what to pass.
+    """
 
     model: ModelSpec | str
     """The pre-trained model: a spec both sides build, or a repository reference
@@ -49,35 +55,45 @@ class JobConfig:
     """Keys per chunk request."""
     prefetch: int = 4
     """Chunks in flight at once."""
-    wire_dtype: Literal["fp32", "fp16", "bf16"] = "fp32"
+    wire_dtype: WireDtype = "fp32"
     """Dtype of features on the wire."""
     device: str = "cpu"
     """Where the tail trains: `cpu`, `cuda`, `cuda:N`."""
     seed: int = 0
     """Seeds the epoch order, the augmentations and the trainable layers' randomness."""
-    on_error: Literal["raise", "skip"] = "raise"
+    on_error: OnError = "raise"
     """A bad object fails the epoch (`raise`), or is skipped and reported (`skip`)."""
     token: str | None = None
     """The server's bearer token, if it has one."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("pushdown", "local"):
-            raise ValueError(f"mode must be 'pushdown' or 'local', got {self.mode!r}")
+            raise InvalidRequest(
+                f"mode must be 'pushdown' or 'local', got {shorten(repr(self.mode))}"
+            )
         if self.cut is not None and self.cut < RAW:
-            raise ValueError(f"cut must be RAW (-1), INPUT (0) or a cut point, got {self.cut}")
+            raise InvalidRequest(
+                f"cut must be RAW (-1), INPUT (0) or a cut point >= 1, got {self.cut}; or "
+                "leave it unset to cut at the freeze point"
+            )
         if isinstance(self.model, str) and self.repo is None:
-            raise ValueError(
-                f"model {self.model!r} is a repository reference: pass repo=<the repository URI>"
+            raise InvalidRequest(
+                f"model {shorten(repr(self.model))} is a repository reference: pass "
+                "repo=<the repository URI>"
             )
         if self.num_classes is not None and self.num_classes < 1:
-            raise ValueError(f"num_classes must be >= 1, got {self.num_classes}")
+            raise InvalidRequest(
+                f"num_classes must be >= 1, got {self.num_classes}; or leave it unset to keep "
+                "the model's classifier"
+            )
         for name in ("image_size", "batch_size", "chunk_size", "prefetch"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.wire_dtype not in ("fp32", "fp16", "bf16"):
-            raise ValueError(f"wire_dtype must be fp32, fp16 or bf16, got {self.wire_dtype!r}")
+                raise InvalidRequest(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_wire_dtype(self.wire_dtype)
         if self.on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
+            raise InvalidRequest(
+                f"on_error must be 'raise' or 'skip', got {shorten(repr(self.on_error))}"
+            )
 
     @property
     def train_transforms(self) -> Transforms:

@@ -11,11 +11,17 @@ import pyarrow.flight as flight
 
 from hapi.data import DatasetManifest
 from hapi.wire import (
+    ActionType,
+    ChunkReport,
     ChunkTicket,
+    CloseSessionRequest,
     FeatureBatch,
     ManifestRequest,
+    ServerStats,
     SessionInfo,
     SessionRequest,
+    SessionStats,
+    SkippedKey,
     decode_batch,
     decode_error,
 )
@@ -28,7 +34,7 @@ class ChunkResult:
     """What one chunk brought back: its batches, the keys the server skipped, bytes moved."""
 
     batches: list[FeatureBatch]
-    skipped: list[dict[str, str]]
+    skipped: list[SkippedKey]
     nbytes: int
 
 
@@ -64,34 +70,32 @@ class Connection:
         headers = [(b"authorization", f"Bearer {self.token}".encode())] if self.token else []
         return flight.FlightCallOptions(headers=headers, timeout=self.timeout)
 
-    def action(self, name: str, body: bytes = b"") -> Any:
-        """Run a Flight action and return its decoded JSON result."""
+    def action(self, name: str, body: bytes = b"") -> bytes:
+        """Run a Flight action (an `ActionType`) and return its reply's bytes."""
         try:
             results = list(self.client.do_action(flight.Action(name, body), self._options()))
         except flight.FlightError as exc:
             raise decode_error(exc, self.address) from None
-        return json.loads(results[0].body.to_pybytes()) if results else None
+        return results[0].body.to_pybytes() if results else b""
 
     def open_session(self, request: SessionRequest) -> SessionInfo:
         """Open a session on the server; its head is loaded (or reused) there."""
-        return SessionInfo.model_validate(self.action("open_session", request.to_bytes()))
+        reply = self.action(ActionType.OPEN_SESSION, request.to_bytes())
+        return SessionInfo.model_validate_json(reply)
 
-    def close_session(self, session: str) -> dict[str, float]:
+    def close_session(self, session: str) -> SessionStats:
         """Close a session; returns the server's stats for it."""
-        result: dict[str, float] = self.action(
-            "close_session", json.dumps({"session": session}).encode()
-        )
-        return result
+        body = CloseSessionRequest(session=session).to_bytes()
+        return SessionStats.model_validate_json(self.action(ActionType.CLOSE_SESSION, body))
 
     def manifest(self, prefix: str = "") -> DatasetManifest:
         """The dataset under `prefix` in the server's store."""
         body = ManifestRequest(prefix=prefix).to_bytes()
-        return DatasetManifest.from_dict(self.action("manifest", body))
+        return DatasetManifest.from_dict(json.loads(self.action(ActionType.MANIFEST, body)))
 
-    def stats(self) -> dict[str, Any]:
-        """The server's counters."""
-        result: dict[str, Any] = self.action("stats")
-        return result
+    def stats(self) -> ServerStats:
+        """The server's settings and counters."""
+        return ServerStats.model_validate_json(self.action(ActionType.STATS))
 
     def fetch(self, ticket: ChunkTicket) -> ChunkResult:
         """Run one chunk and read it whole.
@@ -100,7 +104,7 @@ class Connection:
         cleanly, so a failed chunk can be retried without delivering any key twice.
         """
         batches: list[FeatureBatch] = []
-        skipped: list[dict[str, str]] = []
+        skipped: list[SkippedKey] = []
         nbytes = 0
         try:
             reader = self.client.do_get(flight.Ticket(ticket.to_bytes()), self._options())
@@ -113,7 +117,8 @@ class Connection:
                     nbytes += chunk.data.nbytes
                     batches.append(decode_batch(chunk.data))
                 if chunk.app_metadata is not None:
-                    skipped += json.loads(chunk.app_metadata.to_pybytes()).get("skipped", [])
+                    report = ChunkReport.model_validate_json(chunk.app_metadata.to_pybytes())
+                    skipped += report.skipped
         except flight.FlightError as exc:
             raise decode_error(exc, self.address) from None
         return ChunkResult(batches, skipped, nbytes)

@@ -18,10 +18,10 @@ from hapi.client.config import JobConfig
 from hapi.client.connection import Connection, connect
 from hapi.client.loader import FeatureLoader
 from hapi.data import DatasetManifest, Transforms
-from hapi.errors import HapiError, InvalidRequest
+from hapi.errors import HapiError, InvalidRequest, NothingToTrain
 from hapi.graph import INPUT, RAW, ModelGraph, ModelSpec, build_model, trace
 from hapi.repo.refs import is_repo_ref
-from hapi.wire import SessionRequest
+from hapi.wire import SessionRequest, SkippedKey
 
 if TYPE_CHECKING:
     from hapi.repo import ModelRepo, ModelVersion, PushedVersion
@@ -47,7 +47,8 @@ class EpochStats:
     """CPU time of the tail's forward, backward and optimizer steps (the training thread)."""
     decode_s: float
     """CPU time spent decoding and transforming raw bytes (the baseline's input work)."""
-    skipped: tuple[dict[str, str], ...] = ()
+    skipped: tuple[SkippedKey, ...] = ()
+    """Keys left out under `on_error="skip"`, each with its error."""
 
 
 @dataclass
@@ -153,10 +154,15 @@ class TransferJob:
 
         Returns:
             The job's history, with this call's epochs appended.
+
+        Raises:
+            NothingToTrain: every parameter is frozen.
+            HapiError: a chunk failed (`CorruptObject` naming the key, ...), or the epoch
+                lost keys (`IncompleteEpoch`).
         """
         params = self.trainable_parameters
         if not params:
-            raise HapiError(
+            raise NothingToTrain(
                 "nothing to train: every parameter is frozen; lower `freeze` so the last "
                 "layers train"
             )

@@ -19,13 +19,20 @@ import torch
 
 from hapi.client.connection import ChunkResult, Connection
 from hapi.data import DatasetManifest
-from hapi.errors import HapiError, ServerUnavailable
-from hapi.wire import ChunkTicket, FeatureBatch
+from hapi.errors import (
+    DuplicateDelivery,
+    IncompleteEpoch,
+    InvalidRequest,
+    NotDecoded,
+    ServerUnavailable,
+    shorten,
+)
+from hapi.wire import ChunkTicket, FeatureBatch, SkippedKey
 
 __all__ = ["FeatureLoader", "LoaderStats"]
 
 # Takes a received batch and the epoch; returns the batch to train on and the keys it dropped.
-Postprocess = Callable[[FeatureBatch, int], tuple[FeatureBatch, list[dict[str, str]]]]
+Postprocess = Callable[[FeatureBatch, int], tuple[FeatureBatch, list[SkippedKey]]]
 
 
 @dataclass
@@ -40,7 +47,7 @@ class LoaderStats:
     """Time the trainer waited for data (a stall: the pipeline is not keeping up)."""
     postprocess_s: float = 0.0
     """CPU time spent decoding raw bytes in the trainer (the local baseline only)."""
-    skipped: list[dict[str, str]] = field(default_factory=list)
+    skipped: list[SkippedKey] = field(default_factory=list)
 
 
 class FeatureLoader:
@@ -58,6 +65,9 @@ class FeatureLoader:
         retries: times a chunk is retried when the server is unreachable.
         postprocess: run on each received batch in the fetching thread (the local
             baseline decodes and transforms raw bytes there, as DataLoader workers would).
+
+    Raises:
+        InvalidRequest: a size below 1, or negative retries.
     """
 
     def __init__(
@@ -74,11 +84,15 @@ class FeatureLoader:
         retries: int = 2,
         postprocess: Postprocess | None = None,
     ) -> None:
-        if batch_size < 1 or chunk_size < 1 or prefetch < 1:
-            raise ValueError(
-                f"batch_size, chunk_size and prefetch must be >= 1, got "
-                f"{batch_size}, {chunk_size}, {prefetch}"
-            )
+        for name, value in (
+            ("batch_size", batch_size),
+            ("chunk_size", chunk_size),
+            ("prefetch", prefetch),
+        ):
+            if value < 1:
+                raise InvalidRequest(f"{name} must be >= 1, got {value}")
+        if retries < 0:
+            raise InvalidRequest(f"retries must be >= 0 (0: never retry), got {retries}")
         self.connection = connection
         self.session = session
         self.manifest = manifest
@@ -121,7 +135,11 @@ class FeatureLoader:
         """Yield `(features, labels)` training batches of one epoch.
 
         Raises:
-            HapiError: a chunk failed (naming the problem), or keys went missing.
+            HapiError: a chunk failed, as the server's error (`CorruptObject` naming the
+                key, ...).
+            DuplicateDelivery: a key arrived twice.
+            IncompleteEpoch: keys went missing.
+            NotDecoded: raw bytes arrived and there is no `postprocess` to decode them.
         """
         self.stats = LoaderStats()
         tickets = self.tickets(epoch)
@@ -147,7 +165,7 @@ class FeatureLoader:
                     self._account(result, delivered)
                     for batch in result.batches:
                         if batch.features is None:
-                            raise HapiError(
+                            raise NotDecoded(
                                 "the loader received raw bytes: give it a postprocess that "
                                 "decodes them (TransferJob does so in local mode)"
                             )
@@ -196,16 +214,19 @@ class FeatureLoader:
             self.stats.samples += len(batch)
             dupes = delivered.intersection(batch.keys)
             if dupes:
-                raise HapiError(f"keys delivered twice in one epoch: {sorted(dupes)[:5]}")
+                raise DuplicateDelivery(
+                    f"{len(dupes)} keys delivered twice in one epoch, e.g. "
+                    f"{shorten(repr(sorted(dupes)[:5]))}: a chunk was delivered more than once"
+                )
             delivered.update(batch.keys)
 
     def _check_complete(self, delivered: set[str]) -> None:
-        skipped = {s["key"] for s in self.stats.skipped}
+        skipped = {s.key for s in self.stats.skipped}
         missing = set(self.manifest.keys) - delivered - skipped
         if missing:
-            raise HapiError(
+            raise IncompleteEpoch(
                 f"{len(missing)} keys of the epoch were neither delivered nor reported "
-                f"skipped, e.g. {sorted(missing)[:5]}"
+                f"skipped, e.g. {shorten(repr(sorted(missing)[:5]))}"
             )
 
 

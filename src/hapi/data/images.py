@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 
 from hapi.data.transforms import Transforms
-from hapi.errors import CorruptObject
+from hapi.errors import CorruptObject, shorten
 
 __all__ = ["MAX_PIXELS", "decode_image", "load_sample"]
 
@@ -38,8 +38,8 @@ def decode_image(data: bytes, key: str) -> Image.Image:
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise CorruptObject(
-            f"object {key!r} is not a decodable image ({reason}); remove or replace it, "
-            "or pass on_error='skip' to train on the rest and report it"
+            f"object {shorten(repr(key))} is not a decodable image ({reason}); remove or "
+            "replace it, or pass on_error='skip' to train on the rest and report it"
         ) from None
 
 

@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 from torchvision.transforms.v2 import functional as F
 
-from hapi.errors import InvalidRequest
+from hapi.errors import InvalidRequest, shorten
 
 __all__ = [
     "IMAGENET_MEAN",
@@ -141,8 +141,8 @@ class Normalize:
         # One value applies to every channel; three are per RGB channel.
         if len(mean) not in (1, 3) or len(std) != len(mean) or any(s <= 0 for s in std):
             raise InvalidRequest(
-                f"Normalize needs 1 or 3 means, as many stds, and stds > 0; got mean={mean}, "
-                f"std={std}"
+                f"Normalize needs 1 or 3 means, as many stds, and stds > 0; got "
+                f"mean={shorten(repr(mean))}, std={shorten(repr(std))}"
             )
         object.__setattr__(self, "mean", mean)
         object.__setattr__(self, "std", std)
@@ -163,23 +163,23 @@ OPS: dict[str, type[Op]] = {
 def _positive_int(name: str, value: Any) -> None:
     # bool is an int in Python, but `size=True` is a mistake, not a size of 1.
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidRequest(f"{name} must be a positive integer, got {value!r}")
+        raise InvalidRequest(f"{name} must be a positive integer, got {shorten(repr(value))}")
 
 
 def _finite(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise InvalidRequest(f"{name} must be a finite number, got {value!r}")
+        raise InvalidRequest(f"{name} must be a finite number, got {shorten(repr(value))}")
     return float(value)
 
 
 def _sequence(name: str, value: Any) -> tuple[Any, ...]:
     if not isinstance(value, list | tuple):
-        raise InvalidRequest(f"{name} must be a list of numbers, got {value!r}")
+        raise InvalidRequest(f"{name} must be a list of numbers, got {shorten(repr(value))}")
     return tuple(value)
 
 
 def _float_pair(name: str, value: Any) -> tuple[float, float]:
     items = _sequence(name, value)
     if len(items) != 2:
-        raise InvalidRequest(f"{name} must be two numbers (low, high), got {value!r}")
+        raise InvalidRequest(f"{name} must be two numbers (low, high), got {shorten(repr(value))}")
     return _finite(name, items[0]), _finite(name, items[1])

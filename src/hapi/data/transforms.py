@@ -31,7 +31,7 @@ from hapi.data.ops import (
     RandomResizedCrop,
     Resize,
 )
-from hapi.errors import InvalidRequest
+from hapi.errors import InvalidRequest, shorten
 
 __all__ = ["Transforms", "sample_seed"]
 
@@ -61,7 +61,9 @@ class Transforms:
         normalized = False
         for op in ops:
             if not isinstance(op, tuple(OPS.values())):
-                raise InvalidRequest(f"not a transform op: {op!r}; known ops are {sorted(OPS)}")
+                raise InvalidRequest(
+                    f"not a transform op: {shorten(repr(op))}; known ops are {sorted(OPS)}"
+                )
             if normalized and not isinstance(op, Normalize):
                 raise InvalidRequest(
                     f"{type(op).__name__} after Normalize: image ops act on the image, so put "
@@ -112,23 +114,28 @@ class Transforms:
             InvalidRequest: an unknown op or bad parameters, naming them.
         """
         if not isinstance(data, dict) or not isinstance(data.get("ops", []), list):
-            raise InvalidRequest(f"transforms must be {{'ops': [...]}}, got {data!r}")
+            raise InvalidRequest(f"transforms must be {{'ops': [...]}}, got {shorten(repr(data))}")
         ops: list[Op] = []
         for spec in data.get("ops", []):
             if not isinstance(spec, dict) or spec.get("op") not in OPS:
-                raise InvalidRequest(f"unknown transform {spec!r}: known ops are {sorted(OPS)}")
+                raise InvalidRequest(
+                    f"unknown transform {shorten(repr(spec))}: known ops are {sorted(OPS)}"
+                )
             op_cls = OPS[spec["op"]]
             params = {k: v for k, v in spec.items() if k != "op"}
             unknown = set(params) - {f.name for f in fields(op_cls)}
             if unknown:
                 raise InvalidRequest(
-                    f"transform {spec['op']!r} has no parameter(s) {sorted(unknown)}; it takes "
+                    f"transform {shorten(repr(spec['op']))} has no parameter(s) "
+                    f"{shorten(repr(sorted(unknown)))}; it takes "
                     f"{sorted(f.name for f in fields(op_cls))}"
                 )
             try:
                 ops.append(op_cls(**params))
             except TypeError as exc:
-                raise InvalidRequest(f"transform {spec['op']!r}: {exc}") from exc
+                raise InvalidRequest(
+                    f"transform {shorten(repr(spec['op']))}: {shorten(str(exc))}"
+                ) from None
         return cls(tuple(ops))
 
 

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from hapi.data import StoreOptions
+from hapi.errors import InvalidRequest, shorten
 
 __all__ = ["ServerConfig"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class ServerConfig:
-    """Settings of one storage-side server."""
+    """Settings of one storage-side server.
+
+    Raises:
+        InvalidRequest: a value out of range, saying what it should be.
+    """
 
     store: str
     """URI of the object store the server reads (a directory, `s3://bucket/prefix`, ...)."""
@@ -41,19 +47,39 @@ class ServerConfig:
     """URI of a model repository for `repo://` model references; None: named models only."""
 
     def __post_init__(self) -> None:
-        if not 0 <= self.port <= 65535:
-            raise ValueError(f"port must be 0..65535, got {self.port}")
+        if (
+            isinstance(self.port, bool)
+            or not isinstance(self.port, int)
+            or not 0 <= self.port <= 65535
+        ):
+            raise InvalidRequest(
+                f"port must be 0..65535, got {shorten(repr(self.port))}: pick a free port, or 0 "
+                "for any free one"
+            )
         if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.session_idle_s <= 0:
-            raise ValueError(f"session_idle_s must be > 0, got {self.session_idle_s}")
+            raise InvalidRequest(
+                f"batch_size must be >= 1, got {self.batch_size}: it is the most samples a "
+                "head runs at once; 32 suits most models"
+            )
+        if not self.session_idle_s > 0:
+            raise InvalidRequest(
+                f"session_idle_s must be > 0 seconds, got {self.session_idle_s}: it is how "
+                "long an unused session is kept (default 3600)"
+            )
         if self.idle_heads < 0:
-            raise ValueError(f"idle_heads must be >= 0, got {self.idle_heads}")
+            raise InvalidRequest(
+                f"idle_heads must be >= 0, got {self.idle_heads}: 0 drops a head as soon as "
+                "no session uses it"
+            )
         if self.threads is not None and self.threads < 1:
-            raise ValueError(f"threads must be >= 1, got {self.threads}")
+            raise InvalidRequest(
+                f"threads must be >= 1, got {self.threads}: leave it unset for torch's default"
+            )
         if self.egress_limit is not None:
             from hapi.server.shaping import parse_rate
 
             parse_rate(self.egress_limit)  # refuse a bad rate before binding a port
-        if not (self.device == "cpu" or self.device.startswith("cuda")):
-            raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
+        if not re.fullmatch(r"cpu|cuda(:[0-9]+)?", str(self.device)):
+            raise InvalidRequest(
+                f"device must be cpu, cuda or cuda:N, got {shorten(repr(self.device))}"
+            )

@@ -8,27 +8,32 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.flight as flight
 import torch
 
-from hapi.data import DatasetManifest, Store, Transforms, open_store
-from hapi.errors import HapiError, InvalidRequest, SessionNotFound
+from hapi.data import DatasetManifest, ObjectStore, StoreOptions, Transforms, open_store
+from hapi.errors import InvalidRequest, SessionNotFound, shorten
 from hapi.graph import INPUT, RAW
+from hapi.server._guard import UnusedCallsRefusal, errors_to_wire
 from hapi.server.auth import TokenMiddlewareFactory
 from hapi.server.config import ServerConfig
 from hapi.server.head_cache import HeadCache, HeadLease
 from hapi.server.session import Session
 from hapi.server.shaping import TokenBucket, parse_rate
 from hapi.wire import (
+    ActionType,
     ChunkTicket,
+    CloseSessionRequest,
     ManifestRequest,
+    ServerStats,
     SessionInfo,
     SessionRequest,
-    encode_error,
+    SessionStats,
+    dtype_width,
     feature_schema,
     parse,
     raw_schema,
@@ -41,23 +46,32 @@ __all__ = ["HapiServer", "serve"]
 
 log = logging.getLogger("hapi.server")
 
-_ACTIONS = {
-    "open_session": "Open a session (JSON SessionRequest) and load its head; returns SessionInfo.",
-    "close_session": "Close a session (JSON {'session': id}); returns its stats.",
-    "manifest": "List a dataset under a prefix (JSON {'prefix': ...}): keys, labels, classes.",
-    "stats": "Server and per-session counters.",
-}
-
 
 class HapiServer(flight.FlightServerBase):
     """Serves chunks of features computed next to the data.
 
-    Every handler turns a `HapiError` into a Flight error carrying the error's class and
-    message, so one bad request fails only itself: other sessions and chunks go on.
+    Every handler sends a `HapiError` back as the error's class and message, and anything
+    else as an `InternalError` whose id is logged with the traceback, so one bad request
+    fails only itself: other sessions and chunks go on.
+
+    Args:
+        config: the server's settings.
+        store: the store to serve instead of opening `config.store` (an embedding
+            program's own, or a test's fake).
+        clock: monotonic seconds, for session idle times (tests pass a fake clock).
     """
 
-    def __init__(self, config: ServerConfig) -> None:
-        middleware = {"auth": TokenMiddlewareFactory(config.token)} if config.token else None
+    def __init__(
+        self,
+        config: ServerConfig,
+        *,
+        store: ObjectStore | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        middleware: dict[str, flight.ServerMiddlewareFactory] = {}
+        if config.token:
+            middleware["auth"] = TokenMiddlewareFactory(config.token)
+        middleware["unused"] = UnusedCallsRefusal()
         location = f"grpc://{config.host}:{config.port}"
         try:
             super().__init__(location, middleware=middleware)
@@ -67,13 +81,17 @@ class HapiServer(flight.FlightServerBase):
                 "in use; pick another with --port, or 0 for any free port"
             ) from None
         self.config = config
-        self.store: Store = open_store(config.store, config.store_options)
+        self.store: ObjectStore = (
+            store if store is not None else open_store(config.store, config.store_options)
+        )
         self.repo = _open_repo(config)
         self.heads = HeadCache(config.device, repo=self.repo, idle=config.idle_heads)
         self.shaper = TokenBucket(parse_rate(config.egress_limit)) if config.egress_limit else None
+        self._clock = clock
+        self._read_ahead = (config.store_options or StoreOptions()).concurrency
         self._sessions: dict[str, Session] = {}
         self._leases: dict[str, HeadLease] = {}
-        self._closed: dict[str, dict[str, float]] = {}
+        self._closed: dict[str, SessionStats] = {}
         self._lock = threading.Lock()
         if config.threads:
             torch.set_num_threads(config.threads)
@@ -86,53 +104,51 @@ class HapiServer(flight.FlightServerBase):
     # Flight handlers -------------------------------------------------------------------
 
     def list_actions(self, context: flight.ServerCallContext) -> list[tuple[str, str]]:
-        return list(_ACTIONS.items())
+        with errors_to_wire("list_actions"):
+            return [(action.value, action.description) for action in ActionType]
 
     def do_action(
         self, context: flight.ServerCallContext, action: flight.Action
     ) -> Iterator[bytes]:
-        body = action.body.to_pybytes() if action.body is not None else b""
-        try:
-            if action.type == "open_session":
-                result: Any = self.open_session(parse(SessionRequest, body)).model_dump()
-            elif action.type == "close_session":
-                result = self.close_session(_session_id(body))
-            elif action.type == "manifest":
-                result = self.manifest(parse(ManifestRequest, body).prefix)
-            elif action.type == "stats":
-                result = self.stats()
-            else:
-                raise InvalidRequest(
-                    f"unknown action {action.type!r}: known actions are {sorted(_ACTIONS)}"
-                )
-        except HapiError as exc:
-            log.info("action %s failed: %s", action.type, exc)
-            raise encode_error(exc) from exc
-        return iter([json.dumps(result).encode()])
+        with errors_to_wire(f"action {shorten(repr(action.type), 100)}"):
+            body = action.body.to_pybytes() if action.body is not None else b""
+            result = self._action(action.type, body)
+        return iter([result])
+
+    def _action(self, name: str, body: bytes) -> bytes:
+        if name == ActionType.OPEN_SESSION:
+            return self.open_session(parse(SessionRequest, body)).to_bytes()
+        if name == ActionType.CLOSE_SESSION:
+            return self.close_session(parse(CloseSessionRequest, body).session).to_bytes()
+        if name == ActionType.MANIFEST:
+            prefix = parse(ManifestRequest, body).prefix
+            return json.dumps(self.manifest(prefix)).encode()
+        if name == ActionType.STATS:
+            return self.stats().to_bytes()
+        raise InvalidRequest(
+            f"unknown action {shorten(repr(name), 100)}: known actions are "
+            f"{[a.value for a in ActionType]}"
+        )
 
     def do_get(
         self, context: flight.ServerCallContext, ticket: flight.Ticket
     ) -> flight.FlightDataStream:
-        try:
+        with errors_to_wire("do_get"):
             chunk = parse(ChunkTicket, ticket.ticket)
             session = self._session(chunk.session)
-        except HapiError as exc:
-            raise encode_error(exc) from exc
         return flight.GeneratorStream(session.schema, self._stream(session, chunk))
 
     def _stream(
         self, session: Session, chunk: ChunkTicket
     ) -> Iterator[tuple[pa.RecordBatch, pa.Buffer | None]]:
-        try:
+        # The stream runs after do_get returned: its errors need their own guard.
+        with errors_to_wire(f"chunk {chunk.chunk} of session {session.id}"):
             for batch, report in session.run_chunk(chunk, self.store):
                 nbytes = batch.nbytes
                 if self.shaper is not None:
                     session.stats.add(shaping_wait_s=self.shaper.consume(nbytes))
                 session.stats.add(bytes_sent=nbytes)
                 yield batch, (pa.py_buffer(report) if report is not None else None)
-        except HapiError as exc:
-            log.info("chunk %d of session %s failed: %s", chunk.chunk, session.id, exc)
-            raise encode_error(exc) from exc
 
     # The library API behind the handlers -------------------------------------------------
 
@@ -157,8 +173,7 @@ class HapiServer(flight.FlightServerBase):
             lease = self.heads.acquire(loaded, request.cut) if request.cut > INPUT else None
             head = lease.module if lease is not None else None
             schema = feature_schema(shape, request.wire_dtype)
-            width = 4 if request.wire_dtype == "fp32" else 2
-            per_sample = width * _numel(shape)
+            per_sample = dtype_width(request.wire_dtype) * _numel(shape)
         info = SessionInfo(
             session=uuid.uuid4().hex,
             cut=request.cut,
@@ -177,6 +192,8 @@ class HapiServer(flight.FlightServerBase):
             transforms=transforms,
             device=self.heads.device,
             batch_size=self.config.batch_size,
+            last_used=self._clock(),
+            read_ahead=self._read_ahead,
         )
         with self._lock:
             self._sessions[session.id] = session
@@ -185,7 +202,7 @@ class HapiServer(flight.FlightServerBase):
         log.info("opened session %s: cut %d of %d", session.id, request.cut, graph.num_cuts)
         return info
 
-    def close_session(self, session_id: str) -> dict[str, float]:
+    def close_session(self, session_id: str) -> SessionStats:
         """Forget a session; return its final stats."""
         with self._lock:
             session = self._sessions.pop(session_id, None)
@@ -194,7 +211,7 @@ class HapiServer(flight.FlightServerBase):
             lease = self._leases.pop(session_id, None)
             if lease is not None:
                 self.heads.release(lease)
-            stats = session.stats.as_dict()
+            stats = session.stats.snapshot()
             self._closed[session_id] = stats
             return stats
 
@@ -202,34 +219,33 @@ class HapiServer(flight.FlightServerBase):
         """The dataset under `prefix` in this server's store."""
         return DatasetManifest.from_store(self.store, prefix).to_dict()
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> ServerStats:
         """Counters of open and closed sessions, and the server's settings."""
         with self._lock:
-            sessions = {sid: s.stats.as_dict() for sid, s in self._sessions.items()}
+            sessions = {sid: s.stats.snapshot() for sid, s in self._sessions.items()}
             closed = dict(self._closed)
-        every = list(sessions.values()) + list(closed.values())
-        return {
-            "store": self.store.uri,
-            "egress_limit_bytes_per_s": self.shaper.rate if self.shaper else None,
-            "heads_cached": len(self.heads),
-            "heads_bytes": self.heads.nbytes,
-            "bytes_sent": sum(s["bytes_sent"] for s in every),
-            "sessions": sessions,
-            "closed_sessions": closed,
-        }
+        return ServerStats(
+            store=self.store.uri,
+            egress_limit_bytes_per_s=self.shaper.rate if self.shaper else None,
+            heads_cached=len(self.heads),
+            heads_bytes=self.heads.nbytes,
+            bytes_sent=sum(s.bytes_sent for s in [*sessions.values(), *closed.values()]),
+            sessions=sessions,
+            closed_sessions=closed,
+        )
 
     def _session(self, session_id: str) -> Session:
         with self._lock:
             session = self._sessions.get(session_id)
         if session is None:
             raise SessionNotFound(_unknown_session(session_id))
-        session.last_used = time.monotonic()
+        session.last_used = self._clock()
         return session
 
     def _close_abandoned(self) -> None:
         """Close sessions unused for `session_idle_s`: their jobs died without closing
         them, and they hold heads in memory."""
-        cutoff = time.monotonic() - self.config.session_idle_s
+        cutoff = self._clock() - self.config.session_idle_s
         with self._lock:
             abandoned = [sid for sid, s in self._sessions.items() if s.last_used < cutoff]
         for sid in abandoned:
@@ -239,13 +255,19 @@ class HapiServer(flight.FlightServerBase):
 
 
 @contextlib.contextmanager
-def serve(config: ServerConfig | None = None, **options: Any) -> Iterator[HapiServer]:
+def serve(
+    config: ServerConfig | None = None,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    **options: Any,
+) -> Iterator[HapiServer]:
     """Run a server in a background thread for the duration of a `with` block.
 
     Args:
         config: the server's settings; or give them as keyword arguments (`store=...`).
+        clock: monotonic seconds, for session idle times (tests pass a fake clock).
     """
-    server = HapiServer(config or ServerConfig(**options))
+    server = HapiServer(config or ServerConfig(**options), clock=clock)
     thread = threading.Thread(target=server.serve, name="hapi-serve", daemon=True)
     thread.start()
     try:
@@ -263,20 +285,10 @@ def _open_repo(config: ServerConfig) -> ModelRepo | None:
     return ModelRepo.open(config.repo, config.store_options)
 
 
-def _session_id(body: bytes) -> str:
-    try:
-        session = json.loads(body)["session"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise InvalidRequest('close_session needs a JSON body {"session": "<id>"}') from exc
-    if not isinstance(session, str):
-        raise InvalidRequest("close_session: 'session' must be a string")
-    return session
-
-
 def _unknown_session(session_id: str) -> str:
     return (
-        f"no session {session_id!r} on this server (closed, unused for too long, or the "
-        "server restarted): open a new session"
+        f"no session {shorten(repr(session_id), 100)} on this server (closed, unused for "
+        "too long, or the server restarted): open a new session"
     )
 
 

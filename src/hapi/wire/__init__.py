@@ -1,25 +1,41 @@
-"""The wire protocol between trainer and server: messages, Arrow batches, errors."""
+"""The wire protocol between trainer and server: actions, messages, Arrow batches, errors."""
 
+from hapi.wire.actions import ActionType
 from hapi.wire.batches import FeatureBatch, decode_batch, encode_batch, feature_schema, raw_schema
-from hapi.wire.errors import decode_error, encode_error
+from hapi.wire.dtypes import WIRE_DTYPES, WireDtype, check_wire_dtype, dtype_width
+from hapi.wire.errors import MAX_ERROR_MESSAGE, decode_error, encode_error
 from hapi.wire.messages import (
+    MAX_KEY_LENGTH,
     ChunkTicket,
+    CloseSessionRequest,
     ManifestRequest,
-    SessionInfo,
+    OnError,
     SessionRequest,
-    WireDtype,
     parse,
 )
+from hapi.wire.replies import ChunkReport, ServerStats, SessionInfo, SessionStats, SkippedKey
 
 __all__ = [
+    "MAX_ERROR_MESSAGE",
+    "MAX_KEY_LENGTH",
+    "WIRE_DTYPES",
+    "ActionType",
+    "ChunkReport",
     "ChunkTicket",
+    "CloseSessionRequest",
     "FeatureBatch",
     "ManifestRequest",
+    "OnError",
+    "ServerStats",
     "SessionInfo",
     "SessionRequest",
+    "SessionStats",
+    "SkippedKey",
     "WireDtype",
+    "check_wire_dtype",
     "decode_batch",
     "decode_error",
+    "dtype_width",
     "encode_batch",
     "encode_error",
     "feature_schema",

@@ -15,11 +15,9 @@ import pyarrow as pa
 import torch
 
 from hapi.errors import InvalidRequest
+from hapi.wire.dtypes import WireDtype, arrow_type, check_wire_dtype, torch_dtype
 
 __all__ = ["FeatureBatch", "decode_batch", "encode_batch", "feature_schema", "raw_schema"]
-
-_ARROW = {"fp32": pa.float32(), "fp16": pa.float16(), "bf16": pa.uint16()}
-_TORCH = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -35,15 +33,18 @@ class FeatureBatch:
         return len(self.keys)
 
 
-def feature_schema(shape: tuple[int, ...] | list[int], wire_dtype: str) -> pa.Schema:
-    """The schema of a feature batch of per-sample `shape` sent as `wire_dtype`."""
-    if wire_dtype not in _ARROW:
-        raise InvalidRequest(f"unknown wire dtype {wire_dtype!r}: use fp32, fp16 or bf16")
+def feature_schema(shape: tuple[int, ...] | list[int], wire_dtype: WireDtype) -> pa.Schema:
+    """The schema of a feature batch of per-sample `shape` sent as `wire_dtype`.
+
+    Raises:
+        InvalidRequest: `wire_dtype` is not a `WireDtype`.
+    """
+    wire_dtype = check_wire_dtype(wire_dtype)
     return pa.schema(
         [
             ("key", pa.string()),
             ("label", pa.int64()),
-            ("features", pa.fixed_shape_tensor(_ARROW[wire_dtype], list(shape))),
+            ("features", pa.fixed_shape_tensor(arrow_type(wire_dtype), list(shape))),
         ],
         metadata={"hapi.wire_dtype": wire_dtype},
     )
@@ -68,8 +69,8 @@ def encode_batch(
     else:
         if features is None:
             raise InvalidRequest("a feature batch needs features")
-        wire_dtype = schema.metadata[b"hapi.wire_dtype"].decode()
-        t = features.detach().to(device="cpu", dtype=_TORCH[wire_dtype]).contiguous()
+        wire_dtype = check_wire_dtype(schema.metadata[b"hapi.wire_dtype"].decode())
+        t = features.detach().to(device="cpu", dtype=torch_dtype(wire_dtype)).contiguous()
         if wire_dtype == "bf16":
             t = t.view(torch.int16)
         array = t.numpy()
@@ -86,7 +87,7 @@ def decode_batch(batch: pa.RecordBatch) -> FeatureBatch:
     if "data" in batch.schema.names:
         return FeatureBatch(keys, labels, data=[v.as_py() for v in batch.column("data")])
     meta = batch.schema.metadata or {}
-    wire_dtype = meta.get(b"hapi.wire_dtype", b"fp32").decode()
+    wire_dtype = check_wire_dtype(meta.get(b"hapi.wire_dtype", b"fp32").decode())
     array = batch.column("features").to_numpy_ndarray()
     if wire_dtype == "bf16":
         features = torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)

@@ -1,8 +1,10 @@
 """Errors across the wire: a `HapiError` raised by the server is raised again on the client.
 
-The server sends the error's class name and message as JSON after a fixed marker inside a
-Flight error; the client finds the marker, and raises the same `hapi.errors` class. Nothing
-else of the server's exception (no traceback, no pickle) leaves the server.
+The server puts the error's class name and message as JSON in the Flight error's
+`extra_info` bytes; the client reads them from there (never from the message text) and
+raises the same `hapi.errors` class. Nothing else of the server's exception (no traceback,
+no pickle) leaves the server: `hapi.server` turns any other exception into an
+`InternalError` first.
 """
 
 from __future__ import annotations
@@ -11,34 +13,41 @@ import json
 
 import pyarrow.flight as flight
 
-from hapi.errors import HapiError, ServerUnavailable, Unauthenticated, error_class
+from hapi.errors import HapiError, ServerUnavailable, Unauthenticated, error_class, shorten
 
-__all__ = ["decode_error", "encode_error"]
+__all__ = ["MAX_ERROR_MESSAGE", "decode_error", "encode_error"]
 
-_MARKER = "hapi-error:"
+MAX_ERROR_MESSAGE = 1000
+"""Characters of a message that cross the wire. gRPC sends errors in metadata, refused
+beyond 16 KiB, and the message travels twice (text and JSON), up to 4 bytes a character
+and escaped: a longer message would turn the error into a transport failure."""
 
 
 def encode_error(exc: HapiError) -> flight.FlightError:
     """The Flight error to raise in a server handler for `exc`."""
-    body = _MARKER + json.dumps({"type": type(exc).__name__, "message": str(exc)})
+    name = type(exc).__name__
+    message = shorten(str(exc), MAX_ERROR_MESSAGE)
+    info = json.dumps({"type": name, "message": message}, ensure_ascii=False).encode()
+    # The text is for Flight clients that are not hapi; hapi reads only `extra_info`.
+    text = f"{name}: {shorten(message, MAX_ERROR_MESSAGE // 2)}"
     if isinstance(exc, Unauthenticated):
-        return flight.FlightUnauthenticatedError(body)
-    return flight.FlightServerError(body)
+        return flight.FlightUnauthenticatedError(text, extra_info=info)
+    return flight.FlightServerError(text, extra_info=info)
 
 
 def decode_error(exc: Exception, address: str = "") -> Exception:
-    """The `HapiError` a Flight client error stands for (or `exc` itself if none)."""
+    """The `HapiError` a Flight client error stands for (or `exc` itself if none).
+
+    A server's error comes back as its own class and message; an unknown class name (a
+    newer server's) as a plain `HapiError`.
+    """
+    body = _error_body(exc)
+    if body is not None:
+        return error_class(body[0])(body[1])
     text = str(exc)
-    start = text.find(_MARKER)
-    if start >= 0:
-        try:
-            body, _ = json.JSONDecoder().raw_decode(text, start + len(_MARKER))
-            return error_class(body["type"])(body["message"])
-        except (ValueError, KeyError, TypeError):
-            pass
     if isinstance(exc, flight.FlightUnavailableError | flight.FlightTimedOutError):
         return ServerUnavailable(
-            f"hapi server {address or ''} is unreachable ({_first_line(text)}); "
+            f"hapi server {address} is unreachable ({_first_line(text)}); "
             "check that `hapi serve` is running there and the address is right"
         )
     if isinstance(exc, flight.FlightUnauthenticatedError):
@@ -46,5 +55,22 @@ def decode_error(exc: Exception, address: str = "") -> Exception:
     return exc
 
 
+def _error_body(exc: Exception) -> tuple[str, str] | None:
+    """The (class name, message) a hapi server put in the error, or None."""
+    info = getattr(exc, "extra_info", None)
+    if not info:
+        return None
+    try:
+        body = json.loads(info)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(body, dict):
+        return None
+    name, message = body.get("type"), body.get("message")
+    if not isinstance(name, str) or not isinstance(message, str):
+        return None
+    return name, message
+
+
 def _first_line(text: str) -> str:
-    return text.strip().splitlines()[0] if text.strip() else ""
+    return shorten(text.strip().splitlines()[0], 300) if text.strip() else ""

@@ -1,33 +1,45 @@
-"""Request and response bodies of the Flight actions and tickets, as pydantic models.
+"""Request bodies of the Flight actions and tickets, as pydantic models.
 
 Everything that crosses the wire is JSON validated here, never pickle: a malformed request
 is an `InvalidRequest` for that caller, and the server goes on serving everyone else.
+Replies are in `hapi.wire.replies`.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from hapi.errors import InvalidRequest
+from hapi.errors import InvalidRequest, shorten
+from hapi.wire.dtypes import WireDtype
 
 __all__ = [
+    "MAX_KEY_LENGTH",
     "ChunkTicket",
+    "CloseSessionRequest",
     "ManifestRequest",
-    "SessionInfo",
+    "OnError",
     "SessionRequest",
-    "WireDtype",
     "parse",
 ]
 
-WireDtype = Literal["fp32", "fp16", "bf16"]
+OnError = Literal["raise", "skip"]
+"""On a bad object: fail the chunk (`raise`), or leave it out and report it (`skip`)."""
+
+MAX_KEY_LENGTH = 1024
+"""S3's limit on an object key; no store hapi reads has longer ones."""
+
+Key = Annotated[str, Field(min_length=1, max_length=MAX_KEY_LENGTH)]
+# Labels travel as Arrow int64.
+Label = Annotated[int, Field(ge=-(2**63), lt=2**63)]
 
 M = TypeVar("M", bound=BaseModel)
 
 
-class _Message(BaseModel):
+class _Request(BaseModel):
+    # Unknown fields are refused: a typo in a request must not be silently ignored.
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     def to_bytes(self) -> bytes:
@@ -35,7 +47,7 @@ class _Message(BaseModel):
         return self.model_dump_json().encode()
 
 
-class SessionRequest(_Message):
+class SessionRequest(_Request):
     """`open_session`: what a job asks a server to run for it."""
 
     model: dict[str, Any] | str = Field(
@@ -49,53 +61,51 @@ class SessionRequest(_Message):
     image_size: int = Field(default=224, ge=8, le=4096, description="Input height and width.")
     wire_dtype: WireDtype = "fp32"
     seed: int = Field(default=0, description="The job seed; sample seeds derive from it.")
-    on_error: Literal["raise", "skip"] = Field(
-        default="raise", description="On a bad object: fail the chunk, or skip and report it."
-    )
+    on_error: OnError = "raise"
 
 
-class SessionInfo(_Message):
-    """The reply to `open_session`."""
+class CloseSessionRequest(_Request):
+    """`close_session`: forget a session; the reply is its `SessionStats`."""
 
-    session: str
-    cut: int
-    freeze: int
-    num_cuts: int
-    feature_shape: list[int]
-    wire_dtype: WireDtype
-    bytes_per_sample: int = Field(description="Feature bytes per sample on the wire (0 for RAW).")
+    session: str = Field(max_length=64)
 
 
-class ChunkTicket(_Message):
+class ChunkTicket(_Request):
     """A `do_get` ticket: one chunk of a session's keys.
 
     Chunks are idempotent: the same ticket gives the same features on any server (sample
     seeds depend only on the job seed, the epoch and the key), so it can be retried.
     """
 
-    session: str
+    session: str = Field(max_length=64)
     chunk: int = Field(ge=0)
     epoch: int = Field(default=0, ge=0)
-    keys: list[str] = Field(min_length=1, max_length=100_000)
-    labels: list[int]
+    keys: list[Key] = Field(min_length=1, max_length=100_000)
+    labels: list[Label]
 
 
-class ManifestRequest(_Message):
+class ManifestRequest(_Request):
     """`manifest`: list a dataset (ImageFolder layout) under a prefix of the server's store."""
 
-    prefix: str = ""
+    prefix: str = Field(default="", max_length=MAX_KEY_LENGTH)
 
 
 def parse(cls: type[M], body: bytes | str) -> M:
-    """Validate a JSON body into `cls`, raising `InvalidRequest` that says what is wrong."""
+    """Validate a JSON body into `cls`, raising `InvalidRequest` that says what is wrong.
+
+    The message repeats no more than a few hundred characters of the body, however large.
+    """
     try:
         data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"{cls.__name__} is not valid JSON: {exc}") from exc
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise InvalidRequest(f"{cls.__name__} is not valid JSON: {shorten(str(exc))}") from None
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_input=False)
         problems = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or '(body)'}: {e['msg']}" for e in exc.errors()
+            f"{shorten('.'.join(map(str, e['loc'])) or '(body)', 100)}: {shorten(e['msg'])}"
+            for e in errors[:5]
         )
-        raise InvalidRequest(f"malformed {cls.__name__}: {problems}") from exc
+        more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
+        raise InvalidRequest(f"malformed {cls.__name__}: {problems}{more}") from None

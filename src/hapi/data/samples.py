@@ -1,0 +1,122 @@
+"""A chunk's samples, from object bytes to model inputs: the one pipeline both tiers run.
+
+A chunk gives the same inputs wherever it is computed: on a server next to the data, or in
+the trainer from raw bytes (the local baseline, a fallback). Both run `load_samples`, so
+there is one copy of read -> decode -> seed -> transform -> skip-or-raise to keep right.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Generator, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from hapi.data.images import load_sample
+from hapi.data.store import ObjectStore
+from hapi.data.transforms import Transforms, sample_seed
+from hapi.errors import HapiError
+
+__all__ = ["Sample", "Skipped", "load_samples", "read_objects", "skip_or_raise"]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One key's model input, a float32 CHW tensor."""
+
+    key: str
+    label: int
+    tensor: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A key left out, and the error that made it so."""
+
+    key: str
+    error: HapiError
+
+
+def skip_or_raise(key: str, exc: BaseException, *, skip: bool) -> Skipped:
+    """What to do with a key whose object failed: leave it out (`skip`) or fail with `exc`.
+
+    Only hapi's own errors (a missing or corrupt object, ...) are skipped: anything else
+    is a fault of the program, not of the data, and is raised whatever `skip` says.
+    """
+    if skip and isinstance(exc, HapiError):
+        return Skipped(key, exc)
+    raise exc
+
+
+def read_objects(
+    store: ObjectStore, keys: Sequence[str], *, ahead: int = 16
+) -> Generator[bytes | BaseException, None, None]:
+    """Each key's bytes, in order, or the exception its read raised.
+
+    Reads run `ahead` at a time in threads, so decoding overlaps reading and a chunk holds
+    about `ahead` objects in memory, not all of them. Closing the iterator early cancels
+    the reads not yet started.
+    """
+    if not keys:
+        return
+    queue = iter(keys)
+    with ThreadPoolExecutor(min(ahead, len(keys)), thread_name_prefix="hapi-read") as pool:
+        pending: deque[Future[bytes | BaseException]] = deque(
+            pool.submit(_read, store, key) for key in itertools.islice(queue, ahead)
+        )
+        try:
+            while pending:
+                result = pending.popleft().result()
+                key = next(queue, None)
+                if key is not None:
+                    pending.append(pool.submit(_read, store, key))
+                yield result
+        finally:
+            for future in pending:
+                future.cancel()
+
+
+def load_samples(
+    keys: Sequence[str],
+    labels: Sequence[int],
+    objects: Iterable[bytes | BaseException],
+    transforms: Transforms,
+    *,
+    seed: int,
+    epoch: int,
+    skip: bool,
+) -> Iterator[Sample | Skipped]:
+    """Decode and transform each key's object into its model input, in order.
+
+    Args:
+        keys: the chunk's keys.
+        labels: their labels.
+        objects: each key's bytes, or the exception reading it raised (`read_objects`).
+        transforms: the pipeline; random ops draw from `sample_seed(seed, epoch, key)`.
+        seed: the job seed.
+        epoch: the epoch, so augmentations differ between epochs.
+        skip: leave out keys whose object is missing or corrupt (yielding `Skipped`)
+            instead of raising.
+
+    Raises:
+        HapiError: a missing or corrupt object when not `skip`, naming the key.
+    """
+    for key, label, data in zip(keys, labels, objects, strict=True):
+        try:
+            if isinstance(data, BaseException):
+                raise data
+            tensor = load_sample(data, key, transforms, sample_seed(seed, epoch, key))
+        except Exception as exc:
+            yield skip_or_raise(key, exc, skip=skip)
+            continue
+        yield Sample(key, label, tensor)
+
+
+def _read(store: ObjectStore, key: str) -> bytes | BaseException:
+    try:
+        return store.get(key)
+    except Exception as exc:
+        return exc

@@ -1,0 +1,66 @@
+"""`WireDtype`: the dtypes features may travel in, and what each means on both ends.
+
+The one place that knows the set: `JobConfig`, the session messages, the server's size
+estimates and the batch encoder all read it from here.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+import pyarrow as pa
+import torch
+
+from hapi.errors import InvalidRequest, shorten
+
+__all__ = [
+    "WIRE_DTYPES",
+    "WireDtype",
+    "arrow_type",
+    "check_wire_dtype",
+    "dtype_width",
+    "torch_dtype",
+]
+
+WireDtype = Literal["fp32", "fp16", "bf16"]
+"""fp32 is exact; fp16 and bf16 halve the bytes (bf16 keeps fp32's range)."""
+
+WIRE_DTYPES: tuple[WireDtype, ...] = get_args(WireDtype)
+
+_TORCH: dict[str, torch.dtype] = {
+    "fp32": torch.float32,
+    "fp16": torch.float16,
+    "bf16": torch.bfloat16,
+}
+# Arrow has no bfloat16: bf16 travels as its raw 16 bits, and the schema says how to read them.
+_ARROW: dict[str, pa.DataType] = {"fp32": pa.float32(), "fp16": pa.float16(), "bf16": pa.uint16()}
+
+
+def check_wire_dtype(value: object) -> WireDtype:
+    """`value` as a `WireDtype`.
+
+    Raises:
+        InvalidRequest: it is not one, saying which are.
+    """
+    for dtype in WIRE_DTYPES:
+        if value == dtype:
+            return dtype
+    raise InvalidRequest(
+        f"unknown wire dtype {shorten(repr(value))}: use {', '.join(WIRE_DTYPES[:-1])} or "
+        f"{WIRE_DTYPES[-1]}"
+    )
+
+
+def torch_dtype(dtype: WireDtype) -> torch.dtype:
+    """The torch dtype features have on the wire (and when decoded)."""
+    return _TORCH[check_wire_dtype(dtype)]
+
+
+def arrow_type(dtype: WireDtype) -> pa.DataType:
+    """The Arrow value type of a feature column in `dtype`."""
+    return _ARROW[check_wire_dtype(dtype)]
+
+
+def dtype_width(dtype: WireDtype) -> int:
+    """Bytes per feature element on the wire."""
+    return torch_dtype(dtype).itemsize

@@ -1,0 +1,102 @@
+"""Reply bodies of the Flight actions, and the report that ends each chunk's stream.
+
+Replies ignore fields they do not know, so a client keeps working against a newer server
+that reports more.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hapi.errors import HapiError, error_class
+from hapi.wire.dtypes import WireDtype
+
+__all__ = ["ChunkReport", "ServerStats", "SessionInfo", "SessionStats", "SkippedKey"]
+
+
+class _Reply(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    def to_bytes(self) -> bytes:
+        """The message as compact JSON bytes."""
+        return self.model_dump_json().encode()
+
+    def __getitem__(self, name: str) -> Any:
+        # Replies were plain JSON dicts before they were typed; callers written then
+        # (`stats()["heads_cached"]`) read them by name. Prefer the attributes.
+        if name not in type(self).model_fields:
+            raise KeyError(name)
+        return getattr(self, name)
+
+
+class SessionInfo(_Reply):
+    """The reply to `open_session`."""
+
+    session: str
+    cut: int
+    freeze: int
+    num_cuts: int
+    feature_shape: list[int]
+    wire_dtype: WireDtype
+    bytes_per_sample: int = Field(description="Feature bytes per sample on the wire (0 for RAW).")
+
+
+class SessionStats(_Reply):
+    """What a session has cost its server so far: the reply to `close_session`, and per
+    session in `ServerStats`."""
+
+    chunks: int = 0
+    samples: int = 0
+    skipped: int = 0
+    bytes_read: int = 0
+    bytes_sent: int = 0
+    read_s: float = 0.0
+    """Time the chunk pipeline waited for the store."""
+    transform_s: float = 0.0
+    head_s: float = 0.0
+    encode_s: float = 0.0
+    shaping_wait_s: float = 0.0
+    cpu_s: float = 0.0
+    """CPU time of the chunk pipeline's threads (decode, transform, head, encode): what
+    the server's cores spent, which wall times over-count when chunks run concurrently."""
+
+
+class ServerStats(_Reply):
+    """The reply to `stats`: the server's settings and every session's counters."""
+
+    store: str
+    egress_limit_bytes_per_s: float | None = None
+    heads_cached: int
+    heads_bytes: int
+    bytes_sent: int
+    """Over every session, open and closed."""
+    sessions: dict[str, SessionStats] = Field(default_factory=dict)
+    closed_sessions: dict[str, SessionStats] = Field(default_factory=dict)
+
+
+class SkippedKey(_Reply):
+    """A key left out of a chunk under `on_error="skip"`, and why."""
+
+    key: str
+    error: str
+    """The `hapi.errors` class name, e.g. `CorruptObject`."""
+    message: str
+
+    @classmethod
+    def of(cls, key: str, exc: HapiError) -> SkippedKey:
+        """The report of `key`, left out because of `exc`."""
+        return cls(key=key, error=type(exc).__name__, message=str(exc))
+
+    def exception(self) -> HapiError:
+        """The error that made the key be skipped, as its `hapi.errors` class."""
+        return error_class(self.error)(self.message)
+
+
+class ChunkReport(_Reply):
+    """The app metadata of a chunk's last batch: what the chunk left out, so nothing is
+    lost silently."""
+
+    chunk: int
+    skipped: list[SkippedKey] = Field(default_factory=list)
