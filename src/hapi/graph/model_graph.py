@@ -50,6 +50,8 @@ class ModelGraph:
     _gm: fx.GraphModule | None = field(default=None, repr=False)
     _nodes: tuple[fx.Node, ...] = field(default=(), repr=False)
     _param_cut: dict[str, int] = field(default_factory=dict, repr=False)
+    notes: tuple[str, ...] = ()
+    """What the graph does not keep of the model (a root branching on `self.training`)."""
 
     @property
     def num_cuts(self) -> int:
@@ -189,7 +191,7 @@ def trace(model: nn.Module, input_shape: tuple[int, ...] = (3, 224, 224)) -> Mod
         # Eval mode: shape propagation must not update BatchNorm statistics.
         model.eval()
         try:
-            gm = trace_scoped(model)
+            gm, note = trace_scoped(model)
         except Exception as exc:  # fx raises many types for untraceable code
             first_line = str(exc).splitlines()[0] if str(exc) else ""
             reason = f"{type(exc).__name__}: {first_line}"
@@ -197,7 +199,12 @@ def trace(model: nn.Module, input_shape: tuple[int, ...] = (3, 224, 224)) -> Mod
             return _fallback(model, shape, reason)
         _propagate_shapes(gm, _probe(model, shape, batch=1))
         cuts = find_cuts(model, gm)
-        return ModelGraph(model, shape, cuts.points, True, None, gm, cuts.nodes, cuts.param_cut)
+        if note:
+            log.warning("%s", note)
+        notes = (note,) if note else ()
+        return ModelGraph(
+            model, shape, cuts.points, True, None, gm, cuts.nodes, cuts.param_cut, notes=notes
+        )
     finally:
         for m, training in was_training.items():
             m.training = training

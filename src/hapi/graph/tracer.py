@@ -2,40 +2,36 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from torch import fx, nn
 
+from hapi.graph._training import reads_training, training_as_graph_input
+
 __all__ = ["ScopeTracer", "is_container", "trace_scoped"]
-
-
-def _leaf_types() -> tuple[type, ...]:
-    # Modules whose forward branches on `self.training` stay leaves, so the traced tail
-    # keeps their training behaviour instead of baking in the mode seen while tracing.
-    types: list[type] = []
-    try:
-        from torchvision.ops import StochasticDepth
-
-        types.append(StochasticDepth)
-    except ImportError:  # pragma: no cover - torchvision is a dependency
-        pass
-    return tuple(types)
 
 
 class ScopeTracer(fx.Tracer):
     """An fx tracer that stores in `node.meta["scopes"]` the module calls a node ran inside.
 
     The scopes are qualified names from the outermost to the innermost module, e.g.
-    `("layer1", "layer1.0", "layer1.0.relu")` for the ReLU of ResNet's first block.
+    `("layer1", "layer1.0", "layer1.0.relu")` for the ReLU of ResNet's first block. A
+    module whose forward reads `self.training` is a leaf (see `hapi.graph._training`).
     """
 
     def __init__(self) -> None:
         super().__init__()
         self._stack: list[str] = []
-        self._leaves = _leaf_types()
+        self._reads_training: dict[type, bool] = {}
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return isinstance(m, self._leaves) or super().is_leaf_module(m, module_qualified_name)
+        if super().is_leaf_module(m, module_qualified_name):
+            return True
+        cls = type(m)
+        if cls not in self._reads_training:
+            self._reads_training[cls] = reads_training(m)
+        return self._reads_training[cls]
 
     def call_module(
         self, m: nn.Module, forward: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -53,15 +49,70 @@ class ScopeTracer(fx.Tracer):
         return node
 
 
-def trace_scoped(model: nn.Module) -> fx.GraphModule:
+def trace_scoped(model: nn.Module) -> tuple[fx.GraphModule, str | None]:
     """Trace `model` into a GraphModule whose nodes carry their module scopes.
+
+    The forward's first argument is the input; the others keep their defaults (an
+    optional `attn_mask=None` is a constant, not a second input).
+
+    Returns:
+        The graph module, and a note when the root's forward branches on `self.training`
+        in Python, so that branch is traced in the model's current mode.
 
     Raises:
         Exception: whatever torch.fx raises for a model it cannot trace.
     """
+    concrete = _defaults_after_first(model)
     tracer = ScopeTracer()
-    graph = tracer.trace(model)
-    return fx.GraphModule(tracer.root, graph, type(model).__name__)
+    note = None
+    try:
+        with training_as_graph_input(model, tracer):
+            graph = tracer.trace(model, concrete_args=concrete)
+    except Exception as dynamic_exc:
+        tracer = ScopeTracer()
+        try:
+            graph = tracer.trace(model, concrete_args=concrete)
+        except Exception:
+            raise dynamic_exc from None
+        mode = "train" if model.training else "eval"
+        note = (
+            f"{type(model).__name__}.forward branches on self.training in Python, so that "
+            f"branch is traced in {mode} mode ({type(dynamic_exc).__name__})"
+        )
+    _drop_constant_inputs(graph)
+    return fx.GraphModule(tracer.root, graph, type(model).__name__), note
+
+
+def _defaults_after_first(model: nn.Module) -> dict[str, Any]:
+    params = list(inspect.signature(type(model).forward).parameters.values())[2:]
+    return {
+        p.name: p.default
+        for p in params
+        if p.default is not inspect.Parameter.empty
+        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    }
+
+
+def _drop_constant_inputs(graph: fx.Graph) -> None:
+    # fx keeps a placeholder per concrete argument, read only by checks that it has its
+    # traced value; the head and tail take the input alone.
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    for ph in placeholders[1:]:
+        reached: list[fx.Node] = []
+        frontier = [ph]
+        while frontier:
+            n = frontier.pop()
+            reached.append(n)
+            frontier.extend(n.users)
+        erased = True
+        while erased:
+            erased = False
+            for n in reached:
+                if not n.users and n.op != "output":
+                    graph.erase_node(n)
+                    reached.remove(n)
+                    erased = True
+                    break
 
 
 def is_container(module: nn.Module) -> bool:

@@ -1,0 +1,191 @@
+"""The tail trains the user's model: dropout, drop-path, stochastic depth, drop-connect and
+batch-norm statistics behave in the tail exactly as in the original model.
+
+Each check runs one training step both ways from the same RNG state: the original model in
+train mode with its frozen part in eval mode (as `TransferJob` runs it), and the head (eval,
+no grad, as on the server) followed by the tail in train mode. Outputs, gradients and
+batch-norm statistics must be equal bit for bit.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hapi.graph import ModelGraph, ModelSpec, build_model, trace
+
+
+class Noisy(nn.Module):
+    """Adds noise in training only: a Python branch on `self.training`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            return x + 0.5 * torch.randn_like(x)
+        return x
+
+
+class DropoutNet(nn.Module):
+    """Batch norm, a branching submodule, and functional dropout in the root's forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+        self.noisy = Noisy()
+        self.body = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.body(self.noisy(self.stem(x)))
+        x = F.dropout(x.mean(dim=(2, 3)), p=0.5, training=self.training)
+        return self.fc(x)
+
+
+class RootBranch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.fc(x)
+        if self.training:
+            x = x * 2
+        return x
+
+
+def _timm_vit() -> nn.Module:
+    timm = pytest.importorskip("timm")
+    return timm.create_model(
+        "vit_tiny_patch16_224",
+        img_size=32,
+        patch_size=8,
+        depth=3,
+        num_classes=5,
+        drop_rate=0.2,
+        drop_path_rate=0.3,
+        attn_drop_rate=0.1,
+    )
+
+
+MODELS: dict[str, tuple[Callable[[], nn.Module], int]] = {
+    "user": (DropoutNet, 16),
+    "timm_vit_drop_path": (_timm_vit, 32),
+    "efficientnet_lite0": (lambda: build_model(ModelSpec(name="efficientnet_lite0")), 64),
+    "efficientnet_b0": (lambda: build_model(ModelSpec(name="efficientnet_b0")), 64),
+}
+
+
+@pytest.fixture(scope="module")
+def traced() -> Iterator[Callable[[str], tuple[nn.Module, ModelGraph]]]:
+    cache: dict[str, tuple[nn.Module, ModelGraph]] = {}
+
+    def get(name: str) -> tuple[nn.Module, ModelGraph]:
+        if name not in cache:
+            build, size = MODELS[name]
+            torch.manual_seed(0)
+            model = build()
+            cache[name] = (model, trace(model, (3, size, size)))
+        return cache[name]
+
+    yield get
+    cache.clear()
+
+
+def train_step_both_ways(model: nn.Module, graph: ModelGraph, cut: int, seed: int) -> None:
+    """One step through head and tail and one through a copy of the original; equal."""
+    names = {id(m): name for name, m in model.named_modules()}
+    frozen = [names[id(m)] for m in graph.head(cut).modules() if id(m) in names] if cut else []
+    frozen_params = [name for name, _ in graph.head_parameters(cut)]
+    reference = copy.deepcopy(model)
+    for module in (model, reference):
+        module.train()
+        for frozen_name in frozen:
+            module.get_submodule(frozen_name).eval()
+        for param_name in frozen_params:
+            module.get_parameter(param_name).requires_grad_(False)
+    head, tail = graph.head(cut), graph.tail(cut).train()
+    x = torch.randn(4, *graph.input_shape, generator=torch.Generator().manual_seed(seed))
+
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        features = head(x)
+    out = tail(features)
+    out.square().mean().backward()
+    torch.manual_seed(seed)
+    expected = reference(x)
+    expected.square().mean().backward()
+
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    grads = dict(reference.named_parameters())
+    trained = 0
+    for name, p in model.named_parameters():
+        if p.grad is None:
+            assert grads[name].grad is None, name
+            continue
+        trained += 1
+        torch.testing.assert_close(p.grad, grads[name].grad, rtol=0, atol=0, msg=name)
+    assert trained > 0
+    buffers = dict(reference.named_buffers())
+    for name, b in model.named_buffers():
+        torch.testing.assert_close(b, buffers[name], rtol=0, atol=0, msg=name)
+    model.zero_grad(set_to_none=True)
+
+
+def _mid(graph: ModelGraph) -> int:
+    return graph.num_cuts // 2
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("where", ["input", "mid"])
+def test_tail_trains_exactly_the_original(
+    traced: Callable[[str], tuple[nn.Module, ModelGraph]], name: str, where: str
+) -> None:
+    model, graph = traced(name)
+    cut = 0 if where == "input" else _mid(graph)
+    train_step_both_ways(model, graph, cut, seed=1)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_the_tail_is_stochastic_in_train_mode_and_not_in_eval(
+    traced: Callable[[str], tuple[nn.Module, ModelGraph]], name: str
+) -> None:
+    model, graph = traced(name)
+    tail = graph.tail(0)
+    x = torch.randn(4, *graph.input_shape)
+    outs = []
+    with torch.no_grad():
+        for seed in (1, 2):
+            torch.manual_seed(seed)
+            outs.append(tail.train()(x))
+        assert not torch.equal(outs[0], outs[1])  # the randomness is live, not traced away
+        tail.eval()
+        assert torch.equal(tail(x), tail(x))
+        assert torch.equal(tail(x), model.eval()(x))
+
+
+def test_batch_norm_statistics_update_in_the_trainable_part_only(
+    traced: Callable[[str], tuple[nn.Module, ModelGraph]],
+) -> None:
+    model, graph = traced("user")
+    cut = graph.resolve_freeze("noisy")
+    model.train()
+    frozen = graph.head(cut).eval()
+    stem_bn, body_bn = model.stem[1], model.body[1]
+    before = stem_bn.running_mean.clone(), body_bn.running_mean.clone()
+    with torch.no_grad():
+        graph.tail(cut).train()(frozen(torch.randn(4, 3, 16, 16)))
+    assert torch.equal(stem_bn.running_mean, before[0])
+    assert not torch.equal(body_bn.running_mean, before[1])
+
+
+def test_a_root_branching_on_training_is_traced_in_eval_mode_and_says_so() -> None:
+    model = RootBranch()
+    graph = trace(model, (4,))
+    assert graph.notes and "self.training" in graph.notes[0]
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(graph.tail(0).train()(x), model.eval()(x))
