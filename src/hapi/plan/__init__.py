@@ -1,0 +1,92 @@
+"""The planner: profiles, the cost model, choosing (cut, local share), re-planning.
+
+Pure computation: the server measures its side and the loader its chunks; this package
+only turns those numbers into decisions. Names load on first use, like `hapi.data`'s.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hapi._lazy import lazy_exports
+
+__all__ = [
+    "ChunkMeasurement",
+    "Estimate",
+    "FreezeChoice",
+    "LinkProfile",
+    "Plan",
+    "PlanChange",
+    "PlannerConfig",
+    "ProfileKey",
+    "ReplanConfig",
+    "Replanner",
+    "ServerProfile",
+    "TrainerProfile",
+    "Workload",
+    "assign",
+    "best_share",
+    "check_trainable",
+    "choose_freeze",
+    "choose_plan",
+    "default_freeze",
+    "estimate",
+    "measure_decode",
+    "measure_heads",
+    "measure_server",
+    "measure_tails",
+    "measure_trainer",
+    "memory_per_sample",
+    "wire_bytes",
+]
+
+_WHERE = {
+    "ChunkMeasurement": ".replan",
+    "Estimate": ".cost",
+    "FreezeChoice": ".defaults",
+    "LinkProfile": ".profiles",
+    "Plan": ".plan",
+    "PlanChange": ".replan",
+    "PlannerConfig": ".planner",
+    "ProfileKey": ".profiles",
+    "ReplanConfig": ".replan",
+    "Replanner": ".replan",
+    "ServerProfile": ".profiles",
+    "TrainerProfile": ".profiles",
+    "Workload": ".cost",
+    "assign": ".assign",
+    "best_share": ".cost",
+    "check_trainable": ".defaults",
+    "choose_freeze": ".defaults",
+    "choose_plan": ".planner",
+    "default_freeze": ".defaults",
+    "estimate": ".cost",
+    "measure_decode": ".measure",
+    "measure_heads": ".measure",
+    "measure_server": ".measure",
+    "measure_tails": ".measure",
+    "measure_trainer": ".measure",
+    "memory_per_sample": ".measure",
+    "wire_bytes": ".measure",
+}
+
+if TYPE_CHECKING:
+    from hapi.plan.assign import assign
+    from hapi.plan.cost import Estimate, Workload, best_share, estimate
+    from hapi.plan.defaults import FreezeChoice, check_trainable, choose_freeze, default_freeze
+    from hapi.plan.measure import (
+        measure_decode,
+        measure_heads,
+        measure_server,
+        measure_tails,
+        measure_trainer,
+        memory_per_sample,
+        wire_bytes,
+    )
+    from hapi.plan.plan import Plan
+    from hapi.plan.planner import PlannerConfig, choose_plan
+    from hapi.plan.profiles import LinkProfile, ProfileKey, ServerProfile, TrainerProfile
+    from hapi.plan.replan import ChunkMeasurement, PlanChange, ReplanConfig, Replanner
+
+
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _WHERE)

@@ -1,0 +1,309 @@
+"""Measuring a model's costs per cut: computation only, on tensors and bytes given.
+
+Both tiers use these: the trainer for its own profile at the start of a job, the server
+for the `profile` action (after reading the objects itself). Kept short - a small batch,
+one or two repeats, the median - so a job can afford them before its first epoch.
+
+Times are wall-clock (`time.perf_counter`), not CPU time: torch runs an operator on its
+intra-op thread pool, so the calling thread's CPU clock misses most of the work when
+there is more than one thread, and on a GPU the work is asynchronous (we synchronise
+before reading the clock). The cost model compares stages that run side by side in wall
+time, so wall time is also what it needs. The median of the repeats damps interference.
+
+The model is left exactly as it was: train/eval modes, `requires_grad`, gradients,
+buffers (batch-norm statistics) and the RNG are restored after each measurement.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from hapi.data import Transforms, load_sample
+from hapi.errors import InvalidCut
+from hapi.graph import INPUT, ModelGraph
+from hapi.plan.profiles import WIRE_ITEMSIZE, ProfileKey, ServerProfile, TrainerProfile
+
+__all__ = [
+    "measure_decode",
+    "measure_heads",
+    "measure_server",
+    "measure_tails",
+    "measure_trainer",
+    "memory_per_sample",
+    "wire_bytes",
+]
+
+
+def measure_heads(
+    graph: ModelGraph, last: int, *, batch_size: int = 4, repeats: int = 3
+) -> tuple[float, ...]:
+    """Seconds per sample of the frozen head's forward from the input to each cut 0..last.
+
+    Runs in eval mode under `torch.inference_mode()`, as the server and a local chunk do.
+    Entry 0 is 0 (INPUT runs no layer). The times are made non-decreasing: the head to
+    cut k+1 does all the work of the head to cut k, so a dip is noise.
+    """
+    _check_last(graph, last)
+    x = _probe(graph, batch_size)
+    times = [0.0]
+    with _scratch(graph.model), torch.inference_mode():
+        graph.model.eval()
+        graph.head(last)(x)  # warm-up: first calls pay for kernel selection and allocation
+        for cut in range(1, last + 1):
+            head = graph.head(cut).eval()
+            t = _median_time(functools.partial(head, x), repeats, x.device)
+            times.append(max(t / batch_size, times[-1]))
+    return tuple(times)
+
+
+def measure_tails(
+    graph: ModelGraph,
+    freeze: int,
+    cuts: Sequence[int] | None = None,
+    *,
+    batch_size: int = 4,
+    repeats: int = 3,
+) -> dict[int, float]:
+    """Seconds per sample of the tail's forward and backward from each of `cuts`.
+
+    As the job trains: the frozen layers (up to `freeze`) in eval mode without gradients,
+    the rest in train mode; the loss is the output's mean, the optimizer step is left out
+    (it does not depend on the cut). `cuts` defaults to 0..freeze.
+    """
+    _check_last(graph, freeze)
+    cuts = range(INPUT, freeze + 1) if cuts is None else cuts
+    x = _probe(graph, batch_size)
+    result: dict[int, float] = {}
+    with _scratch(graph.model):
+        frozen = _freeze(graph, freeze)
+        for cut in cuts:
+            if isinstance(cut, bool) or not isinstance(cut, int) or not INPUT <= cut <= freeze:
+                raise InvalidCut(f"cut {cut!r} is not in 0..{freeze} (the freeze point)")
+            with torch.no_grad():
+                features = graph.head(cut)(x) if cut > INPUT else x
+            tail = graph.tail(cut).train()
+            # As the job's train mode: the tail trains, its frozen layers stay in eval.
+            for module in frozen:
+                module.eval()
+            step = _train_step(tail, features)
+            step()  # warm-up, as in measure_heads
+            result[cut] = _median_time(step, repeats, x.device) / batch_size
+    return result
+
+
+def measure_trainer(
+    graph: ModelGraph,
+    freeze: int,
+    *,
+    decode_s: float = 0.0,
+    batch_size: int = 4,
+    repeats: int = 3,
+    exact: bool = False,
+) -> TrainerProfile:
+    """The trainer's profile for cuts 0..freeze.
+
+    The tail from cut k is the frozen layers k..freeze (forward, no gradients) and then
+    the training step from the freeze point, which is the same for every k. So by default
+    the training step is measured once and the frozen part taken from the heads' times:
+    one pass over the cuts instead of one per cut. `exact` measures each tail itself.
+
+    Args:
+        graph: the traced model, on the trainer's device.
+        freeze: the freeze point.
+        decode_s: seconds per sample to decode and transform an object here
+            (`measure_decode`).
+        batch_size: samples per measured batch.
+        repeats: timed runs per measurement (the median is kept).
+        exact: measure the tail from every cut rather than derive it.
+    """
+    heads = measure_heads(graph, freeze, batch_size=batch_size, repeats=repeats)
+    if exact:
+        tails_by_cut = measure_tails(graph, freeze, batch_size=batch_size, repeats=repeats)
+        tails = tuple(tails_by_cut[k] for k in range(freeze + 1))
+    else:
+        train = measure_tails(graph, freeze, [freeze], batch_size=batch_size, repeats=repeats)
+        tails = tuple(train[freeze] + heads[freeze] - heads[k] for k in range(freeze + 1))
+    return TrainerProfile(
+        decode_s=decode_s,
+        head_s=heads,
+        tail_s=tails,
+        batch_size=batch_size,
+        device=str(_device(graph.model)),
+    )
+
+
+def measure_decode(
+    blobs: Sequence[bytes], transforms: Transforms, *, seed: int = 0, repeats: int = 1
+) -> float:
+    """Seconds per sample to decode and transform objects (their bytes, already read).
+
+    Raises:
+        CorruptObject: a blob is not a decodable image.
+        ValueError: no blobs.
+    """
+    if not blobs:
+        raise ValueError("measure_decode needs at least one object's bytes")
+
+    def decode_all() -> None:
+        for i, data in enumerate(blobs):
+            load_sample(data, f"probe/{i}", transforms, seed + i)
+
+    return _median_time(decode_all, repeats, torch.device("cpu")) / len(blobs)
+
+
+def measure_server(
+    graph: ModelGraph,
+    last: int,
+    *,
+    read_s: float,
+    decode_s: float,
+    raw_bytes: float,
+    wire_dtype: str = "fp32",
+    batch_size: int = 4,
+    repeats: int = 3,
+    key: ProfileKey | None = None,
+) -> ServerProfile:
+    """The server's profile for cuts 0..last, given what it measured reading the objects.
+
+    Args:
+        graph: the traced model on the server's device.
+        last: the last cut to profile (the session's freeze point).
+        read_s: seconds per sample to read an object (measured by the server).
+        decode_s: seconds per sample to decode and transform one (`measure_decode`).
+        raw_bytes: the objects' mean size.
+        wire_dtype: the dtype features travel in.
+        batch_size: the head's batch size.
+        repeats: timed runs per cut.
+        key: what the profile depends on, for the server's cache.
+    """
+    heads = measure_heads(graph, last, batch_size=batch_size, repeats=repeats)
+    return ServerProfile(
+        read_s=read_s,
+        decode_s=decode_s,
+        head_s=heads,
+        out_bytes=tuple(wire_bytes(graph, k, wire_dtype) for k in range(last + 1)),
+        memory_bytes=tuple(memory_per_sample(graph, k) for k in range(last + 1)),
+        raw_bytes=raw_bytes,
+        wire_dtype=wire_dtype,
+        batch_size=batch_size,
+        key=key,
+    )
+
+
+def wire_bytes(graph: ModelGraph, cut: int, dtype: str = "fp32", *, overhead: int = 0) -> int:
+    """Bytes per sample of the features at `cut` (0: the input tensor) in `dtype`.
+
+    Args:
+        overhead: bytes per sample the encoding adds (key, label, offsets).
+    """
+    numel = graph.cut_point(cut).numel if cut > INPUT else graph.input_bytes_per_sample // 4
+    return numel * WIRE_ITEMSIZE[dtype] + overhead
+
+
+def memory_per_sample(graph: ModelGraph, cut: int) -> int:
+    """Estimated fp32 bytes per sample to compute the head up to `cut`.
+
+    HAPI's estimate: the input plus the largest pair of consecutive activations up to the
+    cut (a layer's input and output are alive together). Activations inside a block that
+    are larger than its ends are not seen; the scheduler keeps a margin for them.
+    """
+    sizes = [graph.input_bytes_per_sample]
+    sizes += [graph.cut_point(k).bytes_per_sample for k in range(1, cut + 1)]
+    pairs = [a + b for a, b in itertools.pairwise(sizes)]
+    return graph.input_bytes_per_sample + max(pairs, default=0)
+
+
+def _check_last(graph: ModelGraph, cut: int) -> None:
+    if isinstance(cut, bool) or not isinstance(cut, int) or not INPUT <= cut <= graph.num_cuts:
+        raise InvalidCut(f"cut {cut!r} is not in 0..{graph.num_cuts}")
+
+
+def _device(model: nn.Module) -> torch.device:
+    first = next(model.parameters(), None)
+    return first.device if first is not None else torch.device("cpu")
+
+
+def _probe(graph: ModelGraph, batch_size: int) -> torch.Tensor:
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    gen = torch.Generator().manual_seed(0)
+    return torch.rand(batch_size, *graph.input_shape, generator=gen).to(_device(graph.model))
+
+
+def _freeze(graph: ModelGraph, freeze: int) -> list[nn.Module]:
+    """No gradients for the frozen part, as the job sets them; returns its modules."""
+    for _, p in graph.head_parameters(freeze):
+        p.requires_grad_(False)
+    return list(graph.head(freeze).modules()) if freeze > INPUT else []
+
+
+def _train_step(tail: nn.Module, features: torch.Tensor) -> Callable[[], None]:
+    params = [p for p in tail.parameters() if p.requires_grad]
+
+    def step() -> None:
+        # As the job's zero_grad(set_to_none=True): each step allocates its gradients.
+        for p in params:
+            p.grad = None
+        loss = _scalar(tail(features))
+        if loss is not None and loss.requires_grad:
+            loss.backward()
+
+    return step
+
+
+def _scalar(out: Any) -> torch.Tensor | None:
+    """The mean of every tensor in the output, summed: a loss that reaches all of them."""
+    if isinstance(out, torch.Tensor):
+        return out.float().mean() if out.is_floating_point() else None
+    items = out.values() if isinstance(out, dict) else out if isinstance(out, list | tuple) else ()
+    parts = [s for s in (_scalar(o) for o in items) if s is not None]
+    return torch.stack(parts).sum() if parts else None
+
+
+def _median_time(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
+    times = []
+    for _ in range(max(repeats, 1)):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextlib.contextmanager
+def _scratch(model: nn.Module) -> Iterator[None]:
+    """Measure on `model` freely: its modes, flags, gradients, buffers and RNG come back."""
+    modes = {m: m.training for m in model.modules()}
+    params = list(model.parameters())
+    flags = [p.requires_grad for p in params]
+    grads = [p.grad for p in params]
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    tensors = [*params, *(b for b, _ in buffers)]
+    devices = sorted({t.device.index or 0 for t in tensors if t.device.type == "cuda"})
+    with torch.random.fork_rng(devices=devices):
+        try:
+            yield
+        finally:
+            for m, training in modes.items():
+                m.training = training
+            with torch.no_grad():
+                for p, flag, grad in zip(params, flags, grads, strict=True):
+                    p.requires_grad_(flag)
+                    p.grad = grad
+                for b, saved in buffers:
+                    b.copy_(saved)

@@ -1,0 +1,132 @@
+"""`choose_plan`: weigh every option with the cost model and choose one, stably."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hapi.errors import InvalidRequest
+from hapi.graph.cut_point import INPUT, RAW
+from hapi.plan.cost import Estimate, Workload, best_share, estimate
+from hapi.plan.plan import Plan
+from hapi.plan.profiles import LinkProfile, ServerProfile, TrainerProfile
+
+__all__ = ["PlannerConfig", "choose_plan"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannerConfig:
+    """How the planner chooses among options."""
+
+    tolerance: float = 0.02
+    """Options within this fraction of the fastest count as ties, won by the simplest
+    (and by the current plan when re-planning), so noise does not flip the choice."""
+    hybrid: bool = True
+    """Weigh hybrid options (a local share beside a pushed-down cut)."""
+    raw: bool = True
+    """Weigh RAW (the baseline)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.tolerance < 1.0:
+            raise ValueError(f"tolerance must be in [0, 1), got {self.tolerance}")
+
+
+def choose_plan(
+    server: ServerProfile,
+    trainer: TrainerProfile,
+    link: LinkProfile,
+    workload: Workload,
+    *,
+    freeze: int,
+    names: Sequence[str] = (),
+    config: PlannerConfig | None = None,
+    current: Plan | None = None,
+) -> Plan:
+    """Choose the cut and local share that minimise the predicted epoch time.
+
+    Weighs RAW, INPUT, every cut 1..freeze (as far as both profiles go) and, per cut, a
+    hybrid with its best local share. Among options within `config.tolerance` of the
+    fastest it keeps `current`'s option when there is one, else takes the simplest: a
+    pure cut before a hybrid, a higher cut before a lower one, a smaller share first.
+
+    Args:
+        server, trainer, link: the profiles.
+        workload: the epoch (samples, chunk size, chunks in flight).
+        freeze: the freeze point; no cut past it is weighed.
+        names: cut points' names, cut k at position k-1.
+        config: tolerance and which kinds of option to weigh.
+        current: the plan in force, when re-planning.
+
+    Raises:
+        InvalidRequest: the profiles cover no cut (not even INPUT).
+    """
+    config = config or PlannerConfig()
+    last = min(freeze, server.last_cut, trainer.last_cut)
+    if last < INPUT:
+        raise InvalidRequest(f"cannot plan: freeze {freeze} or the profiles cover no cut")
+    names = tuple(names)
+
+    def name(cut: int) -> str:
+        if cut == RAW:
+            return "raw"
+        if cut == INPUT:
+            return "input"
+        return names[cut - 1] if cut <= len(names) else str(cut)
+
+    def weigh(cut: int, share: float) -> Estimate:
+        return estimate(cut, share, server, trainer, link, workload, name=name(cut))
+
+    options = [weigh(RAW, 0.0)] if config.raw else []
+    for cut in range(INPUT, last + 1):
+        options.append(weigh(cut, 0.0))
+        if config.hybrid:
+            share = best_share(cut, server, trainer, link, workload)
+            if 0.0 < share < 1.0:
+                options.append(weigh(cut, share))
+    options.sort(key=lambda o: (o.epoch_s, _simplicity(o)))
+    fastest = options[0]
+    ties = [o for o in options if o.epoch_s <= fastest.epoch_s * (1 + config.tolerance)]
+    kept = _same(current, ties) if current is not None else None
+    chosen = kept or min(ties, key=_simplicity)
+    return Plan(
+        chosen=chosen,
+        options=tuple(options),
+        reason=_reason(chosen, fastest, options, kept is not None, freeze=last),
+        server=server,
+        trainer=trainer,
+        link=link,
+        workload=workload,
+        freeze=freeze,
+        names=names,
+    )
+
+
+def _simplicity(o: Estimate) -> tuple[bool, int, float]:
+    # Pure before hybrid; a higher cut moves fewer bytes and leaves the trainer more room.
+    return (o.hybrid, -o.cut, o.share)
+
+
+def _same(current: Plan, ties: list[Estimate]) -> Estimate | None:
+    for o in ties:
+        if o.cut == current.cut and abs(o.share - current.share) < 1e-9:
+            return o
+    return None
+
+
+def _reason(
+    chosen: Estimate, fastest: Estimate, options: list[Estimate], kept: bool, *, freeze: int
+) -> str:
+    stages = chosen.stages
+    others = ", ".join(f"{s} {stages[s]:.2f} s" for s in stages if s != chosen.binding)
+    text = (
+        f"{chosen.label}: predicted {chosen.epoch_s:.2f} s per epoch, held by the "
+        f"{chosen.binding} ({stages[chosen.binding]:.2f} s; {others})"
+    )
+    for ref in (RAW, freeze):
+        other = next((o for o in options if o.cut == ref and not o.hybrid), None)
+        if other is not None and other is not chosen:
+            text += f"; {other.label} {other.epoch_s:.2f} s ({other.epoch_s / chosen.epoch_s:.2f}x)"
+    if chosen is not fastest:
+        why = "the plan in force" if kept else "simpler"
+        text += f"; chosen over {fastest.label} ({fastest.epoch_s:.2f} s): within tolerance, {why}"
+    return text

@@ -1,0 +1,255 @@
+"""`Replanner`: weigh the plan in force against measured chunks, and re-plan on drift.
+
+Each stage keeps an exponentially weighted ratio of measured to profiled time over the
+chunks seen (sums of both, decayed alike, so large chunks weigh more than small ones).
+The profiles scaled by those ratios predict what each option would cost now. The plan
+has *drifted* when its predicted epoch at the measured rates, or a stage's rate, has
+moved more than `threshold` from what the plan was made with.
+
+A drift must last `min_chunks` chunks in a row. Then those chunks alone (all from after
+the change) set the rates, by the median of their ratios - not the moving average, which
+still remembers the old rates and would re-plan again and again as it converges - and
+the job re-plans from them. After a passing spike (one stalled chunk) the median of the
+recent chunks agrees with the plan, and nothing changes. The next re-plan needs another
+move of `threshold` from the new rates: that, the run of drifting chunks and the
+planner's preference for the plan in force within its tolerance are the hysteresis.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+from hapi.errors import InvalidRequest
+from hapi.graph.cut_point import INPUT, RAW
+from hapi.plan.cost import STAGES, estimate
+from hapi.plan.plan import Plan
+from hapi.plan.planner import PlannerConfig, choose_plan
+from hapi.plan.profiles import LinkProfile, ServerProfile, TrainerProfile
+
+__all__ = ["ChunkMeasurement", "PlanChange", "ReplanConfig", "Replanner"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChunkMeasurement:
+    """One chunk as the loader received it and the trainer consumed it."""
+
+    samples: int
+    """Samples in the chunk (its keys, less any the server skipped)."""
+    bytes: int
+    """Bytes that crossed the link for it."""
+    cut: int
+    """The cut it travelled at: RAW for raw bytes (a local chunk, or the baseline)."""
+    server_s: float
+    """The server's busy time on it, as the server reported it (wall time of reading,
+    decoding and the head, not time spent waiting to send: a shared server shows)."""
+    transfer_s: float
+    """The link's busy time on it: with several chunks streaming at once, its share."""
+    trainer_s: float
+    """The trainer's compute on it: decoding and the head for a local chunk, the tail."""
+    feature_cut: int | None = None
+    """Where a raw chunk's samples joined the stream (the hybrid's cut; None: INPUT,
+    the trainer ran the whole model). Ignored for pushed-down chunks."""
+    chunk: int | str | None = None
+    """The chunk's id, for the record."""
+
+    def __post_init__(self) -> None:
+        for name in ("samples", "bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidRequest(f"{name} must be an int >= 0, got {value!r}")
+        for name in ("server_s", "transfer_s", "trainer_s"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not 0 <= value < math.inf:
+                raise InvalidRequest(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplanConfig:
+    """When to re-plan."""
+
+    threshold: float = 0.15
+    """Re-plan when the predicted epoch or a stage's rate moves by more than this."""
+    min_chunks: int = 3
+    """Chunks in a row that must show a drift before the plan changes (and that then set
+    the rates it is re-planned from)."""
+    weight: float = 0.3
+    """Weight of the newest chunk in each stage's moving average."""
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
+    """How re-plans choose."""
+
+    def __post_init__(self) -> None:
+        if not self.threshold > 0.0:
+            raise ValueError(f"threshold must be > 0, got {self.threshold}")
+        if self.min_chunks < 1:
+            raise ValueError(f"min_chunks must be >= 1, got {self.min_chunks}")
+        if not 0.0 < self.weight <= 1.0:
+            raise ValueError(f"weight must be in (0, 1], got {self.weight}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanChange:
+    """A re-plan: the plan before, the plan after and why."""
+
+    previous: Plan
+    plan: Plan
+    reason: str
+    """What was measured against what was planned."""
+    chunks: int
+    """Chunks observed in all when it happened."""
+
+    @property
+    def changed(self) -> bool:
+        """Whether the cut or the share changed (else only the predictions did)."""
+        return (self.plan.cut, self.plan.share) != (self.previous.cut, self.previous.share)
+
+
+class Replanner:
+    """Feeds on measured chunks; returns a new plan when the measurements call for one.
+
+    Example:
+        >>> replanner = Replanner(plan)
+        >>> change = replanner.observe(ChunkMeasurement(samples=64, bytes=..., ...))
+        >>> if change is not None and change.changed:
+        ...     issue the chunks not yet issued by change.plan
+    """
+
+    def __init__(self, plan: Plan, config: ReplanConfig | None = None) -> None:
+        self.config = config or ReplanConfig()
+        self.plan = plan
+        """The plan in force."""
+        self.changes: list[PlanChange] = []
+        """Every re-plan so far, oldest first."""
+        self.chunks = 0
+        """Chunks observed."""
+        self._base = (plan.server, plan.trainer, plan.link)
+        self._measured = dict.fromkeys(STAGES, 0.0)
+        self._profiled = dict.fromkeys(STAGES, 0.0)
+        self._planned_scales = dict.fromkeys(STAGES, 1.0)
+        self._recent: deque[dict[str, tuple[float, float]]] = deque(maxlen=self.config.min_chunks)
+        self._drifting = 0
+
+    def scales(self) -> dict[str, float]:
+        """Per stage: measured time / the first plan's profiled time (1 before any data)."""
+        return {
+            s: self._measured[s] / self._profiled[s] if self._profiled[s] > 1e-12 else 1.0
+            for s in STAGES
+        }
+
+    def measured_profiles(self) -> tuple[ServerProfile, TrainerProfile, LinkProfile]:
+        """The first plan's profiles scaled to the rates measured."""
+        scales = self.scales()
+        server, trainer, link = self._base
+        return (
+            server.scaled(scales["server"]),
+            trainer.scaled(scales["trainer"]),
+            link.scaled(scales["link"]),
+        )
+
+    def predicted_epoch_s(self) -> float:
+        """The plan in force's epoch time at the measured rates."""
+        server, trainer, link = self.measured_profiles()
+        plan = self.plan
+        return estimate(plan.cut, plan.share, server, trainer, link, plan.workload).epoch_s
+
+    def observe(self, chunk: ChunkMeasurement) -> PlanChange | None:
+        """Take in one chunk's measurements; a `PlanChange` when they call for a re-plan."""
+        pairs = self._pair(chunk)
+        self._recent.append(pairs)
+        decay = 1.0 - self.config.weight
+        for stage, (measured, profiled) in pairs.items():
+            self._measured[stage] = decay * self._measured[stage] + measured
+            self._profiled[stage] = decay * self._profiled[stage] + profiled
+        self.chunks += 1
+        if self._drift() is None:
+            self._drifting = 0
+            return None
+        self._drifting += 1
+        if self._drifting < self.config.min_chunks:
+            return None
+        self._drifting = 0
+        self._restart_from_recent()
+        reason = self._drift()
+        if reason is None:
+            return None
+        server, trainer, link = self.measured_profiles()
+        previous = self.plan
+        plan = choose_plan(
+            server,
+            trainer,
+            link,
+            previous.workload,
+            freeze=previous.freeze,
+            names=previous.names,
+            config=self.config.planner,
+            current=previous,
+        )
+        change = PlanChange(previous=previous, plan=plan, reason=reason, chunks=self.chunks)
+        self.plan = plan
+        self.changes.append(change)
+        self._planned_scales = self.scales()
+        return change
+
+    def _restart_from_recent(self) -> None:
+        """Restart each stage's moving average at the median rate of the recent chunks.
+
+        The median of the chunks' own ratios, so that one stalled chunk among them (a
+        retry, a pause) does not set the rate.
+        """
+        decay = 1.0 - self.config.weight
+        for stage in STAGES:
+            ratios = [m / p for m, p in (c[stage] for c in self._recent) if p > 1e-12]
+            if not ratios:
+                continue
+            profiled = 0.0
+            for pairs in self._recent:
+                profiled = decay * profiled + pairs[stage][1]
+            self._measured[stage] = statistics.median(ratios) * profiled
+            self._profiled[stage] = profiled
+
+    def _pair(self, chunk: ChunkMeasurement) -> dict[str, tuple[float, float]]:
+        """(measured, profiled) seconds of each stage for this chunk."""
+        server, trainer, link = self._base
+        n = chunk.samples
+        if chunk.cut == RAW:
+            trainer_s = trainer.local_s(INPUT if chunk.feature_cut is None else chunk.feature_cut)
+        else:
+            trainer_s = trainer.remote_s(chunk.cut)
+        workload = self.plan.workload
+        latency = link.latency_s / min(workload.prefetch, workload.chunks)
+        return {
+            "server": (chunk.server_s, n * server.compute_s(chunk.cut)),
+            "link": (chunk.transfer_s, chunk.bytes / link.bytes_per_s + latency),
+            "trainer": (chunk.trainer_s, n * trainer_s),
+        }
+
+    def _drift(self) -> str | None:
+        """Why the plan in force no longer fits the measurements, or None if it does."""
+        limit = self.config.threshold
+        scales = self.scales()
+        moved = {s: scales[s] / self._planned_scales[s] for s in STAGES}
+        predicted = self.predicted_epoch_s()
+        drift = predicted / self.plan.epoch_s - 1.0
+        stage_moves = [s for s in STAGES if abs(moved[s] - 1.0) > limit]
+        if abs(drift) <= limit and not stage_moves:
+            return None
+        parts = [self._describe(s, moved[s]) for s in stage_moves]
+        parts.append(
+            f"the plan's epoch now predicted {predicted:.2f} s vs {self.plan.epoch_s:.2f} s"
+        )
+        return "; ".join(parts)
+
+    def _describe(self, stage: str, moved: float) -> str:
+        if stage == "link":
+            planned = self.plan.link.bytes_per_s
+            return f"link measured {_rate(planned / moved)} vs {_rate(planned)} planned"
+        return f"{stage} measured {moved:.2f}x the planned time"
+
+
+def _rate(bytes_per_s: float) -> str:
+    for unit, size in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if bytes_per_s >= size:
+            return f"{bytes_per_s / size:.1f} {unit}"
+    return f"{bytes_per_s:.0f} B/s"

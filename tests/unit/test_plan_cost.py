@@ -1,0 +1,289 @@
+"""The cost model and the planner's choice, against epochs computed by hand.
+
+Profiles here have cuts 0..2. Per chunk of c samples a stage costs c times its per-sample
+cost; in order, epoch = (m - 1)·max(stage per chunk) + sum(stage per chunk).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hapi.errors import InvalidRequest
+from hapi.graph import INPUT, RAW
+from hapi.plan import (
+    LinkProfile,
+    PlannerConfig,
+    ProfileKey,
+    ServerProfile,
+    TrainerProfile,
+    Workload,
+    best_share,
+    choose_plan,
+    estimate,
+)
+
+NAMES = ("block1", "pool")
+
+
+def _server(**kw: object) -> ServerProfile:
+    base: dict[str, object] = {
+        "read_s": 0.001,
+        "decode_s": 0.004,
+        "head_s": (0.0, 0.002, 0.003),
+        "out_bytes": (150_000, 50_000, 2_000),
+        "memory_bytes": (150_000, 350_000, 400_000),
+        "raw_bytes": 100_000,
+    }
+    return ServerProfile(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def _trainer(**kw: object) -> TrainerProfile:
+    base: dict[str, object] = {
+        "decode_s": 0.004,
+        "head_s": (0.0, 0.002, 0.003),
+        "tail_s": (0.006, 0.004, 0.003),
+    }
+    return TrainerProfile(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def _equal_cores() -> tuple[ServerProfile, TrainerProfile, LinkProfile]:
+    """One core each side doing the same decode + head; training costs nothing; no link."""
+    server = ServerProfile(
+        read_s=0.0,
+        decode_s=0.001,
+        head_s=(0.0, 0.003),
+        out_bytes=(12_288, 1_000),
+        memory_bytes=(12_288, 20_000),
+        raw_bytes=1_000,
+    )
+    trainer = TrainerProfile(decode_s=0.001, head_s=(0.0, 0.003), tail_s=(0.003, 0.0))
+    return server, trainer, LinkProfile(bytes_per_s=1e12)
+
+
+def test_link_bound_the_freeze_cut_wins() -> None:
+    link = LinkProfile(bytes_per_s=1e6)
+    work = Workload(samples=1000, chunk_size=100)  # 10 chunks of 100
+    raw = estimate(RAW, 0.0, _server(), _trainer(), link, work)
+    # Per chunk: server 100·0.001 = 0.1, link 100·100 kB / 1 MB/s = 10, trainer 100·0.010 = 1.
+    assert raw.server_s == pytest.approx(1.0)
+    assert raw.link_s == pytest.approx(100.0)
+    assert raw.trainer_s == pytest.approx(10.0)
+    assert raw.epoch_s == pytest.approx(9 * 10 + 11.1)
+    assert raw.binding == "link"
+    plan = choose_plan(_server(), _trainer(), link, work, freeze=2, names=NAMES)
+    # Cut 2 per chunk: server 100·0.008 = 0.8, link 100·2 kB / 1 MB/s = 0.2, trainer 0.3.
+    assert (plan.cut, plan.share) == (2, 0.0)
+    assert plan.epoch_s == pytest.approx(9 * 0.8 + 1.3)
+    assert plan.binding == "server"
+    assert plan.chosen.bytes == pytest.approx(1000 * 2_000)
+    assert plan.option(RAW) == raw
+
+
+def test_fast_link_and_a_slow_server_raw_wins() -> None:
+    server = _server(decode_s=0.2, head_s=(0.0, 0.010, 0.020))
+    trainer = _trainer(decode_s=0.002, head_s=(0.0, 0.0005, 0.001), tail_s=(0.0015, 0.001, 0.0005))
+    work = Workload(samples=1000, chunk_size=100)
+    plan = choose_plan(server, trainer, LinkProfile(bytes_per_s=1e9), work, freeze=2)
+    # RAW per chunk: server 0.1, link 0.01, trainer 100·0.0035 = 0.35.
+    assert plan.cut == RAW
+    assert plan.local_share == 1.0
+    assert plan.epoch_s == pytest.approx(9 * 0.35 + 0.46)
+    assert plan.binding == "trainer"
+    freeze_cut = plan.option(2)
+    assert freeze_cut is not None and freeze_cut.epoch_s > 5 * plan.epoch_s
+
+
+def test_fast_link_the_server_decodes_a_share_beside_raw() -> None:
+    server = _server(decode_s=0.010, head_s=(0.0, 0.010, 0.020))
+    trainer = _trainer(decode_s=0.002, head_s=(0.0, 0.0005, 0.001), tail_s=(0.0015, 0.001, 0.0005))
+    work = Workload(samples=1000, chunk_size=100)
+    plan = choose_plan(server, trainer, LinkProfile(bytes_per_s=1e9), work, freeze=2)
+    # INPUT per chunk: server 1.1 - 1.0·f, trainer 0.15 + 0.2·f: they cross at f = 0.79,
+    # 0.8 in whole chunks: server 0.3, link 0.015 - 0.005·0.8, trainer 0.31.
+    assert (plan.cut, plan.share) == (INPUT, 0.8)
+    assert plan.epoch_s == pytest.approx(9 * 0.31 + 0.3 + 0.011 + 0.31)
+    raw = plan.option(RAW)
+    assert raw is not None and raw.epoch_s == pytest.approx(9 * 0.35 + 0.46)
+
+
+def test_hybrid_at_half_halves_the_epoch_of_two_equal_cores() -> None:
+    server, trainer, link = _equal_cores()
+    work = Workload(samples=1000, chunk_size=10)  # 100 chunks
+    plan = choose_plan(server, trainer, link, work, freeze=1)
+    assert (plan.cut, plan.share) == (1, 0.5)
+    # Per chunk: server 10·0.004/2 = 0.02, trainer 10·0.004/2 = 0.02, the link ~0.
+    assert plan.epoch_s == pytest.approx(99 * 0.02 + 0.04, rel=1e-6)
+    pure, raw = plan.option(1), plan.option(RAW)
+    assert pure is not None and raw is not None
+    assert pure.epoch_s == pytest.approx(99 * 0.04 + 0.04, rel=1e-6)
+    assert raw.epoch_s == pytest.approx(99 * 0.04 + 0.04, rel=1e-6)
+    assert plan.epoch_s / pure.epoch_s == pytest.approx(0.505, rel=1e-4)
+    assert "% local" in plan.chosen.label
+
+
+def test_fill_and_drain_depend_on_order_and_chunks_in_flight() -> None:
+    link = LinkProfile(bytes_per_s=1e6)
+
+    # Cut 2 per chunk of 100: server 0.8, link 0.2, trainer 0.3; 4 chunks.
+    def epoch(**kw: object) -> float:
+        work = Workload(samples=400, chunk_size=100, **kw)  # type: ignore[arg-type]
+        return estimate(2, 0.0, _server(), _trainer(), link, work).epoch_s
+
+    assert epoch() == pytest.approx(3 * 0.8 + 1.3)
+    in_order = estimate(2, 0.0, _server(), _trainer(), link, Workload(samples=400, chunk_size=100))
+    assert in_order.bound_s == pytest.approx(3.2)
+    assert in_order.fill_s == pytest.approx(0.5)  # first chunk's link + last chunk's trainer
+    # Shared among 2 in flight: 2 chunks fill together, so (4 - 2)·0.8 + 2·1.3.
+    assert epoch(in_order=False, prefetch=2) == pytest.approx(2 * 0.8 + 2 * 1.3)
+    # The whole epoch in flight at once: the stages run one after another.
+    assert epoch(in_order=False, prefetch=8) == pytest.approx(4 * 1.3)
+    # A per-chunk latency: a full one per request, shared by the 4 in flight.
+    slow = estimate(
+        2,
+        0.0,
+        _server(),
+        _trainer(),
+        LinkProfile(bytes_per_s=1e6, latency_s=0.4),
+        Workload(samples=400, chunk_size=100, prefetch=4),
+    )
+    assert slow.link_s == pytest.approx(4 * (0.2 + 0.1))
+
+
+def test_partial_last_chunk_spreads_over_the_chunks() -> None:
+    link = LinkProfile(bytes_per_s=1e6)
+    est = estimate(2, 0.0, _server(), _trainer(), link, Workload(samples=250, chunk_size=100))
+    assert est.server_s == pytest.approx(250 * 0.008)
+    assert est.epoch_s == pytest.approx(250 * 0.008 + (250 / 3) * (0.002 + 0.003))
+
+
+def test_share_rounds_to_whole_chunks() -> None:
+    # Server 0.003 per sample pushed down, 0 local; trainer 0 pushed down, 0.007 local:
+    # the lines cross at f = 0.3.
+    server = ServerProfile(
+        read_s=0.0,
+        decode_s=0.001,
+        head_s=(0.0, 0.002),
+        out_bytes=(12_288, 1_000),
+        memory_bytes=(0, 0),
+        raw_bytes=1_000,
+    )
+    trainer = TrainerProfile(decode_s=0.004, head_s=(0.0, 0.003), tail_s=(0.003, 0.0))
+    link = LinkProfile(bytes_per_s=1e12)
+    assert best_share(1, server, trainer, link, Workload(samples=100, chunk_size=10)) == 0.3
+    # 4 chunks: 1/4 gives 3·0.0225 + 0.04 = 0.1075, 2/4 gives 3·0.035 + 0.05 = 0.155.
+    four = Workload(samples=40, chunk_size=10)
+    assert best_share(1, server, trainer, link, four) == 0.25
+    assert estimate(1, 0.25, server, trainer, link, four).epoch_s == pytest.approx(0.1075)
+    assert estimate(1, 0.5, server, trainer, link, four).epoch_s == pytest.approx(0.155)
+    # One chunk cannot be split.
+    assert best_share(1, server, trainer, link, Workload(samples=10, chunk_size=10)) in (0, 1)
+
+
+def test_near_ties_go_to_the_simpler_option() -> None:
+    # Server-bound; cut 2's head costs 0.1% more than cut 1's, so cut 1 is a hair faster.
+    server = _server(read_s=0.0, decode_s=0.0, head_s=(0.0, 0.002, 0.002002))
+    trainer = _trainer(decode_s=0.01, head_s=(0.0, 0.004, 0.004), tail_s=(0.004, 0.0, 0.0))
+    work = Workload(samples=1000, chunk_size=100)
+    link = LinkProfile(bytes_per_s=1e12)
+    pure = PlannerConfig(hybrid=False)
+    stable = choose_plan(server, trainer, link, work, freeze=2, config=pure)
+    assert stable.cut == 2
+    assert "chosen over cut 1 1" in stable.reason and "within tolerance, simpler" in stable.reason
+    exact = PlannerConfig(hybrid=False, tolerance=0)
+    assert choose_plan(server, trainer, link, work, freeze=2, config=exact).cut == 1
+    # Re-planning keeps the plan in force among ties, though it is not the simplest.
+    exact_plan = choose_plan(server, trainer, link, work, freeze=2, config=exact)
+    slower = _server(read_s=0.0, decode_s=0.0, head_s=(0.0, 0.002002, 0.002))
+    kept = choose_plan(slower, trainer, link, work, freeze=2, config=pure, current=exact_plan)
+    assert kept.cut == 1
+    assert "within tolerance, the plan in force" in kept.reason
+
+
+def test_a_hybrid_one_percent_faster_loses_to_the_pure_cut() -> None:
+    server = ServerProfile(
+        read_s=0.0,
+        decode_s=0.001,
+        head_s=(0.0, 0.003),
+        out_bytes=(12_288, 1_000),
+        memory_bytes=(0, 0),
+        raw_bytes=1_000,
+    )
+    trainer = TrainerProfile(decode_s=0.001, head_s=(0.0, 0.003), tail_s=(0.0079, 0.0039))
+    link = LinkProfile(bytes_per_s=1e12)
+    work = Workload(samples=100_000, chunk_size=100)  # 1000 chunks: shares of 0.1%
+    stable = choose_plan(server, trainer, link, work, freeze=1)
+    assert (stable.cut, stable.share) == (1, 0.0)
+    exact = choose_plan(server, trainer, link, work, freeze=1, config=PlannerConfig(tolerance=0))
+    assert exact.cut == 1 and 0.0 < exact.share < 0.02
+    assert exact.epoch_s > 0.98 * stable.epoch_s
+    # A plan in force that is within tolerance is kept, even if not the simplest.
+    kept = choose_plan(server, trainer, link, work, freeze=1, current=exact)
+    assert (kept.cut, kept.share) == (exact.cut, exact.share)
+
+
+def test_the_plan_explains_itself() -> None:
+    plan = choose_plan(
+        _server(),
+        _trainer(),
+        LinkProfile(bytes_per_s=1e6),
+        Workload(samples=1000),
+        freeze=2,
+        names=NAMES,
+    )
+    text = plan.explain()
+    assert text.splitlines()[0] == plan.reason
+    assert plan.reason.startswith("cut 2 pool: predicted")
+    assert "held by the server" in plan.reason and "RAW" in plan.reason
+    assert "* cut 2 pool" in text
+    rows = plan.rows()
+    assert [r["chosen"] for r in rows].count(True) == 1
+    assert {r["option"] for r in rows} >= {"RAW", "INPUT", "cut 1 block1", "cut 2 pool"}
+    assert [r["epoch_s"] for r in rows] == sorted(r["epoch_s"] for r in rows)
+    assert json.loads(json.dumps(plan.to_dict()))["cut"] == 2
+
+
+def test_freeze_limits_the_cuts_weighed() -> None:
+    plan = choose_plan(
+        _server(), _trainer(), LinkProfile(bytes_per_s=1e6), Workload(samples=1000), freeze=1
+    )
+    assert max(o.cut for o in plan.options) == 1
+    assert plan.cut in (RAW, INPUT, 1)
+    assert plan.option(2) is None
+
+
+def test_profiles_round_trip_through_json() -> None:
+    key = ProfileKey.of("sha256:ab", (3, 32, 32), {"ops": [{"op": "resize", "size": 32}]}, "cpu")
+    server = _server(key=key, wire_dtype="fp16", batch_size=8)
+    trainer = _trainer(batch_size=32, device="cuda:0")
+    link = LinkProfile(bytes_per_s=12.5e6, latency_s=0.002)
+    for profile in (server, trainer, link, key):
+        data = json.loads(json.dumps(profile.to_dict()))
+        assert type(profile).from_dict(data) == profile
+    same = ProfileKey.of("sha256:ab", [3, 32, 32], {"ops": [{"size": 32, "op": "resize"}]}, "cpu")
+    assert same == key
+
+
+def test_profiles_refuse_bad_values() -> None:
+    with pytest.raises(InvalidRequest, match="one entry per cut"):
+        _server(out_bytes=(1, 2))
+    with pytest.raises(InvalidRequest, match="read_s"):
+        _server(read_s=-1.0)
+    with pytest.raises(InvalidRequest, match="wire_dtype"):
+        _server(wire_dtype="int8")
+    with pytest.raises(InvalidRequest, match="no field"):
+        ServerProfile.from_dict({**_server().to_dict(), "extra": 1})
+    with pytest.raises(InvalidRequest, match="missing"):
+        TrainerProfile.from_dict({"decode_s": 0.0})
+    with pytest.raises(InvalidRequest, match="bytes_per_s"):
+        LinkProfile(bytes_per_s=0)
+    with pytest.raises(InvalidRequest, match="not profiled"):
+        estimate(3, 0.0, _server(), _trainer(), LinkProfile(bytes_per_s=1), Workload(samples=1))
+
+
+def test_wire_dtype_scales_feature_bytes_only() -> None:
+    half = _server().with_wire_dtype("bf16")
+    assert half.out_bytes == (75_000, 25_000, 1_000)
+    assert half.raw_bytes == _server().raw_bytes
+    assert half.wire_bytes(RAW) == 100_000

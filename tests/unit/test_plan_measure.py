@@ -1,0 +1,114 @@
+"""Measuring per-cut costs on a real model, leaving the model as it was."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from hapi.data import Transforms
+from hapi.graph import ModelGraph, ModelSpec, build_model, trace
+from hapi.plan import (
+    LinkProfile,
+    ProfileKey,
+    Workload,
+    choose_plan,
+    measure_decode,
+    measure_server,
+    measure_tails,
+    measure_trainer,
+    memory_per_sample,
+    wire_bytes,
+)
+
+from ..image_bytes import jpeg
+
+FREEZE = 14  # flatten
+
+
+@pytest.fixture(scope="module")
+def resnet18() -> Iterator[ModelGraph]:
+    # One thread: on a shared 2-core machine, two spinning threads per op make it slow.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield trace(build_model(ModelSpec(name="resnet18")), (3, 32, 32))
+    torch.set_num_threads(threads)
+
+
+def _positive(values: tuple[float, ...] | list[float]) -> bool:
+    return all(math.isfinite(v) and v > 0 for v in values)
+
+
+def test_trainer_profile_has_a_positive_time_for_every_cut(resnet18: ModelGraph) -> None:
+    model = resnet18.model
+    flags = [p.requires_grad for p in model.parameters()]
+    stats = model.bn1.running_mean.clone()
+    model.train()
+    profile = measure_trainer(resnet18, FREEZE, decode_s=0.001, batch_size=2, repeats=1)
+    assert len(profile.head_s) == len(profile.tail_s) == FREEZE + 1
+    assert profile.head_s[0] == 0.0
+    assert _positive(profile.head_s[1:])
+    assert list(profile.head_s) == sorted(profile.head_s)
+    assert _positive(profile.tail_s)
+    # The tail from the input runs all the frozen layers; from the freeze point, none.
+    assert profile.tail_s[0] >= profile.tail_s[FREEZE]
+    assert profile.local_s(FREEZE) > profile.remote_s(FREEZE)
+    # The model is as it was: modes, flags, gradients, batch-norm statistics.
+    assert model.training and all(m.training for m in model.modules())
+    assert [p.requires_grad for p in model.parameters()] == flags
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.equal(model.bn1.running_mean, stats)
+
+
+def test_tails_measured_one_by_one(resnet18: ModelGraph) -> None:
+    tails = measure_tails(resnet18, FREEZE, [0, 10, FREEZE], batch_size=2, repeats=1)
+    assert set(tails) == {0, 10, FREEZE}
+    assert _positive(list(tails.values()))
+    assert all(p.grad is None for p in resnet18.model.parameters())
+
+
+def test_server_profile_and_a_plan_from_measurements(resnet18: ModelGraph) -> None:
+    blobs = [jpeg(40, 40, seed) for seed in range(3)]
+    decode = measure_decode(blobs, Transforms.eval(32))
+    assert math.isfinite(decode) and decode > 0
+    key = ProfileKey.of("sha256:0", (3, 32, 32), Transforms.eval(32).to_dict(), "cpu")
+    server = measure_server(
+        resnet18,
+        FREEZE,
+        read_s=1e-4,
+        decode_s=decode,
+        raw_bytes=sum(map(len, blobs)) / 3,
+        wire_dtype="fp16",
+        batch_size=2,
+        repeats=1,
+        key=key,
+    )
+    assert server.out_bytes[0] == 3 * 32 * 32 * 2
+    assert server.out_bytes[FREEZE] == 512 * 2
+    assert _positive(server.head_s[1:])
+    trainer = measure_trainer(resnet18, FREEZE, decode_s=decode, batch_size=2, repeats=1)
+    plan = choose_plan(
+        server,
+        trainer,
+        LinkProfile(bytes_per_s=1.25e6),
+        Workload(samples=256, chunk_size=32),
+        freeze=FREEZE,
+        names=resnet18.names(),
+    )
+    assert len(plan.options) >= FREEZE + 2  # RAW, INPUT, cuts 1..14, and hybrids
+    assert plan.epoch_s == min(o.epoch_s for o in plan.options) or "within tolerance" in (
+        plan.reason
+    )
+
+
+def test_wire_bytes_and_memory_follow_the_shapes(resnet18: ModelGraph) -> None:
+    assert wire_bytes(resnet18, 0) == 3 * 32 * 32 * 4
+    assert wire_bytes(resnet18, FREEZE, "bf16", overhead=16) == 512 * 2 + 16
+    layer1 = resnet18.cut_point(6).bytes_per_sample
+    assert memory_per_sample(resnet18, 0) == 3 * 32 * 32 * 4
+    # The input, plus conv1's input and output alive together (its output is the largest).
+    conv1 = resnet18.cut_point(1).bytes_per_sample
+    assert memory_per_sample(resnet18, 1) == 3 * 32 * 32 * 4 + 3 * 32 * 32 * 4 + conv1
+    assert memory_per_sample(resnet18, FREEZE) >= memory_per_sample(resnet18, 6) > layer1

@@ -1,0 +1,169 @@
+"""Re-planning from measured chunks, and spreading local chunks over the epoch."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from hapi.graph import RAW
+from hapi.plan import (
+    ChunkMeasurement,
+    LinkProfile,
+    Plan,
+    ReplanConfig,
+    Replanner,
+    ServerProfile,
+    TrainerProfile,
+    Workload,
+    assign,
+    choose_plan,
+)
+
+SERVER = ServerProfile(
+    read_s=0.001,
+    decode_s=0.010,
+    head_s=(0.0, 0.010, 0.020),
+    out_bytes=(150_000, 50_000, 2_000),
+    memory_bytes=(0, 0, 0),
+    raw_bytes=100_000,
+)
+TRAINER = TrainerProfile(
+    decode_s=0.002, head_s=(0.0, 0.0005, 0.001), tail_s=(0.0015, 0.001, 0.0005)
+)
+WORK = Workload(samples=6400, chunk_size=64)
+ALL_LOCAL = ServerProfile(**{**SERVER.__dict__, "decode_s": 0.2})  # a server too slow to help
+
+
+def _plan(bytes_per_s: float) -> Plan:
+    return choose_plan(
+        SERVER, TRAINER, LinkProfile(bytes_per_s=bytes_per_s), WORK, freeze=2, names=("a", "b")
+    )
+
+
+def _chunk(
+    plan: Plan, i: int, link_bytes_per_s: float, noise: float = 1.0, trainer: float = 1.0
+) -> ChunkMeasurement:
+    """Chunk i of `plan` as the profiles predict, the link at the rate given."""
+    n = 64
+    local = plan.cut == RAW or assign(range(i + 1), plan)[i]
+    cut = RAW if local else plan.cut
+    nbytes = int(n * SERVER.wire_bytes(cut))
+    trainer_s = n * TRAINER.local_s(plan.feature_cut) if local else n * TRAINER.remote_s(cut)
+    return ChunkMeasurement(
+        samples=n,
+        bytes=nbytes,
+        cut=cut,
+        feature_cut=plan.feature_cut,
+        server_s=n * SERVER.compute_s(cut) * noise,
+        transfer_s=nbytes / link_bytes_per_s * noise,
+        trainer_s=trainer_s * noise * trainer,
+        chunk=i,
+    )
+
+
+def test_a_link_slowdown_moves_the_cut_to_the_freeze_point() -> None:
+    fast = _plan(1e9)
+    # A fast link: the trainer decodes most chunks itself, the server the rest (0.8 local).
+    assert fast.cut == 0 and fast.share == 0.8
+    replanner = Replanner(fast)
+    for i in range(10):
+        assert replanner.observe(_chunk(replanner.plan, i, 1e9)) is None
+    changes = []
+    for i in range(10, 20):
+        change = replanner.observe(_chunk(replanner.plan, i, 1e6))
+        if change is not None:
+            changes.append(change)
+    assert len(changes) == 1, [c.reason for c in changes]
+    change = changes[0]
+    assert change.changed and change.previous is fast
+    # The plan a job would have made knowing the new rate from the start.
+    slow = _plan(1e6)
+    assert slow.cut == 2 and 0.0 < slow.share < 0.5
+    assert (change.plan.cut, change.plan.share) == (slow.cut, slow.share)
+    assert change.plan.epoch_s == pytest.approx(slow.epoch_s, rel=0.01)
+    assert "link measured 1.0 MB/s vs 1.0 GB/s planned" in change.reason
+    assert change.chunks == 13  # min_chunks (3) slow chunks in a row
+    assert replanner.scales()["link"] == pytest.approx(1000, rel=0.01)
+    assert change.plan.link.bytes_per_s == pytest.approx(1e6, rel=0.01)
+    assert replanner.changes == [change]
+
+
+def test_five_percent_noise_never_replans() -> None:
+    plan = _plan(1e9)
+    replanner = Replanner(plan)
+    rng = random.Random(0)
+    for i in range(200):
+        noise = 1.0 + rng.uniform(-0.05, 0.05)
+        assert replanner.observe(_chunk(plan, i, 1e9, noise)) is None
+    assert replanner.predicted_epoch_s() == pytest.approx(plan.epoch_s, rel=0.05)
+
+
+def test_a_slower_trainer_lowers_the_local_share() -> None:
+    plan = _plan(1e9)
+    replanner = Replanner(plan, ReplanConfig(min_chunks=2))
+    for i in range(6):
+        assert replanner.observe(_chunk(plan, i, 1e9)) is None
+    change = None
+    for i in range(6, 12):
+        change = change or replanner.observe(_chunk(plan, i, 1e9, trainer=2.0))
+    assert change is not None and change.changed
+    assert "trainer measured" in change.reason
+    assert change.plan.cut == 0 and change.plan.share < plan.share
+    assert change.plan.epoch_s > plan.epoch_s * 1.15  # predictions moved to the new rates
+
+
+def test_raw_when_the_server_cannot_help() -> None:
+    plan = choose_plan(ALL_LOCAL, TRAINER, LinkProfile(bytes_per_s=1e9), WORK, freeze=2)
+    assert plan.cut == RAW and plan.local_share == 1.0
+    assert assign(range(8), plan) == (True,) * 8
+
+
+def test_assign_spreads_local_chunks_evenly_and_deterministically() -> None:
+    ids = list(range(20))
+    local = assign(ids, 0.25)
+    assert sum(local) == 5
+    positions = [i for i, is_local in enumerate(local) if is_local]
+    assert all(b - a == 4 for a, b in itertools.pairwise(positions))
+    assert assign(ids, 0.25) == local
+    assert assign([f"chunk-{i}" for i in ids], 0.25) == local  # only positions matter
+    assert sum(assign(ids, 0.3)) == 6
+    assert assign(ids, 0.0) == (False,) * 20
+    assert assign(ids, 1.0) == (True,) * 20
+    assert assign([], 0.5) == ()
+    with pytest.raises(ValueError, match="local share"):
+        assign(ids, 1.5)
+
+
+def test_assign_after_a_mid_epoch_change_touches_only_the_rest() -> None:
+    ids = list(range(40))
+    before = assign(ids, 0.5)
+    issued = 10
+    rest = assign(ids[issued:], 0.2)
+    combined = before[:issued] + rest
+    assert combined[:issued] == before[:issued]
+    assert sum(rest) == round(0.2 * 30)
+    # The local chunks of the rest are spread, not bunched at its start or end.
+    positions = [i for i, is_local in enumerate(rest) if is_local]
+    assert max(b - a for a, b in itertools.pairwise(positions)) <= 5
+
+
+def test_assign_takes_a_plan() -> None:
+    hybrid = _plan(1e9)
+    assert sum(assign(range(10), hybrid)) == 8
+    assert sum(assign(range(100), _plan(1e6))) == 22
+    pushed = _plan(1e5)
+    assert pushed.share == 0.0
+    assert assign(list(range(8)), pushed) == (False,) * 8
+
+
+def test_a_passing_spike_changes_nothing() -> None:
+    plan = _plan(1e9)
+    replanner = Replanner(plan)
+    for i in range(5):
+        assert replanner.observe(_chunk(plan, i, 1e9)) is None
+    assert replanner.observe(_chunk(plan, 5, 1e6)) is None  # one chunk stalls on the link
+    for i in range(6, 40):
+        assert replanner.observe(_chunk(plan, i, 1e9)) is None
+    assert replanner.changes == []
