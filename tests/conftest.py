@@ -26,8 +26,11 @@ from hapi.data import StoreOptions
 
 from .seaweed import SeaweedS3
 
-# Tests run on the CPU with small models; a second core is the server's in benchmarks only.
-os.environ.setdefault("OMP_NUM_THREADS", "2")
+# One intra-op thread per process: tests run small models on small inputs, where more
+# threads gain little, and on a shared machine idle OpenMP threads spin on cores others
+# need (the unit tier took three times as long with two on two busy cores). Set here,
+# before anything imports torch; servers started as subprocesses inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session", autouse=True)
