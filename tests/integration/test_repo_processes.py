@@ -1,13 +1,18 @@
-"""Several processes pushing and reading one local-directory repository at once."""
+"""Several processes pushing and reading one local-directory repository at once, and one
+killed in the middle of a push."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from hapi.repo import ModelRepo
+from hapi.repo.liveness import machine_id
 
 BASE = {"frozen": torch.arange(4096, dtype=torch.float32), "head": torch.zeros(16)}
 
@@ -54,3 +59,36 @@ def test_concurrent_processes_share_one_repository(tmp_path: Path) -> None:
     assert repo.gc().removed_blobs == 0
     # "frozen" once, and each distinct head once (tag 0 is the base head: zeros).
     assert repo.usage().blobs == 1 + 16
+
+
+HOLD_A_PUSH = """
+import sys, torch
+from hapi.repo import ModelRepo
+txn = ModelRepo.open(sys.argv[1], catalog=":memory:").prepare_push({"w": torch.ones(3)}, "net")
+txn.begin()
+print("locked", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.skipif(machine_id() is None, reason="process liveness needs Linux /proc")
+def test_gc_goes_ahead_at_once_when_a_push_was_killed(tmp_path: Path) -> None:
+    uri = str(tmp_path / "repo")
+    repo = ModelRepo.open(uri, catalog=tmp_path / "c.sqlite")  # the default 10-minute TTL
+    repo.push(BASE, "base")
+    repo.rm("base")
+    child = subprocess.Popen(
+        [sys.executable, "-c", HOLD_A_PUSH, uri],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "locked"
+        assert repo.gc().skipped  # the push is alive: gc keeps off
+    finally:
+        child.kill()  # SIGKILL: the push cannot release its lock
+        child.wait()
+    report = repo.gc()
+    assert not report.skipped and report.removed_locks == 1 and report.removed_blobs == 2
+    assert repo.locks.read() == []

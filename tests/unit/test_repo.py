@@ -13,7 +13,7 @@ from torch import nn
 
 from hapi.data import open_store
 from hapi.errors import IntegrityError, InvalidRequest, RefNotFound
-from hapi.repo import ModelRepo, PushedVersion, tensor_hash
+from hapi.repo import ModelRepo, PushedVersion, RepoConfig, tensor_hash
 from hapi.repo.layout import tensor_key
 
 
@@ -135,6 +135,19 @@ def test_bad_names_and_values_are_refused(repo: ModelRepo) -> None:
     assert repo.ls() == []
 
 
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"concurrency": 0}, "concurrency"),
+        ({"lock_ttl_s": 0}, "lock_ttl_s"),
+        ({"lock_wait_s": -1}, "lock_wait_s"),
+    ],
+)
+def test_bad_settings_are_invalid_requests(setting: dict[str, float], message: str) -> None:
+    with pytest.raises(InvalidRequest, match=message):
+        RepoConfig(**setting)  # type: ignore[arg-type]
+
+
 def test_load_into_names_mismatched_keys(repo: ModelRepo) -> None:
     repo.push(small(classes=5), "net")
     with pytest.raises(IntegrityError, match=r"different shapes: 6.weight \(model \[3, 8\]"):
@@ -161,9 +174,8 @@ def test_damaged_blob_is_named_on_load(repo: ModelRepo, damage: str) -> None:
     with pytest.raises(IntegrityError, match=r"'6.weight' of net@1"):
         repo.pull("net")
     report = repo.fsck(repair=True)
-    assert not report.ok and report.checked == len(
-        set(map(tensor_hash, model.state_dict().values()))
-    )
+    distinct = len(set(map(tensor_hash, model.state_dict().values())))
+    assert not report.ok and report.checked == distinct - (damage == "delete")
     assert [*report.corrupt, *report.missing] == [key]
     repo.push(model, "net")  # a later push restores the dropped blob
     assert repo.fsck().ok
@@ -296,13 +308,16 @@ def test_manifest_format_is_stable(repo: ModelRepo) -> None:
             "config": {"bias": True, "in_features": 2, "out_features": 1},
             "params": ["weight", "bias"],
             "buffers": [],
-            "layer": body["modules"][0]["layer"],
+            "layer": GOLDEN_LAYER,
         }
     ]
 
 
 # The content hash of float32 [[1, 2]]: a change of the hashed encoding orphans every blob.
 GOLDEN_HASH = "d0891258c6830721804d4f521022195e87409acb5f7880b6a1f4ef2c069a5b7c"
+# The layer identity of Linear(2, 1): a change of it breaks prefix matches with every stored
+# version (`find --prefix-of`, `longest_common_prefix`).
+GOLDEN_LAYER = "aaa640fe5e744ce25f1d3d9a002d5420"
 
 
 def test_concurrent_pushes_of_one_name_get_distinct_versions(repo: ModelRepo) -> None:

@@ -107,21 +107,53 @@ class RepoVsDict(RuleBasedStateMachine):
 
 TestRepoVsDict = RepoVsDict.TestCase
 TestRepoVsDict.settings = settings(
-    max_examples=40,
+    max_examples=30,
     stateful_step_count=25,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 
 
+class FakeTime:
+    """A clock and a sleep that moves it, to inject into `repo.locks`: waits take no time."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+        self.naps: list[float] = []
+        self.on_nap: Any = None
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.naps.append(seconds)
+        self.now += seconds
+        if self.on_nap is not None:
+            self.on_nap(len(self.naps))
+
+    def install(self, repo: ModelRepo) -> FakeTime:
+        repo.locks.clock, repo.locks.sleep = self.clock, self.sleep
+        return self
+
+
 def test_push_waits_for_a_running_gc_then_gives_up() -> None:
-    repo = ModelRepo.open(f"memory://{uuid.uuid4().hex}", config=RepoConfig(lock_wait_s=0.3))
+    repo = ModelRepo.open(f"memory://{uuid.uuid4().hex}", config=RepoConfig(lock_wait_s=5))
+    fake = FakeTime().install(repo)
     held, _ = repo.locks.try_acquire_gc()
     assert held is not None
     with pytest.raises(RepoError, match="a gc is running"):
         repo.push({"a": POOL[0]}, "x")
-    threading.Timer(0.2, held.release).start()
-    assert repo.push({"a": POOL[0]}, "x").version == 1  # waits for the gc to end
+    assert sum(fake.naps) >= 5  # it waited lock_wait_s before giving up
+    assert [lock.kind for lock in repo.locks.read()] == ["gc"]  # and withdrew its own lock
+    fake.naps.clear()
+
+    def end_the_gc(naps: int) -> None:
+        if naps == 3:  # the gc ends while the push waits
+            held.release()
+
+    fake.on_nap = end_the_gc
+    assert repo.push({"a": POOL[0]}, "x").version == 1
+    assert len(fake.naps) == 3 and sum(fake.naps) < 5
 
 
 def test_a_push_paused_past_the_lock_ttl_rechecks_its_blobs() -> None:
@@ -203,19 +235,26 @@ class FailingStore:
         self.inner.delete(key)
 
 
-@pytest.mark.parametrize("budget", [0, 2, 4, 5])
+# A push writes the epoch, 4 blobs, the manifest and the ref: 7 writes.
+@pytest.mark.parametrize("budget", [0, 1, 3, 5, 6])
 def test_an_interrupted_push_leaves_no_visible_model(budget: int) -> None:
     uri = f"memory://{uuid.uuid4().hex}"
-    state = {k: POOL[i] for i, k in enumerate("abcd")}  # 4 blobs, manifest, ref: 6 writes
+    state = {k: POOL[i] for i, k in enumerate("abcd")}
+    # Real time as the origin, so the abandoned manifest's own timestamp ages with the clock.
+    fake = FakeTime(time.time())
     broken = ModelRepo(FailingStore(open_store(uri), budget), catalog=":memory:")
+    fake.install(broken)
     with pytest.raises(StoreUnavailable):
         broken.push(state, "m")
-    repo = ModelRepo.open(uri, config=RepoConfig(lock_ttl_s=0.01))
-    time.sleep(0.05)  # past the TTL: the dead push's lock is stale (in memory, all else is fast)
+    repo = ModelRepo.open(uri, config=RepoConfig(lock_ttl_s=10))
+    fake.install(repo)
+    assert repo.gc().skipped  # the dead push's lock is live until its TTL: it is our pid
+    fake.now += 11  # past the TTL, for the lock and for the manifest written after `fake`
     assert repo.find() == []
-    assert repo.push(state, "m").uploaded_tensors == 4 - min(budget, 4)
+    blobs_written = min(max(budget - 1, 0), 4)
+    assert repo.push(state, "m").uploaded_tensors == 4 - blobs_written
     assert torch.equal(repo.pull("m")["d"], POOL[3])
     repo.rm("m")
     report = repo.gc()
-    assert report.removed_blobs == 4 and report.removed_manifests == (budget == 5)
+    assert report.removed_blobs == 4 and report.removed_manifests == (budget == 6)
     assert report.removed_locks == 1  # the dead push's lock

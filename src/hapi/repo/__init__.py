@@ -5,6 +5,7 @@ manifests record each version's tensors, module tree and parent; a local SQLite 
 indexes them for lineage and architecture queries and is rebuilt from the store at will.
 """
 
+from hapi.repo.catalog_path import default_catalog_path
 from hapi.repo.config import RepoConfig
 from hapi.repo.diff import ModelDiff
 from hapi.repo.fsck import FsckReport
@@ -16,7 +17,7 @@ from hapi.repo.modules import ModuleEntry, describe_modules
 from hapi.repo.push import PushTransaction
 from hapi.repo.queries import PrefixMatch
 from hapi.repo.refs import parse_ref
-from hapi.repo.repo import ModelRepo, default_catalog_path
+from hapi.repo.repo import ModelRepo
 from hapi.repo.tensors import tensor_hash
 from hapi.repo.usage import RepoUsage
 from hapi.repo.version import ModelVersion, PushedVersion

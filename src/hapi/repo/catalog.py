@@ -2,8 +2,10 @@
 
 The catalog is a cache. Everything in it comes from the manifests and ref objects in the
 store, so it can be thrown away and rebuilt (`ModelRepo.reindex`), and it is brought up to
-date from the store lazily (`sync.py`). SQLite in WAL mode lets several processes read and
-write one catalog file at once; writers serialise on SQLite's own lock.
+date from the store lazily (`sync.py`). It records the store's epoch (`epoch.py`) it was
+built under, so a sync can tell a catalog of an earlier incarnation of the repository.
+SQLite in WAL mode lets several processes read and write one catalog file at once; writers
+serialise on SQLite's own lock.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from hapi.repo.version import ModelVersion
 __all__ = ["Catalog"]
 
 # Bump when the schema changes: an old catalog is then dropped and rebuilt from the store.
-_SCHEMA_VERSION = 1
+_SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS manifests (
@@ -46,9 +48,10 @@ CREATE TABLE IF NOT EXISTS modules (
     layer INTEGER, layer_id TEXT, PRIMARY KEY (manifest, position));
 CREATE INDEX IF NOT EXISTS modules_layer_id ON modules (layer_id);
 CREATE INDEX IF NOT EXISTS modules_cls ON modules (short_cls);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
-_TABLES = ("manifests", "refs", "edges", "tensor_refs", "modules")
+_TABLES = ("manifests", "refs", "edges", "tensor_refs", "modules", "meta")
 
 # The visible versions: a manifest with the ref that names it.
 _VERSIONS = """
@@ -116,10 +119,18 @@ class Catalog:
         with self._lock:
             return self.conn.execute(sql, tuple(args)).fetchall()
 
-    def clear(self) -> None:
+    def clear(self, *, epoch: str | None = None) -> None:
+        """Forget everything; the catalog then belongs to the store's `epoch`."""
         with self.write() as conn:
             for table in _TABLES:
                 conn.execute(f"DELETE FROM {table}")
+            if epoch is not None:
+                conn.execute("INSERT INTO meta VALUES ('epoch', ?)", (epoch,))
+
+    def epoch(self) -> str | None:
+        """The store's epoch this catalog was built under (None: none, or not yet known)."""
+        rows = self.query("SELECT value FROM meta WHERE key = 'epoch'")
+        return rows[0][0] if rows else None
 
     def add_manifests(self, manifests: Iterable[VersionManifest]) -> None:
         with self.write() as conn:
@@ -134,13 +145,10 @@ class Catalog:
                 conn.execute("DELETE FROM tensor_refs WHERE manifest = ?", (mid,))
                 conn.execute("DELETE FROM modules WHERE manifest = ?", (mid,))
 
-    def set_refs(
-        self, rows: Iterable[tuple[str, int, str]], *, drop: Iterable[tuple[str, int]] = ()
-    ) -> None:
-        """Record ref objects `(name, version, id)`, and forget the `drop` ones."""
+    def set_refs(self, rows: Iterable[tuple[str, int, str]]) -> None:
+        """Record ref objects `(name, version, id)`."""
         with self.write() as conn:
             conn.executemany("INSERT OR REPLACE INTO refs VALUES (?, ?, ?)", list(rows))
-            conn.executemany("DELETE FROM refs WHERE name = ? AND version = ?", list(drop))
 
     def manifest_ids(self) -> set[str]:
         return {r[0] for r in self.query("SELECT id FROM manifests")}
@@ -150,6 +158,14 @@ class Catalog:
             return {(r[0], r[1]) for r in self.query("SELECT name, version FROM refs")}
         rows = self.query("SELECT name, version FROM refs WHERE name = ?", (name,))
         return {(r[0], r[1]) for r in rows}
+
+    def refs_to(self, ids: Iterable[str]) -> list[tuple[str, int, str]]:
+        """The refs `(name, version, id)` that name one of `ids`."""
+        rows: list[tuple[str, int, str]] = []
+        for mid in ids:
+            found = self.query("SELECT name, version, id FROM refs WHERE id = ?", (mid,))
+            rows.extend((r[0], r[1], r[2]) for r in found)
+        return rows
 
     def manifest(self, manifest_id: str) -> VersionManifest | None:
         rows = self.query("SELECT body FROM manifests WHERE id = ?", (manifest_id,))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hapi.errors import InvalidRequest
+
 __all__ = ["RepoConfig"]
 
 
@@ -16,7 +18,8 @@ class RepoConfig:
     lock_ttl_s: float = 600.0
     """A push or gc lock not refreshed for this long is stale (its process died). Must
     exceed the clock skew between machines sharing the repository plus the longest pause
-    of a live process; pushes refresh their lock four times per period."""
+    of a live process; pushes refresh their lock four times per period. A lock whose
+    process is seen to be gone (same machine, pid not running) is stale at once."""
     lock_wait_s: float = 60.0
     """How long a push waits for a running gc to finish before giving up."""
     verify: bool = True
@@ -24,8 +27,10 @@ class RepoConfig:
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
-            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+            raise InvalidRequest(
+                f"concurrency must be >= 1 (blob transfers in flight), got {self.concurrency}"
+            )
         if self.lock_ttl_s <= 0:
-            raise ValueError(f"lock_ttl_s must be > 0 seconds, got {self.lock_ttl_s}")
+            raise InvalidRequest(f"lock_ttl_s must be > 0 seconds, got {self.lock_ttl_s}")
         if self.lock_wait_s < 0:
-            raise ValueError(f"lock_wait_s must be >= 0 seconds, got {self.lock_wait_s}")
+            raise InvalidRequest(f"lock_wait_s must be >= 0 seconds, got {self.lock_wait_s}")

@@ -15,6 +15,9 @@ from hapi.repo.tensors import decode_blob, dtype_name
 
 __all__ = ["fetch_tensors"]
 
+# Below this many bytes in all, decoding inline beats starting a pool of threads.
+_INLINE_BYTES = 1 << 20
+
 
 def fetch_tensors(
     store: ObjectStore,
@@ -66,7 +69,8 @@ def fetch_tensors(
         return tensor
 
     items = list(zip(digests, blobs, strict=True))
-    if len(items) <= 1 or concurrency == 1:
+    total = sum(len(b) for _, b in items if isinstance(b, bytes))
+    if len(items) <= 1 or concurrency == 1 or total < _INLINE_BYTES:
         tensors = [decode(item) for item in items]
     else:
         # Hashing and safetensors parsing release the GIL on large buffers.

@@ -1,4 +1,9 @@
-"""`fsck`: check every stored tensor against its hash, and drop the corrupt ones.
+"""`fsck`: check every manifest and every stored tensor, and drop the corrupt tensors.
+
+Everything is checked and reported, whatever is found on the way: a manifest that cannot
+be read is one finding, not the end of the check. Blobs no readable manifest references
+are hashed too, because a later push that needs such a tensor finds its blob present and
+does not write it again: a corrupt one would be adopted.
 
 A corrupt blob keeps its name, so a push of the same model would find it present and not
 replace it; `fsck(repair=True)` deletes it, and the next push of any model holding that
@@ -7,52 +12,140 @@ tensor writes it again.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from hapi.data.store import ObjectStore
-from hapi.errors import IntegrityError, ObjectNotFound
-from hapi.repo.layout import MANIFESTS, id_of_manifest_key, tensor_key
-from hapi.repo.sync import fetch_manifests
+from hapi.errors import HapiError, IntegrityError, ObjectNotFound, StoreUnavailable
+from hapi.repo.layout import (
+    MANIFESTS,
+    TENSORS,
+    hash_of_tensor_key,
+    id_of_manifest_key,
+    manifest_key,
+    tensor_key,
+)
+from hapi.repo.manifest import VersionManifest
 from hapi.repo.tensors import decode_blob
 
-__all__ = ["FsckReport", "check_blobs"]
+__all__ = ["FsckReport", "check_repository"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class FsckReport:
-    """What `fsck` found."""
+    """What `fsck` found. `ok` is False when any version cannot be loaded intact."""
 
+    manifests: int = 0
+    """Manifests read and checked against their digest."""
     checked: int = 0
-    """Distinct blobs read and re-hashed."""
+    """Distinct blobs read and re-hashed (referenced or not)."""
+    bad_manifests: dict[str, str] = field(default_factory=dict)
+    """Manifest key -> why it cannot be read. Its version cannot be loaded, its tensors are
+    unknown (so they may be among `unreferenced`), and `gc` refuses to run until it is
+    restored or deleted."""
     corrupt: dict[str, str] = field(default_factory=dict)
-    """Blob key -> what is wrong with it."""
+    """Blob key -> what is wrong with it (referenced or not)."""
     missing: dict[str, list[str]] = field(default_factory=dict)
     """Blob key -> `name:key` of the versions' tensors that need it."""
+    unreferenced: list[str] = field(default_factory=list)
+    """Blob keys no readable manifest references: left by removed versions or by pushes
+    that are running or died; `gc` deletes them. Not an error."""
+    unreferenced_bytes: int = 0
+    """Their total size in bytes."""
     repaired: bool = False
     """Whether corrupt blobs were deleted."""
 
     @property
     def ok(self) -> bool:
-        return not (self.corrupt or self.missing)
+        """Whether every version's manifest and tensors are intact."""
+        return not (self.bad_manifests or self.corrupt or self.missing)
 
 
-def check_blobs(store: ObjectStore, *, repair: bool = False) -> FsckReport:
-    """Read every blob any manifest references and check it (one blob in memory at a time)."""
-    ids = {i for k in store.list(MANIFESTS) if (i := id_of_manifest_key(k))}
+def check_repository(
+    store: ObjectStore, *, repair: bool = False, concurrency: int = 16
+) -> FsckReport:
+    """Read every manifest and every blob in the store and check them.
+
+    Args:
+        store: the repository's store.
+        repair: delete corrupt blobs.
+        concurrency: blobs read and hashed at once (and so held in memory at once).
+
+    Raises:
+        StoreUnavailable: the store cannot be reached.
+    """
+    manifests, bad_manifests = _read_manifests(store)
     users: dict[str, list[str]] = {}
-    for m in fetch_manifests(store, ids):
+    for m in manifests:
         for key, entry in m.tensors.items():
-            users.setdefault(entry.hash, []).append(f"{m.name}:{key}")
+            users.setdefault(tensor_key(entry.hash), []).append(f"{m.name}:{key}")
+    stored = {k: h for k in store.list(TENSORS) if (h := hash_of_tensor_key(k)) is not None}
+    # Referenced blobs absent from the listing are read too: one may have been written
+    # since the listing, and a read is what tells "missing" for sure.
+    digests = {**stored, **{k: h for k in users if (h := hash_of_tensor_key(k)) is not None}}
     corrupt: dict[str, str] = {}
     missing: dict[str, list[str]] = {}
-    for digest, needed_by in sorted(users.items()):
-        key = tensor_key(digest)
+    unreferenced: list[str] = []
+    unreferenced_bytes = 0
+    checked = 0
+    keys = sorted(digests)
+    with ThreadPoolExecutor(max(1, min(concurrency, len(keys)))) as pool:
+        results = pool.map(lambda k: _check_blob(store, k, digests[k], users.get(k)), keys)
+        for key, (size, problem) in zip(keys, results, strict=True):
+            if size is None:
+                if key in users:
+                    missing[key] = users[key]
+                continue  # an unreferenced blob that gc removed since the listing
+            checked += 1
+            if problem is not None:
+                corrupt[key] = problem
+                if repair:
+                    store.delete(key)
+            if key not in users:
+                unreferenced.append(key)
+                unreferenced_bytes += size
+    return FsckReport(
+        manifests=len(manifests),
+        checked=checked,
+        bad_manifests=bad_manifests,
+        corrupt=corrupt,
+        missing=missing,
+        unreferenced=unreferenced,
+        unreferenced_bytes=unreferenced_bytes,
+        repaired=repair,
+    )
+
+
+def _read_manifests(store: ObjectStore) -> tuple[list[VersionManifest], dict[str, str]]:
+    ids = sorted({i for k in store.list(MANIFESTS) if (i := id_of_manifest_key(k))})
+    keys = [manifest_key(i) for i in ids]
+    found: list[VersionManifest] = []
+    bad: dict[str, str] = {}
+    for mid, key, data in zip(ids, keys, store.get_many(keys), strict=True):
+        if isinstance(data, ObjectNotFound):
+            continue  # removed since the listing
+        if isinstance(data, StoreUnavailable):
+            raise data
         try:
-            decode_blob(store.get(key), digest, repr(needed_by[0]))
-        except ObjectNotFound:
-            missing[key] = needed_by
-        except IntegrityError as exc:
-            corrupt[key] = str(exc)
-            if repair:
-                store.delete(key)
-    return FsckReport(checked=len(users), corrupt=corrupt, missing=missing, repaired=repair)
+            if isinstance(data, BaseException):
+                raise data
+            found.append(VersionManifest.from_json(data, mid))
+        except HapiError as exc:
+            bad[key] = str(exc)
+    return found, bad
+
+
+def _check_blob(
+    store: ObjectStore, key: str, digest: str, needed_by: list[str] | None
+) -> tuple[int | None, str | None]:
+    """`(size, what is wrong or None)`; size None when there is no such blob."""
+    try:
+        data = store.get(key)
+    except ObjectNotFound:
+        return None, None
+    what = repr(needed_by[0]) if needed_by else "(unreferenced)"
+    try:
+        decode_blob(data, digest, what)
+    except IntegrityError as exc:
+        return len(data), str(exc)
+    return len(data), None

@@ -9,12 +9,16 @@ and a repository side by side, and `reindex` needs nothing but these objects:
 - `refs/<name>/<n>`: version `n` of `name`; the object holds the manifest id. Version
   objects are created with put-if-absent, so two concurrent pushes of one name each get
   their own number, and they are never rewritten, so a number is never reused.
+- `refs/_epoch`: a random token written by the first push, so a catalog can tell that the
+  store it indexed was wiped and the repository re-created (see `epoch.py`). It lives among
+  the refs because it guards them, and no model name starts with `_`.
 - `locks/<kind>-<token>.json`: push and gc intents (see `locks.py`).
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "EPOCH",
     "LOCKS",
     "MANIFESTS",
     "REFS",
@@ -30,6 +34,7 @@ TENSORS = "tensors"
 MANIFESTS = "manifests"
 REFS = "refs"
 LOCKS = "locks"
+EPOCH = f"{REFS}/_epoch"
 
 _BLOB_SUFFIX = ".safetensors"
 _MANIFEST_SUFFIX = ".json"

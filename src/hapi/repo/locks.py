@@ -16,10 +16,12 @@ earlier's lock: they can never both go ahead. A gc that goes ahead therefore run
 no push is between "checked which blobs exist" and "wrote its manifest".
 
 Locks carry their writer's wall-clock time; a lock older than the TTL is stale (its
-process died) and is ignored and cleaned up by gc. Pushes refresh their lock while they
-upload. A push that finds its own lock older than the TTL (it was paused for that long,
-so a gc may have judged it dead) re-takes the lock and re-checks every blob before it
-writes the manifest.
+process died) and is ignored and cleaned up by gc. They also say which process wrote them
+(`liveness.py`), so a lock whose process is seen to be gone on this machine is stale at
+once: a push killed a minute ago does not hold off gc for the rest of the TTL. Pushes
+refresh their lock while they upload. A push that finds its own lock older than the TTL
+(it was paused for that long, so a gc may have judged it dead) re-takes the lock and
+re-checks every blob before it writes the manifest.
 """
 
 from __future__ import annotations
@@ -33,10 +35,12 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from hapi.data.store import ObjectStore
 from hapi.errors import ObjectNotFound, RepoError
 from hapi.repo.layout import LOCKS
+from hapi.repo.liveness import holder_is_gone, machine_id, process_started
 
 __all__ = ["HeldLock", "LockInfo", "Locks"]
 
@@ -51,6 +55,18 @@ class LockInfo:
     kind: str
     created: float
     owner: str
+    """`host:pid`, for people."""
+    machine: str | None = None
+    """Where its process runs (`liveness.machine_id`); None where unknown."""
+    pid: int = 0
+    """Its process."""
+    started: int | None = None
+    """When its process started (`liveness.process_started`), to tell a reused pid."""
+
+    @property
+    def holder_gone(self) -> bool:
+        """Whether its process is certainly not running (judged on its machine only)."""
+        return holder_is_gone(self.machine, self.pid, self.started)
 
 
 class HeldLock:
@@ -67,8 +83,15 @@ class HeldLock:
 
     def write(self) -> None:
         now = self._locks.clock()
-        owner = f"{socket.gethostname()}:{os.getpid()}"
-        body = {"kind": self.kind, "created": now, "owner": owner}
+        pid = os.getpid()
+        body = {
+            "kind": self.kind,
+            "created": now,
+            "owner": f"{socket.gethostname()}:{pid}",
+            "machine": machine_id(),
+            "pid": pid,
+            "started": process_started(pid),
+        }
         self._locks.store.put(self.key, json.dumps(body).encode())
         self.written_at = now
 
@@ -99,11 +122,15 @@ class Locks:
         ttl_s: float,
         wait_s: float,
         clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.store = store
         self.ttl_s = ttl_s
         self.wait_s = wait_s
         self.clock = clock
+        """Wall-clock seconds; lock ages are measured with it (tests inject their own)."""
+        self.sleep = sleep
+        """Waits between looks at a gc's lock (tests inject one that moves their clock)."""
 
     def read(self, kind: str | None = None) -> list[LockInfo]:
         """Every lock in the store (of `kind`), stale or not."""
@@ -116,16 +143,30 @@ class Locks:
                 raise data
             try:
                 body = json.loads(data)
-                found.append(LockInfo(key, _kind(key), float(body["created"]), body["owner"]))
-            except (ValueError, KeyError, TypeError):
+                found.append(
+                    LockInfo(
+                        key,
+                        _kind(key),
+                        float(body["created"]),
+                        str(body["owner"]),
+                        machine=_optional(body.get("machine"), str),
+                        pid=_optional(body.get("pid"), int) or 0,
+                        started=_optional(body.get("started"), int),
+                    )
+                )
+            except (ValueError, KeyError, TypeError, AttributeError):
                 # Puts are atomic, so this is not a lock being written: treat it as stale.
                 log.warning("unreadable lock %s is treated as stale", key)
                 found.append(LockInfo(key, _kind(key), 0.0, "?"))
         return found
 
+    def is_stale(self, lock: LockInfo, now: float) -> bool:
+        """Whether `lock` is past its TTL at `now`, or its process is gone."""
+        return now - lock.created >= self.ttl_s or lock.holder_gone
+
     def live(self, kind: str) -> list[LockInfo]:
         now = self.clock()
-        return [lock for lock in self.read(kind) if now - lock.created < self.ttl_s]
+        return [lock for lock in self.read(kind) if not self.is_stale(lock, now)]
 
     def acquire_push(self) -> HeldLock:
         """Take a push lock, waiting up to `wait_s` for gcs that may not have seen it.
@@ -147,9 +188,10 @@ class Locks:
                 g = next(iter(blockers.values()))
                 raise RepoError(
                     f"a gc is running on {self.store.uri} (lock {g.key} by {g.owner}); push "
-                    f"again when it ends. A lock older than {self.ttl_s:.0f}s is stale and ignored"
+                    f"again when it ends. A lock older than {self.ttl_s:.0f}s, or whose process "
+                    "has exited on this machine, is stale and ignored"
                 )
-            time.sleep(delay * (0.5 + random.random()))
+            self.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 0.5)
             live = {g.key for g in self.live("gc")}
             blockers = {k: g for k, g in blockers.items() if k in live}
@@ -171,10 +213,15 @@ class Locks:
     def remove_stale(self, keep: str) -> int:
         """Delete stale locks (other than `keep`); return how many."""
         now = self.clock()
-        stale = [x for x in self.read() if x.key != keep and now - x.created >= self.ttl_s]
+        stale = [x for x in self.read() if x.key != keep and self.is_stale(x, now)]
         for lock in stale:
             self.store.delete(lock.key)
         return len(stale)
+
+
+def _optional(value: Any, kind: type) -> Any:
+    # Locks written before a field existed lack it; a wrong type counts as absent.
+    return value if isinstance(value, kind) and not isinstance(value, bool) else None
 
 
 def _kind(key: str) -> str:

@@ -22,6 +22,7 @@ from torch import nn
 
 from hapi.data.store import ObjectStore
 from hapi.errors import InvalidRequest
+from hapi.repo.epoch import mark_epoch
 from hapi.repo.layout import REFS, manifest_key, ref_key, tensor_key
 from hapi.repo.locks import HeldLock, Locks
 from hapi.repo.manifest import TensorEntry, VersionManifest
@@ -117,6 +118,7 @@ class PushTransaction:
     def begin(self) -> None:
         """Take the push lock and find the blobs the store lacks."""
         self.lock = self.locks.acquire_push()
+        mark_epoch(self.store)
         self.missing = self._find_missing(list(self.blobs))
 
     def upload(self, limit: int | None = None) -> int:

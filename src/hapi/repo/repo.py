@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -14,10 +12,11 @@ from torch import nn
 from hapi.data.store import ObjectStore, StoreOptions, open_store
 from hapi.errors import IntegrityError, InvalidRequest, ObjectNotFound, RefNotFound
 from hapi.repo.catalog import Catalog
+from hapi.repo.catalog_path import default_catalog_path
 from hapi.repo.config import RepoConfig
 from hapi.repo.diff import ModelDiff, diff_manifests
 from hapi.repo.fetch import fetch_tensors
-from hapi.repo.fsck import FsckReport, check_blobs
+from hapi.repo.fsck import FsckReport, check_repository
 from hapi.repo.gc import GcReport, collect_garbage
 from hapi.repo.heads import HeadInfo, finish_head, plan_head, trace_version
 from hapi.repo.layout import manifest_key
@@ -29,33 +28,17 @@ from hapi.repo.push import PushTransaction, build_manifest
 from hapi.repo.queries import PrefixMatch, containing, prefix_matches
 from hapi.repo.refs import check_name
 from hapi.repo.resolve import lookup, not_found
-from hapi.repo.sync import sync_all, sync_name
+from hapi.repo.sync import forget_manifest, sync_all, sync_name
 from hapi.repo.usage import RepoUsage, measure_usage
 from hapi.repo.version import ModelVersion, PushedVersion
 
 if TYPE_CHECKING:
     from hapi.graph import ModelGraph
 
-__all__ = ["ModelRepo", "default_catalog_path"]
+__all__ = ["ModelRepo"]
 
 RefLike = str | ModelVersion
 ModelLike = nn.Module | Mapping[str, torch.Tensor]
-
-
-def default_catalog_path(uri: str, options: StoreOptions | None = None) -> str:
-    """Where the catalog of the repository at `uri` is kept unless told otherwise.
-
-    A file per repository under `$HAPI_CACHE_DIR` (default `~/.cache/hapi`); `:memory:` for
-    a `memory://` store, whose contents die with the process anyway.
-    """
-    if uri.startswith("memory://"):
-        return ":memory:"
-    if "://" not in uri:
-        uri = "file://" + os.path.abspath(os.path.expanduser(uri))
-    endpoint = options.endpoint if options and options.endpoint else ""
-    digest = hashlib.sha256(f"{uri}\n{endpoint}".encode()).hexdigest()[:16]
-    root = os.environ.get("HAPI_CACHE_DIR") or os.path.join(Path.home(), ".cache", "hapi")
-    return os.path.join(root, f"repo-{digest}.sqlite")
 
 
 class ModelRepo:
@@ -75,8 +58,12 @@ class ModelRepo:
     ) -> None:
         self.store = store
         self.config = config or RepoConfig()
-        path = str(catalog) if catalog is not None else default_catalog_path(store.uri)
-        self.catalog = Catalog(path)
+        if catalog is None:
+            options = getattr(store, "options", None)
+            catalog = default_catalog_path(
+                store.uri, options if isinstance(options, StoreOptions) else None
+            )
+        self.catalog = Catalog(str(catalog))
         self.locks = Locks(store, ttl_s=self.config.lock_ttl_s, wait_s=self.config.lock_wait_s)
         self._synced = False
 
@@ -95,13 +82,10 @@ class ModelRepo:
         Args:
             uri: the store; a directory is created if missing.
             store_options: S3 endpoint and credentials.
-            catalog: the catalog file (default: `default_catalog_path(uri)`).
+            catalog: the catalog file (default: `default_catalog_path(uri, store_options)`).
             config: locking, concurrency and verification settings.
         """
-        uri = str(uri)
-        store = open_store(uri, store_options)
-        path = catalog if catalog is not None else default_catalog_path(uri, store_options)
-        return cls(store, catalog=path, config=config)
+        return cls(open_store(str(uri), store_options), catalog=catalog, config=config)
 
     def __repr__(self) -> str:
         return f"ModelRepo({self.store.uri!r})"
@@ -237,8 +221,8 @@ class ModelRepo:
             version = lookup(self.store, self.catalog, ref)
             if self.store.exists(manifest_key(version.id)):
                 return version
-            # Removed by another process since our catalog saw it.
-            self.catalog.remove_manifests([version.id])
+            # Removed by another process since our catalog saw it (or the catalog is stale).
+            forget_manifest(self.store, self.catalog, version.id)
         raise RefNotFound(f"{ref} was removed from {self.uri}")
 
     def manifest(self, ref: RefLike) -> VersionManifest:
@@ -486,13 +470,19 @@ class ModelRepo:
         return matches[0] if matches else None
 
     def fsck(self, *, repair: bool = False) -> FsckReport:
-        """Re-hash every stored tensor that a version references.
+        """Check every manifest and re-hash every stored tensor, referenced or not.
+
+        Reports every finding (unreadable manifests, corrupt and missing blobs, blobs no
+        version references) instead of stopping at the first.
 
         Args:
             repair: delete corrupt blobs, so the next push of a model holding them
                 writes them again.
+
+        Raises:
+            StoreUnavailable: the store cannot be reached.
         """
-        return check_blobs(self.store, repair=repair)
+        return check_repository(self.store, repair=repair, concurrency=self.config.concurrency)
 
     def usage(self) -> RepoUsage:
         """Bytes stored, and bytes the versions would take one file each."""
@@ -529,8 +519,8 @@ class ModelRepo:
             try:
                 data = self.store.get(manifest_key(version.id))
             except ObjectNotFound:
-                # Removed by another process since our catalog saw it.
-                self.catalog.remove_manifests([version.id])
+                # Removed by another process since our catalog saw it (or the catalog is stale).
+                forget_manifest(self.store, self.catalog, version.id)
                 continue
             return version, VersionManifest.from_json(data, version.id)
         raise RefNotFound(f"{ref} was removed from {self.uri}")
