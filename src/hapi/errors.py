@@ -16,6 +16,7 @@ __all__ = [
     "ECHO_LIMIT",
     "CorruptObject",
     "DuplicateDelivery",
+    "Forbidden",
     "HapiError",
     "IncompleteEpoch",
     "IntegrityError",
@@ -89,6 +90,10 @@ class SessionNotFound(HapiError, KeyError):
 
 class Unauthenticated(HapiError, PermissionError):
     """A request without a valid token."""
+
+
+class Forbidden(HapiError, PermissionError):
+    """A tenant asked for a key, prefix or session outside what it may use."""
 
 
 class ServerUnavailable(HapiError, ConnectionError):

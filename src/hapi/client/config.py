@@ -8,7 +8,7 @@ from typing import Literal
 from hapi.data import StoreOptions, Transforms
 from hapi.errors import InvalidRequest, shorten
 from hapi.graph import RAW, ModelSpec
-from hapi.wire import OnError, WireDtype, check_wire_dtype
+from hapi.wire import MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, OnError, WireDtype, check_wire_dtype
 
 __all__ = ["JobConfig"]
 
@@ -86,7 +86,12 @@ class JobConfig:
                 f"num_classes must be >= 1, got {self.num_classes}; or leave it unset to keep "
                 "the model's classifier"
             )
-        for name in ("image_size", "batch_size", "chunk_size", "prefetch"):
+        if not MIN_IMAGE_SIZE <= self.image_size <= MAX_IMAGE_SIZE:
+            raise InvalidRequest(
+                f"image_size must be {MIN_IMAGE_SIZE}..{MAX_IMAGE_SIZE} pixels (what a server "
+                f"accepts), got {self.image_size}"
+            )
+        for name in ("batch_size", "chunk_size", "prefetch"):
             if getattr(self, name) < 1:
                 raise InvalidRequest(f"{name} must be >= 1, got {getattr(self, name)}")
         check_wire_dtype(self.wire_dtype)

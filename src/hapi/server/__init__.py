@@ -1,7 +1,28 @@
-"""The storage-side server: `hapi serve`."""
+"""The storage-side server: `hapi serve`.
 
-from hapi.server.config import ServerConfig
-from hapi.server.server import HapiServer, serve
-from hapi.server.shaping import TokenBucket, parse_rate
+Names load on first use: `from hapi.server import ServerConfig` must not import torch, so
+`hapi serve` refuses a bad setting at once instead of after seconds of imports.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hapi._lazy import lazy_exports
 
 __all__ = ["HapiServer", "ServerConfig", "TokenBucket", "parse_rate", "serve"]
+
+_WHERE = {
+    "HapiServer": ".server",
+    "ServerConfig": ".config",
+    "TokenBucket": ".shaping",
+    "parse_rate": ".shaping",
+    "serve": ".server",
+}
+
+if TYPE_CHECKING:
+    from hapi.server.config import ServerConfig
+    from hapi.server.server import HapiServer, serve
+    from hapi.server.shaping import TokenBucket, parse_rate
+
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _WHERE)

@@ -82,7 +82,10 @@ class HapiServer(flight.FlightServerBase):
             ) from None
         self.config = config
         self.store: ObjectStore = (
-            store if store is not None else open_store(config.store, config.store_options)
+            store
+            if store is not None
+            # The server only reads: a mistyped directory is an error, not a new store.
+            else open_store(config.store, config.store_options, create=False)
         )
         self.repo = _open_repo(config)
         self.heads = HeadCache(config.device, repo=self.repo, idle=config.idle_heads)

@@ -5,7 +5,9 @@ from hapi.wire.batches import FeatureBatch, decode_batch, encode_batch, feature_
 from hapi.wire.dtypes import WIRE_DTYPES, WireDtype, check_wire_dtype, dtype_width
 from hapi.wire.errors import MAX_ERROR_MESSAGE, decode_error, encode_error
 from hapi.wire.messages import (
+    MAX_IMAGE_SIZE,
     MAX_KEY_LENGTH,
+    MIN_IMAGE_SIZE,
     ChunkTicket,
     CloseSessionRequest,
     ManifestRequest,
@@ -17,7 +19,9 @@ from hapi.wire.replies import ChunkReport, ServerStats, SessionInfo, SessionStat
 
 __all__ = [
     "MAX_ERROR_MESSAGE",
+    "MAX_IMAGE_SIZE",
     "MAX_KEY_LENGTH",
+    "MIN_IMAGE_SIZE",
     "WIRE_DTYPES",
     "ActionType",
     "ChunkReport",

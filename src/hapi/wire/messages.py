@@ -16,7 +16,9 @@ from hapi.errors import InvalidRequest, shorten
 from hapi.wire.dtypes import WireDtype
 
 __all__ = [
+    "MAX_IMAGE_SIZE",
     "MAX_KEY_LENGTH",
+    "MIN_IMAGE_SIZE",
     "ChunkTicket",
     "CloseSessionRequest",
     "ManifestRequest",
@@ -24,6 +26,11 @@ __all__ = [
     "SessionRequest",
     "parse",
 ]
+
+MIN_IMAGE_SIZE = 8
+"""The smallest input side a session accepts."""
+MAX_IMAGE_SIZE = 4096
+"""The largest input side a session accepts: a decoded 4096 px image is 200 MB in fp32."""
 
 OnError = Literal["raise", "skip"]
 """On a bad object: fail the chunk (`raise`), or leave it out and report it (`skip`)."""
@@ -58,7 +65,9 @@ class SessionRequest(_Request):
         default=None, description="The last frozen cut point (index or module name)."
     )
     transforms: dict[str, Any] = Field(description="A `Transforms` spec as a dict.")
-    image_size: int = Field(default=224, ge=8, le=4096, description="Input height and width.")
+    image_size: int = Field(
+        default=224, ge=MIN_IMAGE_SIZE, le=MAX_IMAGE_SIZE, description="Input height and width."
+    )
     wire_dtype: WireDtype = "fp32"
     seed: int = Field(default=0, description="The job seed; sample seeds derive from it.")
     on_error: OnError = "raise"
