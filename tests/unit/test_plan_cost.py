@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 
+import hypothesis.strategies as st
 import pytest
+from hypothesis import given, settings
 
 from hapi.errors import InvalidRequest
 from hapi.graph import INPUT, RAW
@@ -139,6 +141,8 @@ def test_fill_and_drain_depend_on_order_and_chunks_in_flight() -> None:
     assert epoch(in_order=False, prefetch=2) == pytest.approx(2 * 0.8 + 2 * 1.3)
     # The whole epoch in flight at once: the stages run one after another.
     assert epoch(in_order=False, prefetch=8) == pytest.approx(4 * 1.3)
+    # One in flight: the next chunk is requested when one arrives, so server + link add up.
+    assert epoch(prefetch=1) == pytest.approx(3 * (0.8 + 0.2) + 1.3)
     # A per-chunk latency: a full one per request, shared by the 4 in flight.
     slow = estimate(
         2,
@@ -179,6 +183,50 @@ def test_share_rounds_to_whole_chunks() -> None:
     assert estimate(1, 0.5, server, trainer, link, four).epoch_s == pytest.approx(0.155)
     # One chunk cannot be split.
     assert best_share(1, server, trainer, link, Workload(samples=10, chunk_size=10)) in (0, 1)
+
+
+_cost = st.floats(0.0, 0.01)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    costs=st.lists(_cost, min_size=8, max_size=8),
+    sizes=st.lists(st.integers(0, 200_000), min_size=3, max_size=3),
+    bytes_per_s=st.floats(1e4, 1e10),
+    samples=st.integers(1, 500),
+    chunk_size=st.integers(1, 64),
+    prefetch=st.integers(1, 4),
+    in_order=st.booleans(),
+)
+def test_best_share_is_the_best_whole_chunk_share(
+    costs: list[float],
+    sizes: list[int],
+    bytes_per_s: float,
+    samples: int,
+    chunk_size: int,
+    prefetch: int,
+    in_order: bool,
+) -> None:
+    read, decode, head, tdecode, thead, tail_in, tail_cut, latency = costs
+    server = ServerProfile(
+        read_s=read,
+        decode_s=decode,
+        head_s=(0.0, head),
+        out_bytes=(sizes[0], sizes[1]),
+        memory_bytes=(0, 0),
+        raw_bytes=sizes[2],
+    )
+    trainer = TrainerProfile(decode_s=tdecode, head_s=(0.0, thead), tail_s=(tail_in, tail_cut))
+    link = LinkProfile(bytes_per_s=bytes_per_s, latency_s=latency)
+    work = Workload(samples=samples, chunk_size=chunk_size, prefetch=prefetch, in_order=in_order)
+    m = work.chunks
+    for cut in (INPUT, 1):
+        best = best_share(cut, server, trainer, link, work)
+        chosen = estimate(cut, best, server, trainer, link, work).epoch_s
+        # The trivial reference: every whole-chunk share, tried one by one.
+        brute = min(estimate(cut, j / m, server, trainer, link, work).epoch_s for j in range(m + 1))
+        assert chosen == pytest.approx(brute, rel=1e-9, abs=1e-12)
+        assert (best * m) == pytest.approx(round(best * m))
 
 
 def test_near_ties_go_to_the_simpler_option() -> None:

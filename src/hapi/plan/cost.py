@@ -20,7 +20,8 @@ where w is how many chunks start together: 1 when the server serves chunks in or
 drains it: HAPI's `S + max(S, C)·(N-1) + C`), or K (the chunks in flight) when the server
 works on all of them at once and none leaves before all are done. The first term is the
 steady-state bound `max(server, link, trainer)` over the epoch less w chunks; the rest is
-fill and drain.
+fill and drain. With one chunk in flight (K = 1) the next chunk is requested only when
+one arrives, so the server's and the link's times add up inside the max.
 
 In `f` every stage is a line, so the epoch is convex and piecewise linear: for a fixed
 cut its minimum is at f = 0, f = 1 or where two stage lines cross, and on the grid of
@@ -145,13 +146,13 @@ def estimate(
     """Predict the epoch of option (`cut`, `share`).
 
     Raises:
-        InvalidRequest: a cut the profiles have no entry for, or a share outside [0, 1).
+        InvalidRequest: a cut the profiles have no entry for, or a share outside [0, 1].
     """
     _check_option(cut, share, server, trainer)
     lines = _stage_lines(cut, server, trainer, link, workload)
     per_chunk = [a + b * share for a, b in lines]
-    m, w = workload.chunks, workload.together
-    epoch = (m - w) * max(per_chunk) + w * sum(per_chunk)
+    m = workload.chunks
+    epoch = _epoch(lines, share, workload)
     mean_bytes = (1 - share) * server.wire_bytes(cut) + share * server.raw_bytes
     return Estimate(
         cut=cut,
@@ -182,15 +183,15 @@ def best_share(
     if cut < INPUT:
         raise InvalidRequest(f"a local share needs a cut >= INPUT (0), got {cut}")
     lines = _stage_lines(cut, server, trainer, link, workload)
-    m, w = workload.chunks, workload.together
+    m = workload.chunks
 
     def epoch(f: float) -> float:
-        per_chunk = [a + b * f for a, b in lines]
-        return (m - w) * max(per_chunk) + w * sum(per_chunk)
+        return _epoch(lines, f, workload)
 
     kinks = [0.0, 1.0]
-    for i, (a1, b1) in enumerate(lines):
-        for a2, b2 in lines[i + 1 :]:
+    period = _period_lines(lines, workload)
+    for i, (a1, b1) in enumerate(period):
+        for a2, b2 in period[i + 1 :]:
             if b1 != b2:
                 f = (a2 - a1) / (b1 - b2)
                 if 0.0 < f < 1.0:
@@ -198,6 +199,23 @@ def best_share(
     f_star = min(kinks, key=epoch)
     low = math.floor(f_star * m)
     return min((low / m, min(low + 1, m) / m), key=lambda f: (epoch(f), f))
+
+
+def _epoch(lines: list[tuple[float, float]], f: float, workload: Workload) -> float:
+    """(m - w)·(the period per chunk) + w·(the three stages of a chunk, one after another)."""
+    m, w = workload.chunks, workload.together
+    period = max(a + b * f for a, b in _period_lines(lines, workload))
+    return (m - w) * period + w * sum(a + b * f for a, b in lines)
+
+
+def _period_lines(
+    lines: list[tuple[float, float]], workload: Workload
+) -> list[tuple[float, float]]:
+    """The lines whose max is the pipeline's period per chunk (K = 1: server + link)."""
+    if workload.prefetch > 1:
+        return lines
+    (sa, sb), (la, lb), trainer = lines
+    return [(sa + la, sb + lb), trainer]
 
 
 def _stage_lines(
@@ -228,9 +246,9 @@ def _check_option(cut: int, share: float, server: ServerProfile, trainer: Traine
     last = min(server.last_cut, trainer.last_cut)
     if isinstance(cut, bool) or not isinstance(cut, int) or not RAW <= cut <= last:
         raise InvalidRequest(f"cut {cut!r} is not profiled: the profiles cover RAW..{last}")
-    if not 0.0 <= share < 1.0 or (cut == RAW and share != 0.0):
+    if not 0.0 <= share <= 1.0 or (cut == RAW and share != 0.0):
         raise InvalidRequest(
-            f"local share must be in [0, 1) (0 for RAW, which is all local already), got {share}"
+            f"local share must be in [0, 1] (0 for RAW, which is all local already), got {share}"
         )
 
 
