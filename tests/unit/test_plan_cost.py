@@ -330,6 +330,14 @@ def test_profiles_refuse_bad_values() -> None:
         estimate(3, 0.0, _server(), _trainer(), LinkProfile(bytes_per_s=1), Workload(samples=1))
 
 
+def test_a_link_observed_without_its_latency() -> None:
+    link = LinkProfile.observed(1_000_000, 1.2, requests=2, latency_s=0.1)
+    assert link.bytes_per_s == pytest.approx(1e6)
+    assert link.latency_s == 0.1
+    with pytest.raises(InvalidRequest, match="transfer more bytes"):
+        LinkProfile.observed(1000, 0.1, requests=2, latency_s=0.1)
+
+
 def test_wire_dtype_scales_feature_bytes_only() -> None:
     half = _server().with_wire_dtype("bf16")
     assert half.out_bytes == (75_000, 25_000, 1_000)

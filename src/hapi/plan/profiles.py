@@ -263,6 +263,26 @@ class LinkProfile:
             )
         _check_seconds("latency_s", self.latency_s)
 
+    @classmethod
+    def observed(
+        cls, nbytes: int, seconds: float, *, requests: int = 1, latency_s: float = 0.0
+    ) -> LinkProfile:
+        """The link as one transfer showed it: `nbytes` in `seconds` over `requests` requests.
+
+        The requests' fixed cost is taken out of the time before dividing, so a probe of a
+        few small objects does not read as a slow link.
+
+        Raises:
+            InvalidRequest: no bytes, or no time left once the latency is taken out.
+        """
+        busy = seconds - requests * latency_s
+        if nbytes <= 0 or not busy > 0:
+            raise InvalidRequest(
+                f"cannot tell a link's rate from {nbytes} bytes in {seconds} s with "
+                f"{requests} x {latency_s} s of latency: transfer more bytes"
+            )
+        return cls(bytes_per_s=nbytes / busy, latency_s=latency_s)
+
     def scaled(self, factor: float) -> LinkProfile:
         """The link taking `factor` times as long per byte and per chunk."""
         return LinkProfile(bytes_per_s=self.bytes_per_s / factor, latency_s=self.latency_s * factor)
