@@ -92,3 +92,27 @@ def test_fsck_finds_and_repairs_a_corrupt_tensor(
     assert code == 1 and "(deleted)" in out and not repo.store.exists(key)
     code, out, _ = run(capsys, monkeypatch, "fsck")
     assert code == 1 and f"missing {key}, needed by ft:2.weight" in out
+
+
+def test_fsck_prints_every_finding_and_what_to_do(
+    repo_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hapi.data import open_store
+    from hapi.repo.layout import manifest_key
+
+    repo = ModelRepo.open(repo_dir)
+    version = repo.resolve("ft")
+    orphan = nn.Linear(3, 3)
+    repo.push(orphan, "orphan")
+    repo.rm("orphan")  # its tensors now belong to no version
+    repo.close()
+    store = open_store(repo_dir)
+    store.put(manifest_key(version.id), b'{"format": "hapi.repo.manifest/1"')
+
+    code, out, _ = run(capsys, monkeypatch, "fsck")
+    assert code == 1
+    assert f"unreadable manifest {manifest_key(version.id)}" in out
+    assert "1 manifests read, 1 unreadable" in out
+    assert "belong to no version: hapi repo gc removes them" in out
+    assert "restore the unreadable manifests from a copy or delete them" in out
+    assert "--repair" not in out  # repair fixes blobs, not manifests

@@ -293,15 +293,30 @@ def fsck(
 ) -> None:
     """Re-hash every stored tensor; report corrupt and missing ones (exit 1 if any)."""
     report = _open(repo, endpoint, catalog).fsck(repair=repair)
+    for key, problem in report.bad_manifests.items():
+        console.print(f"unreadable manifest {key}: {problem}")
     for key, problem in report.corrupt.items():
         console.print(f"corrupt {key}: {problem}" + (" (deleted)" if report.repaired else ""))
     for key, needed_by in report.missing.items():
         console.print(f"missing {key}, needed by {', '.join(needed_by[:3])}")
     console.print(
         f"checked {report.checked} tensors: {len(report.corrupt)} corrupt, "
-        f"{len(report.missing)} missing"
+        f"{len(report.missing)} missing; {report.manifests} manifests read, "
+        f"{len(report.bad_manifests)} unreadable"
     )
+    if report.unreferenced:
+        maybe = " (some may belong to the unreadable manifests)" if report.bad_manifests else ""
+        console.print(
+            f"{len(report.unreferenced)} tensors ({_size(report.unreferenced_bytes)}) belong "
+            f"to no version: hapi repo gc removes them{maybe}"
+        )
     if not report.ok:
-        hint = "push the affected models again" if report.repaired else "run with --repair"
-        console.print(f"the repository needs repair: {hint}")
+        if report.bad_manifests:
+            console.print(
+                "restore the unreadable manifests from a copy or delete them (their versions "
+                "are lost); gc refuses to run until then"
+            )
+        if report.corrupt or report.missing:
+            hint = "push the affected models again" if report.repaired else "run with --repair"
+            console.print(f"the repository needs repair: {hint}")
         raise typer.Exit(1)
