@@ -100,3 +100,19 @@ class ChunkReport(_Reply):
 
     chunk: int
     skipped: list[SkippedKey] = Field(default_factory=list)
+    server_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="Seconds the server computed this chunk (read, decode, transform, head, "
+        "encode), excluding its wait for the scheduler and for the link.",
+    )
+    queue_s: float = Field(
+        default=0.0, ge=0, description="Seconds the chunk waited for the server's scheduler."
+    )
+    free_share: float = Field(
+        default=1.0,
+        ge=0,
+        le=1,
+        description="The share of the server's compute no other chunk was using when this "
+        "one ended: push-back, so a planner moves work to the trainer when it is low.",
+    )
