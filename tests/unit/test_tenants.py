@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hapi.errors import InvalidRequest, Unauthenticated
+from hapi.errors import Forbidden, InvalidRequest, Unauthenticated
 from hapi.server.tenants import Tenant, Tenants, reload_on_sighup
 
 TOKEN_A = "alpha-secret-token-0123456789"
@@ -94,10 +94,14 @@ def test_prefixes_match_whole_segments() -> None:
     assert tenant.allows("data/a/x.jpg")
     assert tenant.allows("data/a/deep/er/x.jpg")
     assert tenant.allows("data/a")
-    for key in ["data/ab/x.jpg", "data/a.jpg", "data", "data/b/x", "other/data/a/x", "/data/a/x"]:
+    for key in ["data/ab/x.jpg", "data/a.jpg", "data", "data/b/x", "other/data/a/x"]:
         assert not tenant.allows(key), key
-        with pytest.raises(InvalidRequest):
+        with pytest.raises(Forbidden, match="outside the prefixes"):
             tenant.check_key(key)
+    # Malformed is a bad request whatever the prefixes; not a refusal of a real key.
+    assert not tenant.allows("/data/a/x")
+    with pytest.raises(InvalidRequest, match="invalid key"):
+        tenant.check_key("/data/a/x")
     assert tenant.check_key("data/a/x.jpg") == "data/a/x.jpg"
 
 
@@ -109,14 +113,15 @@ def test_keys_that_could_escape_a_prefix_are_refused(key: str) -> None:
     narrow = Tenant(name="a", token=TOKEN_B, prefixes=("data/a",))
     for tenant in (everything, narrow):
         assert not tenant.allows(key)
-        with pytest.raises(InvalidRequest, match="invalid key"):
+        with pytest.raises(InvalidRequest, match="invalid key") as info:
             tenant.check_key(key)
+        assert not isinstance(info.value, Forbidden)
 
 
 def test_refusal_names_key_shortened_and_prefixes() -> None:
     tenant = Tenant(name="team-a", token=TOKEN_A, prefixes=("datasets/a", "shared/x"))
     key = "datasets/b/" + "k" * 10_000
-    with pytest.raises(InvalidRequest) as info:
+    with pytest.raises(Forbidden) as info:
         tenant.check_key(key)
     message = str(info.value)
     assert "datasets/b/kkk" in message
@@ -128,9 +133,11 @@ def test_check_prefix() -> None:
     tenant = Tenant(name="a", token=TOKEN_A, prefixes=("data/a",))
     assert tenant.check_prefix("data/a") == "data/a"
     assert tenant.check_prefix("/data/a/train/") == "data/a/train"
-    for prefix in ["", "data", "data/ab", "data/a/../b", "/"]:
-        with pytest.raises(InvalidRequest):
+    for prefix in ["", "data", "data/ab", "/"]:
+        with pytest.raises(Forbidden):
             tenant.check_prefix(prefix)
+    with pytest.raises(InvalidRequest, match="invalid prefix"):
+        tenant.check_prefix("data/a/../b")
     assert Tenant(name="all", token=TOKEN_A).check_prefix("") == ""
 
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import pyarrow.flight as flight
 
-from hapi.errors import HapiError, InvalidRequest, Unauthenticated, shorten
+from hapi.errors import Forbidden, InvalidRequest, Unauthenticated, shorten
 from hapi.wire import encode_error
 
 __all__ = [
@@ -111,7 +111,8 @@ class Tenant:
         says nothing about whether the object exists.
 
         Raises:
-            InvalidRequest: `key` is malformed or outside the tenant's prefixes.
+            InvalidRequest: `key` is malformed.
+            Forbidden: `key` is outside the tenant's prefixes.
         """
         _check_well_formed(key, "key")
         if not any(_under(key, p) for p in self.prefixes):
@@ -125,7 +126,8 @@ class Tenant:
         with `allows` as well.
 
         Raises:
-            InvalidRequest: `prefix` is malformed or not inside one of the tenant's prefixes.
+            InvalidRequest: `prefix` is malformed.
+            Forbidden: `prefix` is not inside one of the tenant's prefixes.
         """
         normal = prefix.strip("/") if isinstance(prefix, str) else prefix
         if normal != "":
@@ -134,11 +136,9 @@ class Tenant:
             raise self._forbidden("prefix", prefix)
         return normal
 
-    def _forbidden(self, what: str, value: str) -> HapiError:
-        # TODO(errors): raise a Forbidden(HapiError, PermissionError) once hapi.errors has
-        # one; InvalidRequest until then, so the client sees the class across the wire.
+    def _forbidden(self, what: str, value: str) -> Forbidden:
         allowed = ", ".join(repr(p) for p in self.prefixes)
-        return InvalidRequest(
+        return Forbidden(
             f"{what} {shorten(repr(value))} is outside the prefixes tenant {self.name!r} may "
             f"read ({shorten(allowed)}): ask the server's operator to add it to the tenant "
             "in the tenants file"
