@@ -22,13 +22,8 @@ import pyarrow.flight as flight
 import pytest
 
 from hapi.errors import Unauthenticated
-from hapi.server.tenants import (
-    TENANT_MIDDLEWARE,
-    Tenant,
-    TenantMiddlewareFactory,
-    Tenants,
-    caller,
-)
+from hapi.server.auth import TENANT_MIDDLEWARE, TenantMiddlewareFactory, caller
+from hapi.server.tenants import Tenant, Tenants
 from hapi.server.tls import ServerTls, flight_location
 from hapi.wire import decode_error
 

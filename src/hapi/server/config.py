@@ -36,7 +36,24 @@ class ServerConfig:
     threads: int | None = None
     """torch intra-op threads for heads; None keeps torch's default."""
     token: str | None = None
-    """Bearer token callers must send; None accepts every caller (loopback use)."""
+    """Bearer token callers must send (one tenant reading every key); None with no
+    `tenants` accepts every caller (loopback use)."""
+    tenants: str | None = None
+    """TOML file of tenants (tokens, prefixes, weights; see `hapi.server.tenants`),
+    re-read on SIGHUP; instead of `token`."""
+    tls_cert: str | None = None
+    """PEM certificate (chain) to serve `grpc+tls://` with; None serves plain `grpc://`."""
+    tls_key: str | None = None
+    """PEM private key of `tls_cert`, unencrypted."""
+    tls_client_ca: str | None = None
+    """PEM CA bundle; when set, clients must present a certificate it signed (mutual TLS)."""
+    insecure: bool = False
+    """Bind beyond loopback without a token or without TLS anyway (with warnings)."""
+    metrics_port: int | None = None
+    """Port to serve Prometheus metrics on (0: any free port); None: no metrics endpoint."""
+    metrics_host: str = "127.0.0.1"
+    """Address of the metrics endpoint; the metrics name tenants and sessions, so keep it
+    on loopback or a private network."""
     idle_heads: int = 4
     """Heads no open session uses that stay loaded for the next session (each job opens
     one per epoch); older ones are dropped to bound the server's memory."""
@@ -79,7 +96,34 @@ class ServerConfig:
             from hapi.server.shaping import parse_rate
 
             parse_rate(self.egress_limit)  # refuse a bad rate before binding a port
+        self._check_security()
         if not re.fullmatch(r"cpu|cuda(:[0-9]+)?", str(self.device)):
             raise InvalidRequest(
                 f"device must be cpu, cuda or cuda:N, got {shorten(repr(self.device))}"
+            )
+
+    def _check_security(self) -> None:
+        if self.token and self.tenants:
+            raise InvalidRequest(
+                "give either a token (--token, HAPI_TOKEN) or a tenants file (--tenants), not "
+                "both: with a tenants file every token is in the file"
+            )
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise InvalidRequest(
+                "TLS needs both the certificate and its private key: pass --tls-cert and "
+                "--tls-key together"
+            )
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise InvalidRequest(
+                "--tls-client-ca checks clients' certificates over TLS: pass --tls-cert and "
+                "--tls-key as well"
+            )
+        if self.metrics_port is not None and (
+            isinstance(self.metrics_port, bool)
+            or not isinstance(self.metrics_port, int)
+            or not 0 <= self.metrics_port <= 65535
+        ):
+            raise InvalidRequest(
+                f"metrics_port must be 0..65535, got {shorten(repr(self.metrics_port))}: pick a "
+                "free port, or 0 for any free one"
             )

@@ -16,14 +16,18 @@ import pyarrow.flight as flight
 import torch
 
 from hapi.data import DatasetManifest, ObjectStore, StoreOptions, Transforms, open_store
-from hapi.errors import InvalidRequest, SessionNotFound, shorten
+from hapi.errors import HapiError, InternalError, InvalidRequest, SessionNotFound, shorten
 from hapi.graph import INPUT, RAW
-from hapi.server._guard import UnusedCallsRefusal, errors_to_wire
-from hapi.server.auth import TokenMiddlewareFactory
+from hapi.server._guard import errors_to_wire
+from hapi.server._listen import Listener, serve_metrics
+from hapi.server.auth import caller
 from hapi.server.config import ServerConfig
 from hapi.server.head_cache import HeadCache, HeadLease
+from hapi.server.metrics import Metrics
 from hapi.server.session import Session
 from hapi.server.shaping import TokenBucket, parse_rate
+from hapi.server.tenants import Tenant, reload_on_sighup
+from hapi.server.tls import flight_location
 from hapi.wire import (
     ActionType,
     ChunkTicket,
@@ -54,6 +58,10 @@ class HapiServer(flight.FlightServerBase):
     else as an `InternalError` whose id is logged with the traceback, so one bad request
     fails only itself: other sessions and chunks go on.
 
+    Every call belongs to a tenant (its bearer token's): a session belongs to the tenant
+    that opened it, and another tenant's session is answered exactly like an unknown one;
+    manifests and chunks read only keys under the tenant's prefixes.
+
     Args:
         config: the server's settings.
         store: the store to serve instead of opening `config.store` (an embedding
@@ -68,17 +76,16 @@ class HapiServer(flight.FlightServerBase):
         store: ObjectStore | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        middleware: dict[str, flight.ServerMiddlewareFactory] = {}
-        if config.token:
-            middleware["auth"] = TokenMiddlewareFactory(config.token)
-        middleware["unused"] = UnusedCallsRefusal()
-        location = f"grpc://{config.host}:{config.port}"
+        self.metrics = Metrics()
+        listener = Listener.from_config(config)
+        self.tenants, self.tls = listener.tenants, listener.tls
+        options = listener.flight_options(on_refused=lambda exc: self.metrics.error(None, exc))
         try:
-            super().__init__(location, middleware=middleware)
+            super().__init__(listener.location, **options)
         except (pa.ArrowException, OSError) as exc:
             raise InvalidRequest(
-                f"cannot listen on {location} ({str(exc).splitlines()[0]}): the port may be "
-                "in use; pick another with --port, or 0 for any free port"
+                f"cannot listen on {listener.location} ({str(exc).splitlines()[0]}): the port "
+                "may be in use; pick another with --port, or 0 for any free port"
             ) from None
         self.config = config
         self.store: ObjectStore = (
@@ -95,39 +102,61 @@ class HapiServer(flight.FlightServerBase):
         self._sessions: dict[str, Session] = {}
         self._leases: dict[str, HeadLease] = {}
         self._closed: dict[str, SessionStats] = {}
+        self._owners: dict[str, str] = {}
+        """Tenant name of every session, open or closed (as long as `_closed` keeps it)."""
         self._lock = threading.Lock()
         if config.threads:
             torch.set_num_threads(config.threads)
+        if config.metrics_port is not None:
+            try:
+                serve_metrics(self.metrics, config)
+            except InvalidRequest:
+                super().shutdown()  # the Flight port is bound already: free it
+                raise
 
     @property
     def address(self) -> str:
-        """The `grpc://host:port` clients connect to."""
-        return f"grpc://{self.config.host}:{self.port}"
+        """The `grpc://host:port` (`grpc+tls://` with TLS) clients connect to."""
+        return flight_location(self.config.host, self.port, tls=self.tls is not None)
+
+    def weight(self, session_id: str) -> float:
+        """The fair-share weight of the tenant that owns `session_id`, as the tenants file
+        says now (1.0 for a session whose tenant a reload removed)."""
+        with self._lock:
+            owner = self._owners.get(session_id)
+        tenant = self.tenants.get(owner) if owner is not None else None
+        return tenant.weight if tenant is not None else 1.0
+
+    def shutdown(self) -> None:
+        """Stop serving Flight calls and the metrics endpoint."""
+        super().shutdown()
+        self.metrics.close()
 
     # Flight handlers -------------------------------------------------------------------
 
     def list_actions(self, context: flight.ServerCallContext) -> list[tuple[str, str]]:
-        with errors_to_wire("list_actions"):
+        with self._guard("list_actions", context):
             return [(action.value, action.description) for action in ActionType]
 
     def do_action(
         self, context: flight.ServerCallContext, action: flight.Action
     ) -> Iterator[bytes]:
-        with errors_to_wire(f"action {shorten(repr(action.type), 100)}"):
+        with self._guard(f"action {shorten(repr(action.type), 100)}", context) as tenant:
             body = action.body.to_pybytes() if action.body is not None else b""
-            result = self._action(action.type, body)
+            result = self._action(action.type, body, tenant)
         return iter([result])
 
-    def _action(self, name: str, body: bytes) -> bytes:
+    def _action(self, name: str, body: bytes, tenant: Tenant) -> bytes:
         if name == ActionType.OPEN_SESSION:
-            return self.open_session(parse(SessionRequest, body)).to_bytes()
+            return self.open_session(parse(SessionRequest, body), tenant=tenant).to_bytes()
         if name == ActionType.CLOSE_SESSION:
-            return self.close_session(parse(CloseSessionRequest, body).session).to_bytes()
+            session = parse(CloseSessionRequest, body).session
+            return self.close_session(session, tenant=tenant).to_bytes()
         if name == ActionType.MANIFEST:
             prefix = parse(ManifestRequest, body).prefix
-            return json.dumps(self.manifest(prefix)).encode()
+            return json.dumps(self.manifest(prefix, tenant=tenant)).encode()
         if name == ActionType.STATS:
-            return self.stats().to_bytes()
+            return self.stats(tenant=tenant).to_bytes()
         raise InvalidRequest(
             f"unknown action {shorten(repr(name), 100)}: known actions are "
             f"{[a.value for a in ActionType]}"
@@ -136,27 +165,41 @@ class HapiServer(flight.FlightServerBase):
     def do_get(
         self, context: flight.ServerCallContext, ticket: flight.Ticket
     ) -> flight.FlightDataStream:
-        with errors_to_wire("do_get"):
+        started = time.perf_counter()
+        with self._guard("do_get", context) as tenant:
             chunk = parse(ChunkTicket, ticket.ticket)
-            session = self._session(chunk.session)
-        return flight.GeneratorStream(session.schema, self._stream(session, chunk))
+            session = self._session(chunk.session, tenant)
+            # Every key before any read: a refusal says nothing of what exists.
+            for key in chunk.keys:
+                tenant.check_key(key)
+        stream = self._stream(session, chunk, tenant, started)
+        return flight.GeneratorStream(session.schema, stream)
 
     def _stream(
-        self, session: Session, chunk: ChunkTicket
+        self, session: Session, chunk: ChunkTicket, tenant: Tenant, started: float
     ) -> Iterator[tuple[pa.RecordBatch, pa.Buffer | None]]:
         # The stream runs after do_get returned: its errors need their own guard.
-        with errors_to_wire(f"chunk {chunk.chunk} of session {session.id}"):
+        with self._guard(f"chunk {chunk.chunk} of session {session.id}", tenant):
+            samples = sent = 0
             for batch, report in session.run_chunk(chunk, self.store):
                 nbytes = batch.nbytes
                 if self.shaper is not None:
                     session.stats.add(shaping_wait_s=self.shaper.consume(nbytes))
                 session.stats.add(bytes_sent=nbytes)
+                samples, sent = samples + batch.num_rows, sent + nbytes
                 yield batch, (pa.py_buffer(report) if report is not None else None)
+            self.metrics.chunk_done(
+                tenant.name,
+                session.id,
+                samples=samples,
+                nbytes=sent,
+                seconds=time.perf_counter() - started,
+            )
 
     # The library API behind the handlers -------------------------------------------------
 
-    def open_session(self, request: SessionRequest) -> SessionInfo:
-        """Load (or reuse) the head a request needs and register a session for it."""
+    def open_session(self, request: SessionRequest, *, tenant: Tenant) -> SessionInfo:
+        """Load (or reuse) the head a request needs and register a session for `tenant`."""
         self._close_abandoned()
         transforms = Transforms.from_dict(request.transforms)
         loaded = self.heads.model(request.model, request.image_size)
@@ -200,13 +243,30 @@ class HapiServer(flight.FlightServerBase):
         )
         with self._lock:
             self._sessions[session.id] = session
+            self._owners[session.id] = tenant.name
             if lease is not None:
                 self._leases[session.id] = lease
-        log.info("opened session %s: cut %d of %d", session.id, request.cut, graph.num_cuts)
+        self.metrics.session_opened(tenant.name, session.id)
+        self.metrics.set_heads(len(self.heads))
+        log.info(
+            "opened session %s for %s: cut %d of %d",
+            session.id,
+            tenant.name,
+            request.cut,
+            graph.num_cuts,
+        )
         return info
 
-    def close_session(self, session_id: str) -> SessionStats:
-        """Forget a session; return its final stats."""
+    def close_session(self, session_id: str, *, tenant: Tenant) -> SessionStats:
+        """Forget a session of `tenant`; return its final stats.
+
+        Raises:
+            SessionNotFound: no such session, or another tenant's.
+        """
+        self._session(session_id, tenant)
+        return self._close(session_id)
+
+    def _close(self, session_id: str) -> SessionStats:
         with self._lock:
             session = self._sessions.pop(session_id, None)
             if session is None:
@@ -216,17 +276,31 @@ class HapiServer(flight.FlightServerBase):
                 self.heads.release(lease)
             stats = session.stats.snapshot()
             self._closed[session_id] = stats
-            return stats
+            owner = self._owners[session_id]
+        self.metrics.session_closed(owner, session_id)
+        self.metrics.set_heads(len(self.heads))
+        return stats
 
-    def manifest(self, prefix: str) -> dict[str, Any]:
-        """The dataset under `prefix` in this server's store."""
-        return DatasetManifest.from_store(self.store, prefix).to_dict()
+    def manifest(self, prefix: str, *, tenant: Tenant) -> dict[str, Any]:
+        """The dataset under `prefix` in this server's store, if `tenant` may read it.
 
-    def stats(self) -> ServerStats:
-        """Counters of open and closed sessions, and the server's settings."""
+        Raises:
+            Forbidden: `prefix` is outside the tenant's prefixes.
+        """
+        manifest = DatasetManifest.from_store(self.store, tenant.check_prefix(prefix))
+        # check_prefix allows whole segments only; keep a store whose listing matches by
+        # characters (`a` listing `ab/...`) from showing keys beyond them.
+        allowed = [i for i, key in enumerate(manifest.keys) if tenant.allows(key)]
+        if len(allowed) < len(manifest):
+            manifest = manifest.subset(allowed)
+        return manifest.to_dict()
+
+    def stats(self, *, tenant: Tenant) -> ServerStats:
+        """Counters of `tenant`'s open and closed sessions, and the server's settings."""
         with self._lock:
-            sessions = {sid: s.stats.snapshot() for sid, s in self._sessions.items()}
-            closed = dict(self._closed)
+            mine = {sid for sid, owner in self._owners.items() if owner == tenant.name}
+            sessions = {sid: s.stats.snapshot() for sid, s in self._sessions.items() if sid in mine}
+            closed = {sid: s for sid, s in self._closed.items() if sid in mine}
         return ServerStats(
             store=self.store.uri,
             egress_limit_bytes_per_s=self.shaper.rate if self.shaper else None,
@@ -237,13 +311,32 @@ class HapiServer(flight.FlightServerBase):
             closed_sessions=closed,
         )
 
-    def _session(self, session_id: str) -> Session:
+    def _session(self, session_id: str, tenant: Tenant) -> Session:
         with self._lock:
             session = self._sessions.get(session_id)
-        if session is None:
+            owner = self._owners.get(session_id)
+        # Another tenant's session is answered like an unknown one: its id tells nothing.
+        if session is None or owner != tenant.name:
             raise SessionNotFound(_unknown_session(session_id))
         session.last_used = self._clock()
         return session
+
+    @contextlib.contextmanager
+    def _guard(self, what: str, who: flight.ServerCallContext | Tenant) -> Iterator[Tenant]:
+        """`errors_to_wire` for a call of `who` (its context, or its tenant once known),
+        counting each error in the metrics under the tenant."""
+        with errors_to_wire(what):
+            tenant = who if isinstance(who, Tenant) else caller(who)
+            try:
+                yield tenant
+            except flight.FlightError:
+                raise  # encoded, and counted, by a guard inside this one
+            except HapiError as exc:
+                self.metrics.error(tenant.name, exc)
+                raise
+            except Exception:
+                self.metrics.error(tenant.name, InternalError.__name__)
+                raise
 
     def _close_abandoned(self) -> None:
         """Close sessions unused for `session_idle_s`: their jobs died without closing
@@ -254,7 +347,7 @@ class HapiServer(flight.FlightServerBase):
         for sid in abandoned:
             log.info("closing session %s: unused for %.0fs", sid, self.config.session_idle_s)
             with contextlib.suppress(SessionNotFound):
-                self.close_session(sid)
+                self._close(sid)
 
 
 @contextlib.contextmanager
@@ -271,6 +364,12 @@ def serve(
         clock: monotonic seconds, for session idle times (tests pass a fake clock).
     """
     server = HapiServer(config or ServerConfig(**options), clock=clock)
+    # Python lets only the main thread install signal handlers; elsewhere, call
+    # `server.tenants.reload()` to re-read the tenants file.
+    reloads = (
+        server.tenants.path is not None and threading.current_thread() is threading.main_thread()
+    )
+    restore = reload_on_sighup(server.tenants) if reloads else None
     thread = threading.Thread(target=server.serve, name="hapi-serve", daemon=True)
     thread.start()
     try:
@@ -278,6 +377,8 @@ def serve(
     finally:
         server.shutdown()
         thread.join(timeout=10)
+        if restore is not None:
+            restore()
 
 
 def _open_repo(config: ServerConfig) -> ModelRepo | None:

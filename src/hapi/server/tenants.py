@@ -31,25 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow.flight as flight
-
 from hapi.errors import Forbidden, InvalidRequest, Unauthenticated, shorten
-from hapi.wire import encode_error
 
-__all__ = [
-    "TENANT_MIDDLEWARE",
-    "Tenant",
-    "TenantMiddleware",
-    "TenantMiddlewareFactory",
-    "Tenants",
-    "caller",
-    "reload_on_sighup",
-]
+__all__ = ["Tenant", "Tenants", "reload_on_sighup"]
 
 log = logging.getLogger("hapi.server")
-
-TENANT_MIDDLEWARE = "tenant"
-"""Key of `TenantMiddlewareFactory` in the server's middleware, read back by `caller`."""
 
 # Tenant names become metric labels and log fields: keep them short and plain.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -288,52 +274,6 @@ def reload_on_sighup(tenants: Tenants) -> Callable[[], None]:
         signal.signal(sighup, before)
 
     return restore
-
-
-class TenantMiddleware(flight.ServerMiddleware):
-    """Carries the tenant of one call to the handlers (see `caller`)."""
-
-    def __init__(self, tenant: Tenant) -> None:
-        self.tenant = tenant
-
-
-class TenantMiddlewareFactory(flight.ServerMiddlewareFactory):
-    """Authenticates every call by its bearer token; refuses the call without a tenant.
-
-    Install as `middleware={TENANT_MIDDLEWARE: TenantMiddlewareFactory(tenants)}`.
-    """
-
-    def __init__(
-        self, tenants: Tenants, *, on_refused: Callable[[Unauthenticated], None] | None = None
-    ) -> None:
-        """Authenticate by `tenants`; `on_refused` sees each refusal (to count it)."""
-        self.tenants = tenants
-        self.on_refused = on_refused
-
-    def start_call(
-        self, info: flight.CallInfo, headers: dict[str, list[str]]
-    ) -> flight.ServerMiddleware | None:
-        try:
-            tenant = self.tenants.authenticate_header(headers.get("authorization", []))
-        except Unauthenticated as exc:
-            if self.on_refused is not None:
-                self.on_refused(exc)
-            raise encode_error(exc) from None
-        return TenantMiddleware(tenant)
-
-
-def caller(context: flight.ServerCallContext) -> Tenant:
-    """The tenant of the call `context` belongs to.
-
-    Raises:
-        Unauthenticated: the server has no `TenantMiddlewareFactory` under `TENANT_MIDDLEWARE`.
-    """
-    middleware = context.get_middleware(TENANT_MIDDLEWARE)
-    if not isinstance(middleware, TenantMiddleware):
-        raise Unauthenticated(
-            "the server authenticates no tenants: install TenantMiddlewareFactory"
-        )
-    return middleware.tenant
 
 
 @dataclass(frozen=True)
