@@ -7,6 +7,7 @@ local directories, memory, S3-compatible stores, GCS and Azure, with retries bui
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import threading
@@ -19,9 +20,11 @@ from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlparse
 
 from hapi.data._store_errors import connect_failure, is_not_implemented, translate
-from hapi.errors import InvalidRequest, ObjectNotFound, StoreUnavailable, shorten
+from hapi.errors import Forbidden, InvalidRequest, ObjectNotFound, StoreUnavailable, shorten
 
 __all__ = ["ObjectStore", "Store", "StoreOptions", "open_store"]
+
+log = logging.getLogger("hapi.data")
 
 
 @runtime_checkable
@@ -160,6 +163,10 @@ class Store:
     workers with 'spawn' or 'forkserver': obstore cannot run in a child forked from a
     process that has used it, so there every request raises `StoreUnavailable` (instead
     of hanging).
+
+    A local directory store keeps every read and write inside its root: a key whose path
+    resolves outside it (through a symlink to a file or a directory) is `Forbidden`, and
+    `list` leaves such keys out.
     """
 
     uri: str
@@ -170,6 +177,8 @@ class Store:
     def __post_init__(self) -> None:
         self._client: Any = None
         self._lock = threading.Lock()
+        self._root: str | None = None
+        """A local store's real root path, ending in a separator; None until needed."""
         scheme = urlparse(self.uri).scheme
         if scheme not in ("", "file", "memory", "s3") and not _is_windows_drive(self.uri):
             raise InvalidRequest(
@@ -244,8 +253,9 @@ class Store:
     def get(self, key: str) -> bytes:
         import obstore
 
+        key = self._inside(key)
         try:
-            return bytes(obstore.get(self.client, _check_key(key)).bytes())
+            return bytes(obstore.get(self.client, key).bytes())
         except Exception as exc:
             raise translate(exc, self.uri, key) from exc
 
@@ -266,8 +276,9 @@ class Store:
     def put(self, key: str, data: bytes) -> None:
         import obstore
 
+        key = self._inside(key)
         try:
-            obstore.put(self.client, _check_key(key), data)
+            obstore.put(self.client, key, data)
         except Exception as exc:
             raise translate(exc, self.uri, key) from exc
 
@@ -275,8 +286,9 @@ class Store:
         import obstore
         from obstore.exceptions import AlreadyExistsError
 
+        key = self._inside(key)
         try:
-            obstore.put(self.client, _check_key(key), data, mode="create")
+            obstore.put(self.client, key, data, mode="create")
             return True
         except AlreadyExistsError:
             return False
@@ -300,8 +312,9 @@ class Store:
     def size(self, key: str) -> int:
         import obstore
 
+        key = self._inside(key)
         try:
-            return int(obstore.head(self.client, _check_key(key))["size"])
+            return int(obstore.head(self.client, key)["size"])
         except Exception as exc:
             raise translate(exc, self.uri, key) from exc
 
@@ -311,22 +324,86 @@ class Store:
         prefix = prefix.strip("/")
         if prefix:
             _check_key(prefix)
+        root = self._real_root()
+        # Whether each directory listed stays inside the root, resolved once per directory.
+        inside: dict[str, bool] = {}
+        escaped: list[str] = []
         try:
             for page in obstore.list(self.client, prefix or None):
                 for meta in page:
-                    yield str(meta["path"])
+                    key = str(meta["path"])
+                    if root is not None and _escapes(root, key, inside):
+                        escaped.append(key)
+                        continue
+                    yield key
         except Exception as exc:
             raise translate(exc, self.uri, prefix) from exc
+        if escaped:
+            # Left out, not refused: one stray link must not hide a whole dataset, and
+            # reading such a key is refused anyway (with the reason).
+            log.warning(
+                "store %s: left out %d key(s) whose symlinks leave the store's root, e.g. %r",
+                self.uri,
+                len(escaped),
+                escaped[0],
+            )
 
     def delete(self, key: str) -> None:
         import obstore
 
+        key = self._inside(key)
         try:
-            obstore.delete(self.client, _check_key(key))
+            obstore.delete(self.client, key)
         except Exception as exc:
             err = translate(exc, self.uri, key)
             if not isinstance(err, ObjectNotFound):
                 raise err from exc
+
+    def _real_root(self) -> str | None:
+        """A local store's root as `os.path.realpath` gives it, with a trailing separator;
+        None for other stores."""
+        if self._root is None and _is_local(self.uri):
+            root = os.path.realpath(_local_path(self.uri))
+            self._root = root.rstrip(os.sep) + os.sep
+        return self._root
+
+    def _inside(self, key: str) -> str:
+        """`key` if it is well formed and, in a local store, its path stays in the root.
+
+        Raises:
+            InvalidRequest: the key is malformed.
+            Forbidden: the key's path leads outside the store's root through a symlink.
+        """
+        _check_key(key)
+        root = self._real_root()
+        if root is not None and not _resolves_under(root, key):
+            # The target is not named: it would tell a client about the server's files.
+            raise Forbidden(
+                f"object key {shorten(repr(key))} of store {self.uri} is refused: symlink "
+                "leaves the store's root (a link on its path points outside it), and hapi "
+                "reads and writes only inside the root; copy the object into the store "
+                "instead of linking to it"
+            )
+        return key
+
+
+def _resolves_under(root: str, key: str) -> bool:
+    # realpath resolves every symlink on the way (a linked file or directory); a path that
+    # does not exist yet resolves as far as it exists, which is what a write would follow.
+    real = os.path.realpath(os.path.join(root, key))
+    return (real + os.sep).startswith(root)
+
+
+def _escapes(root: str, key: str, inside: dict[str, bool]) -> bool:
+    """Whether a listed key leaves `root`, resolving each directory once (`inside`)."""
+    parent = key.rpartition("/")[0]
+    ok = inside.get(parent)
+    if ok is None:
+        ok = inside[parent] = _resolves_under(root, parent) if parent else True
+    if not ok:
+        return True
+    # Most objects are plain files: one lstat, and realpath only for a link.
+    return os.path.islink(os.path.join(root, key)) and not _resolves_under(root, key)
 
 
 def _check_key(key: str) -> str:
@@ -371,8 +448,7 @@ def _local_dir(uri: str, *, create: bool) -> Path:
     Raises:
         ObjectNotFound: it does not exist (and `create` is False), or is not a directory.
     """
-    parsed = urlparse(uri)
-    path = Path(parsed.path if parsed.scheme == "file" else uri).expanduser().resolve()
+    path = _local_path(uri)
     if create:
         path.mkdir(parents=True, exist_ok=True)
     elif not path.exists():
@@ -380,6 +456,11 @@ def _local_dir(uri: str, *, create: bool) -> Path:
     if not path.is_dir():
         raise ObjectNotFound(f"store {path} is not a directory")
     return path
+
+
+def _local_path(uri: str) -> Path:
+    parsed = urlparse(uri)
+    return Path(parsed.path if parsed.scheme == "file" else uri).expanduser().resolve()
 
 
 def _is_windows_drive(uri: str) -> bool:
