@@ -1,5 +1,6 @@
 """Models as cut points: tracing, heads and tails, and named models."""
 
+from hapi.graph._exported import model_output
 from hapi.graph.cut_point import INPUT, RAW, CutPoint
 from hapi.graph.model_graph import ModelGraph, trace
 from hapi.graph.profile import profile_rows
@@ -13,6 +14,7 @@ __all__ = [
     "ModelSpec",
     "build_model",
     "known_models",
+    "model_output",
     "profile_rows",
     "trace",
 ]

@@ -1,27 +1,35 @@
-"""Finding the cut points of a traced, shape-propagated graph.
+"""Finding the cut points of a traced graph (torch.fx's, or torch.export's made into one).
 
 A node is a *candidate* when exactly one value flows across it: of the values defined at
 or before it (the input placeholder included), the only one used after it is its own, and
-that value is a tensor. Two kinds of value never count as flowing:
+that value is a tensor. Some values never count as flowing (`shared_values`):
 
 - parameters, buffers and constants (`get_attr` nodes): both sides read them from the
   shared modules, so each belongs to the side that uses it;
-- `x.size(0)`, the batch size: the tail reads it off the activation it receives.
+- `x.size(0)`, the batch size: the tail reads it off the activation it receives;
+- what is computed from those alone, without parameters or randomness (an attention mask
+  built from the sequence length and the batch size): the tail computes it again.
 
 Candidates are then collapsed to *block* boundaries, so that a ResNet has one cut per
 residual block rather than one per ReLU. A candidate is kept when it is the last node of
 a block's call, a block being a child of the model or of a plain container
 (`nn.Sequential`, `nn.ModuleList`, `nn.ModuleDict`) at any depth, or when it is a
 functional step at the model's top level (`torch.flatten` in a ResNet, `add` in a user's
-forward). The cut is named after the outermost block that ends there; the inner ones are
-its aliases (`layer1` and `layer1.1` end at the same node). Since the graph's output is
-always a candidate and runs at the top level, the last cut point is the model's output
-when the model returns one tensor.
+forward). Since the graph's output is always a candidate and runs at the top level, the
+last cut point is the model's output when the model returns one tensor.
+
+Names: a block's cut is named after the outermost block that ends there; the inner ones
+are its aliases (`layer1` and `layer1.1` end at the same node). A functional step is
+named after the top-level module that ran last before it and the operation taken,
+`avgpool+flatten`, `encoder+getitem` (the class token of a ViT); its graph node's name
+(`flatten`, `getitem_29`) is an alias. Names depend only on the model's code, so they are
+the same in every run and every process.
 """
 
 from __future__ import annotations
 
 import bisect
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +40,9 @@ from torch.fx.passes.shape_prop import TensorMetadata
 from hapi.graph.cut_point import CutPoint
 from hapi.graph.tracer import is_container
 
-__all__ = ["Cuts", "find_cuts", "is_batch_size"]
+__all__ = ["Cuts", "find_cuts", "is_batch_size", "sample_shape", "shared_values"]
+
+_RANDOM = re.compile(r"rand|bernoulli|normal|dropout|uniform|multinomial|poisson|exponential")
 
 
 @dataclass(frozen=True)
@@ -48,30 +58,37 @@ class Cuts:
 
 
 def find_cuts(model: nn.Module, gm: fx.GraphModule) -> Cuts:
-    """The cut points of `gm`, a scoped trace of `model` that `ShapeProp` has run over."""
+    """The cut points of `gm`, a scoped graph of `model` with shapes in its nodes' meta."""
     nodes = list(gm.graph.nodes)
     order = {n: i for i, n in enumerate(nodes)}
     last_use = {n: max((order[u] for u in n.users), default=-1) for n in nodes}
+    shared = shared_values(gm, nodes)
     ends = _block_ends(model, nodes)
     live: set[fx.Node] = set()
     points: list[CutPoint] = []
     cut_nodes: list[fx.Node] = []
+    used: set[str] = set()
+    anchor = "input"
     for n in nodes:
         if n.op == "output":
             break
-        if n.op != "get_attr" and not is_batch_size(n):
+        scopes = n.meta.get("scopes", ())
+        if n not in shared:
             live.add(n)
         live = {v for v in live if last_use[v] > order[n]}
-        if n.op in ("placeholder", "get_attr") or live != {n}:
-            continue
-        meta = n.meta.get("tensor_meta")
-        if not isinstance(meta, TensorMetadata):
-            continue
-        if n not in ends and n.meta.get("scopes"):
-            continue
-        names = sorted(ends.get(n, []), key=lambda s: (s.count("."), s)) or [n.name]
-        points.append(CutPoint(len(points) + 1, names[0], tuple(meta.shape[1:]), tuple(names[1:])))
-        cut_nodes.append(n)
+        candidate = n.op != "placeholder" and n not in shared and live == {n}
+        shape = sample_shape(n) if candidate else None
+        if shape is not None and (n in ends or not scopes):
+            if n in ends:
+                names = sorted(ends[n], key=lambda s: (s.count("."), s))
+            else:
+                names = [_step_name(anchor, n, used), n.name]
+            used.add(names[0])
+            aliases = tuple(a for a in names[1:] if a != names[0])
+            points.append(CutPoint(len(points) + 1, names[0], shape, aliases))
+            cut_nodes.append(n)
+        if scopes:
+            anchor = scopes[0]
 
     param_cut = _param_cuts(model, gm, nodes, [order[n] for n in cut_nodes])
     totals = [0] * (len(points) + 2)
@@ -87,10 +104,70 @@ def find_cuts(model: nn.Module, gm: fx.GraphModule) -> Cuts:
 
 def is_batch_size(n: fx.Node) -> bool:
     """`x.size(0)`: the batch size, which the tail can read off its own input."""
-    if n.op != "call_method" or n.target != "size":
+    if n.op == "call_method" and n.target == "size":
+        dim = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
+    elif n.op == "call_function" and n.target is torch.ops.aten.sym_size.int:
+        dim = n.args[1]
+    else:
         return False
-    dim = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
     return isinstance(dim, int) and dim == 0
+
+
+def shared_values(gm: fx.GraphModule, nodes: list[fx.Node]) -> set[fx.Node]:
+    """The nodes whose values never flow across a cut: parameters, buffers and constants,
+    batch sizes, and what is computed from them alone without parameters or randomness."""
+    shared: set[fx.Node] = set()
+    for n in nodes:
+        derived = (
+            n.op in ("call_function", "call_method")
+            and all(a in shared for a in n.all_input_nodes)
+            and not any(_is_parameter(gm, a) for a in n.all_input_nodes)
+            and not _random_or_mutating(n)
+        )
+        if derived or n.op == "get_attr" or is_batch_size(n):
+            shared.add(n)
+    return shared
+
+
+def sample_shape(n: fx.Node) -> tuple[int, ...] | None:
+    """The per-sample shape of a tensor node's value, or None when it is not a tensor."""
+    meta = n.meta.get("tensor_meta")
+    if isinstance(meta, TensorMetadata):
+        return tuple(meta.shape[1:])
+    val = n.meta.get("val")
+    if isinstance(val, torch.Tensor) and val.dim() >= 1:
+        dims = tuple(val.shape[1:])
+        if all(isinstance(d, int) for d in dims):
+            return tuple(int(d) for d in dims)
+    return None
+
+
+def _step_name(anchor: str, n: fx.Node, used: set[str]) -> str:
+    if n.op == "call_function":
+        packet = getattr(n.target, "overloadpacket", None)
+        op = getattr(packet or n.target, "__name__", str(n.target))
+    else:
+        op = str(n.target)
+    name = f"{anchor}+{op}"
+    k = 2
+    while name in used:
+        name = f"{anchor}+{op}#{k}"
+        k += 1
+    return name
+
+
+def _is_parameter(gm: fx.GraphModule, n: fx.Node) -> bool:
+    return n.op == "get_attr" and isinstance(_fetch(gm, str(n.target)), nn.Parameter)
+
+
+def _random_or_mutating(n: fx.Node) -> bool:
+    # A recomputed value must be the same on both sides and must not change state twice.
+    target = n.target
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.is_mutable or torch.Tag.nondeterministic_seeded in target.tags
+    name = target if isinstance(target, str) else getattr(target, "__name__", "")
+    inplace = n.kwargs.get("inplace") is True or "out" in n.kwargs
+    return bool(_RANDOM.search(name)) or name.endswith("_") or inplace
 
 
 def _block_ends(model: nn.Module, nodes: list[fx.Node]) -> dict[fx.Node, list[str]]:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import fx
 
-from hapi.graph._cuts import is_batch_size
+from hapi.graph._cuts import is_batch_size, shared_values
 
 __all__ = ["split"]
 
@@ -12,32 +14,43 @@ __all__ = ["split"]
 def split(gm: fx.GraphModule, at: fx.Node, *, head: bool) -> fx.GraphModule:
     """A GraphModule with the nodes up to `at` (head) or the ones after it (tail).
 
-    Both share `gm`'s submodules, parameters and buffers, which are the model's own.
+    Both share `gm`'s submodules, parameters and buffers, which are the model's own. The
+    tail computes again what the head computed from the batch size and constants alone
+    (`hapi.graph._cuts.shared_values`), reading the batch size off its input.
     """
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
-    batch_sizes: list[fx.Node] = []
-    before = True
-    for n in gm.graph.nodes:
-        if head:
+    if head:
+        for n in gm.graph.nodes:
             env[n] = graph.node_copy(n, lambda a: env[a])
             if n is at:
                 graph.output(env[n])
                 break
-            continue
-        if before:
-            if n.op == "get_attr":
-                env[n] = graph.node_copy(n, lambda a: env[a])
-            elif is_batch_size(n):
-                batch_sizes.append(n)
-            if n is at:
-                env[n] = graph.placeholder("x")
-                for b in batch_sizes:
-                    env[b] = graph.call_method("size", (env[n], 0))
-                before = False
-            continue
-        env[n] = graph.node_copy(n, lambda a: env[a])
-    part = fx.GraphModule(gm, graph, f"{gm.__class__.__name__}{'Head' if head else 'Tail'}")
+        return _module(gm, graph, "Head")
+    nodes = list(gm.graph.nodes)
+    shared = shared_values(gm, nodes)
+    again: list[fx.Node] = []
+    before = True
+    for n in nodes:
+        if not before or n.op == "get_attr":
+            env[n] = graph.node_copy(n, env.__getitem__)
+        elif n in shared:
+            again.append(n)
+        if n is at:
+            x = env[n] = graph.placeholder("x")
+            for m in again:
+                # A batch size reads its tensor's first dimension: the activation's will do.
+                env[m] = graph.node_copy(m, _to(x) if is_batch_size(m) else env.__getitem__)
+            before = False
+    return _module(gm, graph, "Tail")
+
+
+def _to(x: fx.Node) -> Callable[[fx.Node], fx.Node]:
+    return lambda _: x
+
+
+def _module(gm: fx.GraphModule, graph: fx.Graph, side: str) -> fx.GraphModule:
+    part = fx.GraphModule(gm, graph, f"{gm.__class__.__name__}{side}")
     # Drop what only the other side reads, so a head holds only the modules it runs.
     part.graph.eliminate_dead_code()
     part.delete_all_unused_submodules()

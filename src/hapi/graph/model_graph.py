@@ -3,7 +3,9 @@
 `trace` finds the cut points with torch.fx (the rule is in `hapi.graph._cuts`): a ResNet's
 stem layers and residual blocks, a ViT's encoder blocks, a DenseNet's dense blocks and
 transitions, a VGG's layers, without wrappers written per model. A model torch.fx cannot
-trace falls back to its top-level children run in order, when they compute its forward.
+trace (Hugging Face models, Python control flow on shapes it cannot follow) is traced with
+torch.export instead (`hapi.graph._exported`, `hapi.graph._modal`); one neither can trace
+falls back to its top-level children run in order, when they compute its forward.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from torch import fx, nn
 
 from hapi.errors import InvalidCut, InvalidRequest
 from hapi.graph._cuts import find_cuts
+from hapi.graph._exported import export_scoped
+from hapi.graph._modal import ExportSource, ModalPart
 from hapi.graph._split import split
 from hapi.graph.cut_point import INPUT, RAW, CutPoint
 from hapi.graph.tracer import trace_scoped
@@ -44,14 +48,23 @@ class ModelGraph:
     cut_points: tuple[CutPoint, ...]
     """Cut point k at position k-1."""
     traced: bool
-    """False when torch.fx failed and the cuts fall between top-level children."""
+    """False when tracing failed and the cuts fall between top-level children."""
     fallback_reason: str | None = None
     """Why tracing failed, when it did."""
     _gm: fx.GraphModule | None = field(default=None, repr=False)
     _nodes: tuple[fx.Node, ...] = field(default=(), repr=False)
     _param_cut: dict[str, int] = field(default_factory=dict, repr=False)
     notes: tuple[str, ...] = ()
-    """What the graph does not keep of the model (a root branching on `self.training`)."""
+    """How it was traced when not by torch.fx, and what the graph does not keep of the
+    model (a root branching on `self.training` in Python)."""
+    _source: ExportSource | None = field(default=None, repr=False)
+
+    @property
+    def method(self) -> str:
+        """`fx` (torch.fx), `export` (torch.export) or `children` (the fallback)."""
+        if self._gm is not None:
+            return "fx"
+        return "export" if self._source is not None else "children"
 
     @property
     def num_cuts(self) -> int:
@@ -80,6 +93,8 @@ class ModelGraph:
         self._check_range(cut, allow_input=True)
         if cut == INPUT:
             return nn.Identity()
+        if self._source is not None:
+            return ModalPart(self._source, cut, head=True)
         if self._gm is None:
             return nn.Sequential(*list(self.model.children())[:cut])
         return split(self._gm, self._nodes[cut - 1], head=True)
@@ -87,6 +102,8 @@ class ModelGraph:
     def tail(self, cut: int) -> nn.Module:
         """The module computing the model's output from the activation at `cut`."""
         self._check_range(cut, allow_input=True)
+        if self._source is not None:
+            return ModalPart(self._source, cut, head=False)
         if self._gm is None:
             return self.model if cut == INPUT else nn.Sequential(*list(self.model.children())[cut:])
         if cut == INPUT:
@@ -94,6 +111,37 @@ class ModelGraph:
             # whatever Python control flow the model's forward had when it was traced.
             return self._gm
         return split(self._gm, self._nodes[cut - 1], head=False)
+
+    def segment(self, start: int, end: int) -> nn.Module:
+        """The frozen part between two cuts: the activation at `end` from the one at `start`.
+
+        `tail(start)` computes what `tail(end)` computes after it, so features that arrived
+        at one cut can join a batch at a later one (a plan that changed its cut mid-epoch).
+        Run it in eval mode, as every frozen part runs.
+
+        Raises:
+            InvalidCut: a cut out of range, or `start` after `end`.
+        """
+        self._check_range(start, allow_input=True)
+        self._check_range(end, allow_input=True)
+        if start > end:
+            raise InvalidCut(f"a segment runs forward: cut {start} is after cut {end}")
+        if start == end:
+            return nn.Identity()
+        if start == INPUT:
+            return self.head(end)
+        if self._gm is None and self._source is None:
+            return nn.Sequential(*list(self.model.children())[start:end])
+        # The head up to `end`, split again at `start`. An exported model's first variant
+        # is the one in eval mode, the mode frozen layers run in.
+        gm, nodes = (
+            (self._gm, self._nodes)
+            if self._gm is not None
+            else (self._source.first.gm, self._source.first.cuts.nodes)  # type: ignore[union-attr]
+        )
+        head = split(gm, nodes[end - 1], head=True)
+        at = next(n for n in head.graph.nodes if n.name == nodes[start - 1].name)
+        return split(head, at, head=False)
 
     def head_parameters(self, cut: int) -> Iterator[tuple[str, nn.Parameter]]:
         """The model's (qualified name, parameter) pairs the head up to `cut` uses."""
@@ -106,9 +154,10 @@ class ModelGraph:
         """The freeze point: the last frozen cut point.
 
         Args:
-            freeze: a cut index 0..n; a module name whose output is a cut point (that
-                module and everything before it is frozen); or None to read it from the
-                parameters: the last cut whose head uses no parameter that requires grad.
+            freeze: a cut index 0..n; a cut point's name or alias, a module name whose
+                output is a cut point (that module and everything before it is frozen) or
+                a step after one (`avgpool+flatten`); `"input"` (0); or None to read it from
+                the parameters: the last cut whose head uses no parameter that requires grad.
 
         Raises:
             InvalidCut: an index out of range, or a name that is not a cut point.
@@ -121,16 +170,7 @@ class ModelGraph:
             ]
             return min(trainable, default=self.num_cuts + 1) - 1
         if isinstance(freeze, str):
-            if freeze.lstrip("-").isdigit():
-                return self.resolve_freeze(int(freeze))
-            for point in self.cut_points:
-                if freeze == point.name or freeze in point.aliases:
-                    return point.index
-            raise InvalidCut(
-                f"{freeze!r} is not a cut point of {type(self.model).__name__}: its output "
-                f"is not the only tensor flowing on; use a cut index 0..{self.num_cuts} or "
-                f"one of {self._names_near(freeze)} (see `hapi profile`)"
-            )
+            return self.resolve_freeze(self._index_of(freeze, "freeze"))
         if isinstance(freeze, bool) or not isinstance(freeze, int):
             raise InvalidCut(f"freeze must be a cut index, a module name or None, got {freeze!r}")
         if not 0 <= freeze <= self.num_cuts:
@@ -139,6 +179,45 @@ class ModelGraph:
                 "(see `hapi profile`)"
             )
         return freeze
+
+    def resolve_cut(self, cut: int | str) -> int:
+        """A cut as an index: RAW (-1), INPUT (0) or a cut point 1..n.
+
+        Args:
+            cut: an index; `"raw"` or `"input"`; a cut point's name or alias (`layer3`,
+                `avgpool+flatten`, `encoder+getitem`); or an index written as a string.
+
+        Raises:
+            InvalidCut: an index out of range, or a name that is not a cut point.
+        """
+        if isinstance(cut, str):
+            return self.resolve_cut(self._index_of(cut, "cut"))
+        if isinstance(cut, bool) or not isinstance(cut, int):
+            raise InvalidCut(f"cut must be a cut index or a cut point's name, got {cut!r}")
+        if not RAW <= cut <= self.num_cuts:
+            raise InvalidCut(
+                f"cut {cut} is outside the model's cut points: use RAW (-1), INPUT (0) or "
+                f"1..{self.num_cuts} (see `hapi profile`)"
+            )
+        return cut
+
+    def _index_of(self, name: str, what: str) -> int:
+        text = name.strip()
+        if text.lstrip("-").isdigit():
+            return int(text)
+        if text.lower() == "raw" and what == "freeze":
+            raise InvalidCut("freeze cannot be 'raw': use a cut point 0..n, 'input' (0) or None")
+        special = {"raw": RAW, "input": INPUT}
+        if text.lower() in special and (what == "cut" or text.lower() == "input"):
+            return special[text.lower()]
+        for point in self.cut_points:
+            if text == point.name or text in point.aliases:
+                return point.index
+        raise InvalidCut(
+            f"{name!r} is not a cut point of {type(self.model).__name__}: its output is not "
+            f"the only tensor flowing on; use a {what} index 0..{self.num_cuts} or one of "
+            f"{self._names_near(text)} (see `hapi profile`)"
+        )
 
     def check_cut(self, cut: int, freeze: int) -> None:
         """Refuse a cut the server cannot run for a model frozen up to `freeze`.
@@ -193,10 +272,7 @@ def trace(model: nn.Module, input_shape: tuple[int, ...] = (3, 224, 224)) -> Mod
         try:
             gm, note = trace_scoped(model)
         except Exception as exc:  # fx raises many types for untraceable code
-            first_line = str(exc).splitlines()[0] if str(exc) else ""
-            reason = f"{type(exc).__name__}: {first_line}"
-            log.warning("cannot trace %s (%s); cutting between its children", type(model), reason)
-            return _fallback(model, shape, reason)
+            return _exported(model, shape, _reason(exc))
         _propagate_shapes(gm, _probe(model, shape, batch=1))
         cuts = find_cuts(model, gm)
         if note:
@@ -208,6 +284,36 @@ def trace(model: nn.Module, input_shape: tuple[int, ...] = (3, 224, 224)) -> Mod
     finally:
         for m, training in was_training.items():
             m.training = training
+
+
+def _reason(exc: BaseException) -> str:
+    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first_line}"
+
+
+def _exported(model: nn.Module, shape: tuple[int, ...], fx_reason: str) -> ModelGraph:
+    def export() -> fx.GraphModule:
+        # A fresh probe each time: the model may have moved to another device since.
+        return export_scoped(model, _probe(model, shape, batch=2))
+
+    try:
+        source = ExportSource(model, export)
+    except Exception as exc:  # torch.export raises many types for what it cannot export
+        reason = f"torch.fx: {fx_reason}; torch.export: {_reason(exc)}"
+        log.warning("cannot trace %s (%s); cutting between its children", type(model), reason)
+        return _fallback(model, shape, reason)
+    cuts = source.first.cuts
+    note = f"traced with torch.export, as torch.fx cannot trace it ({fx_reason})"
+    return ModelGraph(
+        model,
+        shape,
+        cuts.points,
+        True,
+        None,
+        _param_cut=cuts.param_cut,
+        notes=(note,),
+        _source=source,
+    )
 
 
 def _probe(model: nn.Module, shape: tuple[int, ...], *, batch: int) -> torch.Tensor:

@@ -69,11 +69,10 @@ def trace_scoped(model: nn.Module) -> tuple[fx.GraphModule, str | None]:
         with training_as_graph_input(model, tracer):
             graph = tracer.trace(model, concrete_args=concrete)
     except Exception as dynamic_exc:
+        # Traced again with `training` a constant: when that fails too, its error is the
+        # one that says what torch.fx cannot follow.
         tracer = ScopeTracer()
-        try:
-            graph = tracer.trace(model, concrete_args=concrete)
-        except Exception:
-            raise dynamic_exc from None
+        graph = tracer.trace(model, concrete_args=concrete)
         mode = "train" if model.training else "eval"
         note = (
             f"{type(model).__name__}.forward branches on self.training in Python, so that "

@@ -1,0 +1,179 @@
+"""Heads and tails of exported models, which follow the model's train/eval modes.
+
+torch.export records the operations a model runs in the mode it is in: dropout with its
+`train` flag set, batch norm with batch statistics or running ones, drop-path's random
+mask or nothing. So an exported graph is one *variant* of the model per configuration of
+its modules' `training` flags. `ExportSource` exports the model again (once) for each
+configuration it meets, and `ModalPart`, a head or a tail, runs the variant of the
+configuration the model is in when it is called: the tail trains exactly what the model
+would, with its frozen modules in eval mode and the rest in train mode.
+
+`ModalPart.train(mode)` sets the flags of the model's modules it runs: for a head, those
+whose every operation is in the head; for a tail, those with an operation in the tail,
+and the model itself. (A module running on both sides of the cut follows the tail.)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import fx, nn
+
+from hapi.errors import InvalidCut
+from hapi.graph._cuts import Cuts, find_cuts
+from hapi.graph._split import split
+
+__all__ = ["ExportSource", "ModalPart"]
+
+Modes = tuple[bool, ...]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """The model exported in one configuration of modes, with its cut points."""
+
+    gm: fx.GraphModule
+    cuts: Cuts
+    by_name: dict[str, fx.Node]
+
+
+class ExportSource:
+    """A model exported once per configuration of its modules' train/eval modes.
+
+    Exported twice when made: in the modes the model is in (eval, when `trace` makes it),
+    which gives the cut points, and with every module in train mode, which shows where the
+    operations of modules that do nothing in eval mode (dropout) are.
+    """
+
+    def __init__(self, model: nn.Module, export: Callable[[], fx.GraphModule]) -> None:
+        self.model = model
+        self._export = export
+        self._lock = threading.Lock()
+        self._variants: dict[Modes, Variant] = {}
+        first = _variant(model, export())
+        modes = [m.training for m in model.modules()]
+        model.train()
+        try:
+            trained = _variant(model, export())
+        finally:
+            for m, mode in zip(model.modules(), modes, strict=True):
+                m.training = mode
+        scopes = {s for v in (first, trained) for n in v.gm.graph.nodes for s in _scopes(n)}
+        # Modules that run no operation in either mode: their flags change nothing.
+        self._relevant = [model, *(m for name, m in model.named_modules() if name in scopes)]
+        self._located = (first, trained)
+        self.first_modes = self.modes()
+        """The modes the model was exported in first (all eval, when `trace` did it)."""
+        self.first = self._variants.setdefault(self.first_modes, first)
+        self._variants.setdefault(tuple(True for _ in self._relevant), trained)
+
+    def modes(self) -> Modes:
+        """The `training` flags of the model and of its modules that run operations."""
+        return tuple(m.training for m in self._relevant)
+
+    def variant(self) -> tuple[Modes, Variant]:
+        """The variant for the modes the model is in now, exported on first use."""
+        modes = self.modes()
+        with self._lock:
+            found = self._variants.get(modes)
+        if found is None:
+            found = _variant(self.model, self._export())
+            with self._lock:
+                found = self._variants.setdefault(modes, found)
+        return modes, found
+
+    def owned(self, cut_name: str | None, head: bool) -> list[nn.Module]:
+        """The modules whose flags a head or tail at `cut_name` sets (see the module doc)."""
+        before: set[str] = set()
+        after: set[str] = set()
+        for variant in self._located:
+            nodes = list(variant.gm.graph.nodes)
+            node = variant.by_name.get(cut_name) if cut_name is not None else None
+            at = nodes.index(node) if node is not None else -1  # INPUT: all is after
+            for i, n in enumerate(nodes):
+                (before if i <= at else after).update(_scopes(n))
+        names = (before - after) if head else after
+        owned = [self.model.get_submodule(name) for name in sorted(names)]
+        return owned if head else [self.model, *owned]
+
+
+def _scopes(n: fx.Node) -> tuple[str, ...]:
+    return n.meta.get("scopes", ())
+
+
+def _variant(model: nn.Module, gm: fx.GraphModule) -> Variant:
+    cuts = find_cuts(model, gm)
+    by_name: dict[str, fx.Node] = {}
+    for point, node in zip(cuts.points, cuts.nodes, strict=True):
+        for name in (point.name, *point.aliases):
+            by_name.setdefault(name, node)
+    return Variant(gm, cuts, by_name)
+
+
+class ModalPart(fx.GraphModule):
+    """The head or the tail of an exported model at a cut, in the model's current modes."""
+
+    def __init__(self, source: ExportSource, cut: int, *, head: bool) -> None:
+        first = source.first
+        cut_name = first.cuts.points[cut - 1].name if cut else None
+        part = _part(first, cut_name, head)
+        super().__init__(part, part.graph, part.__class__.__name__)
+        self._source = source
+        self._cut_name = cut_name
+        self._head = head
+        self._modes = source.first_modes
+        self._owned = source.owned(cut_name, head)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        modes, variant = self._source.variant()
+        if modes != self._modes:
+            self._adopt(_part(variant, self._cut_name, self._head))
+            self._modes = modes
+        return super().__call__(*args, **kwargs)
+
+    def train(self, mode: bool = True) -> ModalPart:
+        super().train(mode)
+        for module in self._owned:
+            module.training = mode
+        return self
+
+    def _adopt(self, part: fx.GraphModule) -> None:
+        for n in part.graph.nodes:
+            target = str(n.target)
+            if n.op in ("get_attr", "call_module") and not _has(self, target):
+                fx.graph_module._assign_attr(_fetch(part, target), self, target)
+        graph = fx.Graph()
+        out = graph.graph_copy(part.graph, {})
+        graph.output(out)
+        self.graph = graph
+
+
+def _part(variant: Variant, cut_name: str | None, head: bool) -> fx.GraphModule:
+    if cut_name is None:
+        return variant.gm
+    node = variant.by_name.get(cut_name)
+    if node is None:
+        raise InvalidCut(
+            f"{cut_name!r} is not a cut point of the model in its current train/eval modes; "
+            "cut at a block boundary"
+        )
+    return split(variant.gm, node, head=head)
+
+
+def _fetch(module: nn.Module, target: str) -> Any:
+    value: Any = module
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _has(module: nn.Module, target: str) -> bool:
+    value: Any = module
+    for part in target.split("."):
+        if not hasattr(value, part):
+            return False
+        value = getattr(value, part)
+    return True
