@@ -2,6 +2,7 @@
 
 from hapi.graph._exported import model_output
 from hapi.graph.cut_point import INPUT, RAW, CutPoint
+from hapi.graph.layout import standard_layout
 from hapi.graph.model_graph import ModelGraph, trace
 from hapi.graph.profile import profile_rows
 from hapi.graph.zoo import ModelSpec, build_model, known_models
@@ -16,5 +17,6 @@ __all__ = [
     "known_models",
     "model_output",
     "profile_rows",
+    "standard_layout",
     "trace",
 ]

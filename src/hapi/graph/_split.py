@@ -7,12 +7,15 @@ from collections.abc import Callable
 from torch import fx
 
 from hapi.graph._cuts import is_batch_size, shared_values
+from hapi.graph.layout import standard_layout
 
 __all__ = ["split"]
 
 
 def split(gm: fx.GraphModule, at: fx.Node, *, head: bool) -> fx.GraphModule:
     """A GraphModule with the nodes up to `at` (head) or the ones after it (tail).
+
+    The head returns its activation in standard layout (`hapi.graph.layout`).
 
     Both share `gm`'s submodules, parameters and buffers, which are the model's own. The
     tail computes again what the head computed from the batch size and constants alone
@@ -24,7 +27,10 @@ def split(gm: fx.GraphModule, at: fx.Node, *, head: bool) -> fx.GraphModule:
         for n in gm.graph.nodes:
             env[n] = graph.node_copy(n, lambda a: env[a])
             if n is at:
-                graph.output(env[n])
+                # The wire and the tail get standard strides whatever the model left.
+                out = graph.call_function(standard_layout, (env[n],))
+                out.meta = dict(env[n].meta)
+                graph.output(out)
                 break
         return _module(gm, graph, "Head")
     nodes = list(gm.graph.nodes)
