@@ -8,11 +8,14 @@ sees when TLS goes wrong, so `HapiServer` and `Connection` can rely on them:
     client: flight.connect("grpc+tls://NAME:PORT", tls_root_certs=ca_pem,
                            [cert_chain=client_cert_pem, private_key=client_key_pem])
 
-NAME must be one of the server certificate's subject alternative names.
+NAME must be one of the server certificate's subject alternative names. The tests at the
+end run hapi's own server and client over TLS, and check what a client is told when the
+handshake fails.
 """
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,10 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
-from hapi.errors import Unauthenticated
+from hapi.client import connect
+from hapi.errors import InvalidRequest, ServerUnavailable, Unauthenticated
+from hapi.server import ServerConfig
+from hapi.server import serve as hapi_serve
 from hapi.server.auth import TENANT_MIDDLEWARE, TenantMiddlewareFactory, caller
 from hapi.server.tenants import Tenant, Tenants
 from hapi.server.tls import ServerTls, flight_location
@@ -171,3 +177,75 @@ def bearer(token: str) -> flight.FlightCallOptions:
     return flight.FlightCallOptions(
         headers=[(b"authorization", f"Bearer {token}".encode())], timeout=10
     )
+
+
+# hapi's own server and client over TLS -------------------------------------------------
+
+
+def hapi_tls(certs: Certs, store: Path, **options: Any) -> Any:
+    return hapi_serve(
+        ServerConfig(
+            store=str(store),
+            tls_cert=str(certs.server_cert),
+            tls_key=str(certs.server_key),
+            **options,
+        )
+    )
+
+
+def test_hapi_client_over_tls(certs: Certs, tmp_path: Path) -> None:
+    with hapi_tls(certs, tmp_path, token="tls-token-0123456789") as server:
+        assert server.address.startswith("grpc+tls://127.0.0.1:")
+        conn = connect(server.address, token="tls-token-0123456789", tls_ca=certs.ca_cert)
+        assert conn.stats().sessions == {}
+        # A Connection pickles into DataLoader workers with its TLS options.
+        copy = pickle.loads(pickle.dumps(conn))
+        assert (copy.tls_ca, copy.address) == (str(certs.ca_cert), server.address)
+        assert copy.stats().sessions == {}
+        bare = connect(
+            f"localhost:{server.port}", token="tls-token-0123456789", tls_ca=certs.ca_cert
+        )
+        assert bare.address.startswith("grpc+tls://") and bare.stats().sessions == {}
+
+
+def test_hapi_client_names_a_failed_handshake(certs: Certs, tmp_path: Path) -> None:
+    stranger = make_certs(tmp_path / "other")
+    with hapi_tls(certs, tmp_path) as server:
+        untrusting = connect(server.address, tls_ca=stranger.ca_cert, timeout=10)
+        with pytest.raises(ServerUnavailable, match=r"TLS handshake with grpc\+tls://") as info:
+            untrusting.stats()
+        assert "check tls_ca" in str(info.value) and "unreachable" not in str(info.value)
+        plain = connect(f"grpc://127.0.0.1:{server.port}", timeout=10)
+        with pytest.raises(ServerUnavailable) as info:
+            plain.stats()
+        assert f"connect to grpc+tls://127.0.0.1:{server.port}" in str(info.value)
+    with hapi_serve(ServerConfig(store=str(tmp_path))) as server:
+        tls_to_plain = connect(f"grpc+tls://127.0.0.1:{server.port}", tls_ca=certs.ca_cert)
+        with pytest.raises(ServerUnavailable, match="that the server uses TLS"):
+            tls_to_plain.stats()
+
+
+def test_hapi_mutual_tls(certs: Certs, tmp_path: Path) -> None:
+    with hapi_tls(certs, tmp_path, tls_client_ca=str(certs.ca_cert)) as server:
+        with_cert = connect(
+            server.address,
+            tls_ca=certs.ca_cert,
+            tls_cert=certs.client_cert,
+            tls_key=certs.client_key,
+            timeout=10,
+        )
+        assert with_cert.stats().sessions == {}
+        without = connect(server.address, tls_ca=certs.ca_cert, timeout=10)
+        with pytest.raises(ServerUnavailable, match="tls_cert/tls_key"):
+            without.stats()
+
+
+def test_connect_refuses_tls_options_it_cannot_use(certs: Certs, tmp_path: Path) -> None:
+    with pytest.raises(InvalidRequest, match="grpc\\+tls://host:1"):
+        connect("grpc://host:1", tls_ca=certs.ca_cert)
+    with pytest.raises(InvalidRequest, match="tls_cert and tls_key together"):
+        connect("grpc+tls://host:1", tls_cert=certs.client_cert)
+    (tmp_path / "not.pem").write_text("hello")
+    for bad, what in [(tmp_path / "missing.pem", "cannot read"), (tmp_path / "not.pem", "not PEM")]:
+        with pytest.raises(InvalidRequest, match=what):
+            connect("grpc+tls://127.0.0.1:1", tls_ca=bad).stats()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 
@@ -17,7 +18,10 @@ def register(app: typer.Typer) -> None:
 
 def serve(
     store: str = typer.Option(..., help="Object store to serve: a directory, s3://bucket/prefix."),
-    host: str = typer.Option("127.0.0.1", help="Address to listen on."),
+    host: str = typer.Option(
+        "127.0.0.1",
+        help="Address to listen on. Beyond loopback it needs tokens and TLS, or --insecure.",
+    ),
     port: int = typer.Option(8815, help="Port to listen on (0: any free port)."),
     egress_limit: str = typer.Option(
         None, help="Cap on what the server sends, e.g. 50mbit (emulates a storage link)."
@@ -25,14 +29,44 @@ def serve(
     batch_size: int = typer.Option(32, help="Largest feature-extraction batch."),
     device: str = typer.Option("cpu", help="Where heads run: cpu, cuda, cuda:N."),
     threads: int = typer.Option(None, help="torch threads for heads."),
-    token: str = typer.Option(None, envvar="HAPI_TOKEN", help="Bearer token callers must send."),
+    token: str = typer.Option(
+        None,
+        envvar="HAPI_TOKEN",
+        help="Bearer token callers must send; best from HAPI_TOKEN (the command line is "
+        "visible in the process list).",
+    ),
+    tenants: str = typer.Option(
+        None,
+        help="TOML file of tenants (token_env or token, prefixes, weight per tenant); "
+        "re-read on SIGHUP.",
+    ),
+    tls_cert: str = typer.Option(None, help="PEM certificate to serve grpc+tls:// with."),
+    tls_key: str = typer.Option(None, help="PEM private key of --tls-cert (unencrypted)."),
+    tls_client_ca: str = typer.Option(
+        None, help="PEM CA bundle: clients must present a certificate it signed (mutual TLS)."
+    ),
+    insecure: bool = typer.Option(
+        False, help="Bind beyond loopback without a token or without TLS anyway."
+    ),
+    metrics_port: int = typer.Option(
+        None,
+        help="Serve Prometheus metrics on this port at /metrics, over HTTPS with --tls-cert "
+        "(0: any free port).",
+    ),
+    metrics_host: str = typer.Option("127.0.0.1", help="Address of the metrics endpoint."),
     repo: str = typer.Option(None, envvar="HAPI_REPO", help="Model repository for repo:// refs."),
     endpoint: str = typer.Option(None, help="S3 endpoint URL (default: AWS_ENDPOINT_URL)."),
 ) -> None:
     """Serve features computed next to the data over Arrow Flight, until Ctrl-C."""
     from hapi.cli._stores import existing_repo, existing_store, store_options
     from hapi.server import HapiServer, ServerConfig
+    from hapi.server.tenants import reload_on_sighup
 
+    if token is not None and os.environ.get("HAPI_TOKEN") != token:
+        Console(stderr=True, highlight=False).print(
+            "[yellow]warning:[/] --token is visible to every user of this machine in the "
+            "process list; set HAPI_TOKEN instead, or use --tenants with token_env"
+        )
     options = store_options(endpoint)
     config = ServerConfig(
         store=store,
@@ -44,6 +78,13 @@ def serve(
         device=device,
         threads=threads,
         token=token,
+        tenants=tenants,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        tls_client_ca=tls_client_ca,
+        insecure=insecure,
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
         repo=repo,
     )
     # A server reads its store and repository: refuse a mistyped directory instead of
@@ -56,15 +97,28 @@ def serve(
     server = HapiServer(config)
     limit = f", egress limited to {egress_limit}" if egress_limit else ""
     models = f", models from [bold]{repo}[/]" if repo else ""
-    Console().print(f"hapi serving [bold]{store}[/] at [bold]{server.address}[/]{limit}{models}")
-    # serve() blocks in C++ but runs Python signal handlers; SIGTERM and SIGINT end it
-    # through an exception, and the server then stops cleanly.
+    who = f", {len(server.tenants)} tenant(s) from {tenants}" if tenants else ""
+    Console().print(
+        f"hapi serving [bold]{store}[/] at [bold]{server.address}[/]{limit}{models}{who}"
+    )
+    if server.metrics.url:
+        Console().print(f"metrics at [bold]{server.metrics.url}[/]")
+    # SIGTERM and SIGINT end the server through an exception, and it then stops cleanly;
+    # SIGHUP re-reads the tenants file.
     signal.signal(signal.SIGTERM, _interrupt)
+    restore = reload_on_sighup(server.tenants) if tenants else None
+    serving = threading.Thread(target=server.serve, name="hapi-serve", daemon=True)
+    serving.start()
     try:
-        server.serve()
+        # The main thread waits here, in Python, rather than in serve()'s C++: there Python
+        # runs no signal handler until serve() returns, so a SIGHUP would wait for the end.
+        while serving.is_alive():
+            serving.join(timeout=1.0)
     except KeyboardInterrupt:
         pass
     finally:
+        if restore is not None:
+            restore()
         stopper = threading.Thread(target=server.shutdown, daemon=True)
         stopper.start()
         # Streams cut off by a vanished client can hold shutdown; do not wait forever.

@@ -64,7 +64,14 @@ class JobConfig:
     on_error: OnError = "raise"
     """A bad object fails the epoch (`raise`), or is skipped and reported (`skip`)."""
     token: str | None = None
-    """The server's bearer token, if it has one."""
+    """The server's bearer token (your tenant's), if it has one."""
+    tls_ca: str | None = None
+    """PEM file of the CA that signed the server's certificate, for a `grpc+tls://`
+    server; None trusts the system's CAs."""
+    tls_cert: str | None = None
+    """PEM file of a client certificate, for a server that asks for one (mutual TLS)."""
+    tls_key: str | None = None
+    """PEM file of `tls_cert`'s private key."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("pushdown", "local"):

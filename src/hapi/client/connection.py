@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow.flight as flight
 
+from hapi.client._tls import flight_tls_options, tls_address
 from hapi.data import DatasetManifest
 from hapi.wire import (
     ActionType,
@@ -43,17 +45,25 @@ class Connection:
     """A connection to a hapi server. Create it with `connect`.
 
     The Flight client is made lazily, once per process, so a `Connection` can be pickled
-    into DataLoader workers; it is thread-safe, so K chunks can be in flight at once.
+    into DataLoader workers (each process reads the TLS files); it is thread-safe, so K
+    chunks can be in flight at once.
     """
 
     address: str
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)
     timeout: float | None = None
+    tls_ca: str | None = None
+    """PEM file of the CA that signed the server's certificate; None: the system's CAs."""
+    tls_cert: str | None = None
+    """PEM file of a client certificate, for a server that asks for one (mutual TLS)."""
+    tls_key: str | None = field(default=None, repr=False)
+    """PEM file of `tls_cert`'s private key."""
     _client: Any = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"address": self.address, "token": self.token, "timeout": self.timeout}
+        names = ("address", "token", "timeout", "tls_ca", "tls_cert", "tls_key")
+        return {name: getattr(self, name) for name in names}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state)  # type: ignore[misc]
@@ -63,7 +73,8 @@ class Connection:
         if self._client is None:
             with self._lock:
                 if self._client is None:
-                    self._client = flight.connect(self.address)
+                    tls = flight_tls_options(self.tls_ca, self.tls_cert, self.tls_key)
+                    self._client = flight.connect(self.address, **tls)
         return self._client
 
     def _options(self) -> flight.FlightCallOptions:
@@ -137,14 +148,32 @@ class Connection:
         self.close()
 
 
-def connect(address: str, *, token: str | None = None, timeout: float | None = None) -> Connection:
+def connect(
+    address: str,
+    *,
+    token: str | None = None,
+    timeout: float | None = None,
+    tls_ca: str | os.PathLike[str] | None = None,
+    tls_cert: str | os.PathLike[str] | None = None,
+    tls_key: str | os.PathLike[str] | None = None,
+) -> Connection:
     """Connect to a hapi server (nothing is opened until the first call).
 
     Args:
-        address: `grpc://host:port` (a bare `host:port` is taken as grpc).
-        token: the server's bearer token, if it has one.
+        address: `grpc://host:port`, or `grpc+tls://host:port` for a server with a
+            certificate (`host` must be a name the certificate holds); a bare `host:port`
+            is grpc, or grpc+tls when a TLS option is given.
+        token: the server's bearer token (your tenant's), if it has one.
         timeout: seconds before a call fails with `ServerUnavailable`; None waits.
+        tls_ca: PEM file of the CA that signed the server's certificate; None trusts the
+            system's CAs.
+        tls_cert: PEM file of a client certificate, for a server that asks for one.
+        tls_key: PEM file of `tls_cert`'s private key.
+
+    Raises:
+        InvalidRequest: TLS options with a `grpc://` address, or `tls_cert` without
+            `tls_key` (or the reverse).
     """
-    if "://" not in address:
-        address = f"grpc://{address}"
-    return Connection(address, token, timeout)
+    ca, cert, key = (None if p is None else os.fspath(p) for p in (tls_ca, tls_cert, tls_key))
+    address = tls_address(address, ca=ca, cert=cert, key=key)
+    return Connection(address, token, timeout, tls_ca=ca, tls_cert=cert, tls_key=key)

@@ -107,7 +107,15 @@ class TransferJob:
         """The repository version the job started from, when it did."""
         self.spec, self.model = self._build(model)
         self.connection = (
-            server if isinstance(server, Connection) else connect(address, token=self.config.token)
+            server
+            if isinstance(server, Connection)
+            else connect(
+                address,
+                token=self.config.token,
+                tls_ca=self.config.tls_ca,
+                tls_cert=self.config.tls_cert,
+                tls_key=self.config.tls_key,
+            )
         )
         self.device = torch.device(self.config.device)
         size = self.config.image_size

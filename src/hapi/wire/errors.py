@@ -10,6 +10,7 @@ no pickle) leaves the server: `hapi.server` turns any other exception into an
 from __future__ import annotations
 
 import json
+import re
 
 import pyarrow.flight as flight
 
@@ -39,20 +40,39 @@ def decode_error(exc: Exception, address: str = "") -> Exception:
     """The `HapiError` a Flight client error stands for (or `exc` itself if none).
 
     A server's error comes back as its own class and message; an unknown class name (a
-    newer server's) as a plain `HapiError`.
+    newer server's) as a plain `HapiError`. A failed TLS handshake, which Flight reports
+    as an unreachable server, says so, with what to check.
     """
     body = _error_body(exc)
     if body is not None:
         return error_class(body[0])(body[1])
     text = str(exc)
     if isinstance(exc, flight.FlightUnavailableError | flight.FlightTimedOutError):
+        tls = address.startswith("grpc+tls://")
+        if tls or _SSL.search(text):
+            return ServerUnavailable(
+                f"TLS handshake with {address} failed ({_first_line(text)}): check tls_ca (the "
+                "CA that signed the server's certificate), that the address's host name is in "
+                "the server's certificate, that the server uses TLS (`hapi serve --tls-cert`), "
+                "and tls_cert/tls_key if it asks for a client certificate"
+            )
+        hint = ""
+        if "socket closed" in text.lower():
+            # What a plain-text client gets from a TLS server: the server hangs up.
+            secure = address.replace("grpc://", "grpc+tls://", 1)
+            hint = f"; if the server uses TLS, connect to {secure} with tls_ca="
         return ServerUnavailable(
             f"hapi server {address} is unreachable ({_first_line(text)}); "
-            "check that `hapi serve` is running there and the address is right"
+            f"check that `hapi serve` is running there and the address is right{hint}"
         )
     if isinstance(exc, flight.FlightUnauthenticatedError):
         return Unauthenticated(f"server {address} refused the request: {_first_line(text)}")
     return exc
+
+
+# gRPC's words for a TLS failure ("Ssl handshake failed", "SSL_ERROR_SSL", "certificate
+# verify failed", "wrong version number"): the only sign of it Flight gives.
+_SSL = re.compile(r"\bssl|certificate|handshake|wrong version number", re.IGNORECASE)
 
 
 def _error_body(exc: Exception) -> tuple[str, str] | None:
