@@ -105,6 +105,27 @@ def test_closed_session_leaves_only_tenant_totals(metrics: Metrics) -> None:
     assert value(after, "hapi_sessions_open", tenant="a") == 1
 
 
+def test_followed_gauges_are_read_at_each_scrape(metrics: Metrics) -> None:
+    state = {"waiting": 3, "used": 100, "budget": 1000, "heads": 1}
+    metrics.follow(
+        queue_depth=lambda: state["waiting"],
+        memory=lambda: (state["used"], state["budget"]),
+        heads=lambda: state["heads"],
+    )
+    metrics.serve_http()
+    assert metrics.url is not None
+    first = scrape(metrics.url)
+    state.update(waiting=0, used=640, heads=2)
+    second = scrape(metrics.url)
+    for name, before, after in [
+        ("hapi_queue_depth", 3, 0),
+        ("hapi_memory_used_bytes", 100, 640),
+        ("hapi_memory_budget_bytes", 1000, 1000),
+        ("hapi_heads_loaded", 1, 2),
+    ]:
+        assert (value(first, name), value(second, name)) == (before, after), name
+
+
 def test_servers_in_one_process_count_apart() -> None:
     with Metrics() as one, Metrics() as two:
         one.chunk_done("a", "s", samples=1, nbytes=11, seconds=0.1)

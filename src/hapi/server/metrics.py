@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import (
@@ -149,6 +150,31 @@ class Metrics:
     def set_heads(self, loaded: int) -> None:
         """Set how many heads are in memory."""
         self._heads.set(loaded)
+
+    def follow(
+        self,
+        *,
+        queue_depth: Callable[[], float] | None = None,
+        memory: Callable[[], tuple[float, float]] | None = None,
+        heads: Callable[[], float] | None = None,
+    ) -> None:
+        """Read gauges from the server's own state at each scrape instead of setting them.
+
+        A gauge read when scraped is never stale, and the code that changes the state
+        needs no call into the metrics. A gauge followed ignores its `set_*` method.
+
+        Args:
+            queue_depth: chunks waiting for the scheduler.
+            memory: bytes held by heads and running chunks, and the budget.
+            heads: heads in memory.
+        """
+        if queue_depth is not None:
+            self._queue.set_function(queue_depth)
+        if memory is not None:
+            self._used.set_function(lambda: memory()[0])
+            self._budget.set_function(lambda: memory()[1])
+        if heads is not None:
+            self._heads.set_function(heads)
 
     def render(self) -> bytes:
         """The metrics in Prometheus' text format, as a scrape would get them."""
