@@ -247,6 +247,9 @@ def test_metrics_report_what_each_tenant_did(
     assert grew("hapi_errors_total", tenant="team-b", error="SessionNotFound") == 1
     assert grew("hapi_errors_total", tenant="-", error="Unauthenticated") == 1
     assert grew("hapi_errors_total", tenant="team-a", error="Forbidden") == 0
+    # b's INPUT chunk ran its 2 samples through feature-extraction batches; a's RAW none.
+    assert grew("hapi_batch_size_sum") == 2 and grew("hapi_batch_size_count") >= 1
+    assert value(during, "hapi_heads_loaded") is not None
 
     a.close_session(sa)
     b.close_session(sb)

@@ -107,6 +107,8 @@ class HapiServer(flight.FlightServerBase):
         self._lock = threading.Lock()
         if config.threads:
             torch.set_num_threads(config.threads)
+        # Read at each scrape, so heads evicted or loaded anywhere are counted.
+        self.metrics.follow(heads=lambda: len(self.heads))
         if config.metrics_port is not None:
             try:
                 serve_metrics(self.metrics, config)
@@ -187,6 +189,9 @@ class HapiServer(flight.FlightServerBase):
                     session.stats.add(shaping_wait_s=self.shaper.consume(nbytes))
                 session.stats.add(bytes_sent=nbytes)
                 samples, sent = samples + batch.num_rows, sent + nbytes
+                if session.request.cut != RAW and batch.num_rows:
+                    # A feature session sends each batch its head ran as one wire batch.
+                    self.metrics.observe_batch(batch.num_rows)
                 yield batch, (pa.py_buffer(report) if report is not None else None)
             self.metrics.chunk_done(
                 tenant.name,
@@ -247,7 +252,6 @@ class HapiServer(flight.FlightServerBase):
             if lease is not None:
                 self._leases[session.id] = lease
         self.metrics.session_opened(tenant.name, session.id)
-        self.metrics.set_heads(len(self.heads))
         log.info(
             "opened session %s for %s: cut %d of %d",
             session.id,
@@ -278,7 +282,6 @@ class HapiServer(flight.FlightServerBase):
             self._closed[session_id] = stats
             owner = self._owners[session_id]
         self.metrics.session_closed(owner, session_id)
-        self.metrics.set_heads(len(self.heads))
         return stats
 
     def manifest(self, prefix: str, *, tenant: Tenant) -> dict[str, Any]:
