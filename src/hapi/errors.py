@@ -26,6 +26,7 @@ __all__ = [
     "NotDecoded",
     "NothingToTrain",
     "ObjectNotFound",
+    "OverBudget",
     "RefNotFound",
     "RepoError",
     "ServerUnavailable",
@@ -78,6 +79,11 @@ class InvalidCut(HapiError, ValueError):
 
 class InvalidRequest(HapiError, ValueError):
     """A request or configuration that is malformed."""
+
+
+class OverBudget(InvalidRequest):
+    """A request or object the server's memory budget cannot hold: a sample, an image or a
+    head larger than the budget allows (the message names the budget)."""
 
 
 class SessionNotFound(HapiError, KeyError):

@@ -7,6 +7,7 @@ there is one copy of read -> decode -> seed -> transform -> skip-or-raise to kee
 
 from __future__ import annotations
 
+import io
 import itertools
 from collections import deque
 from collections.abc import Generator, Iterable, Iterator, Sequence
@@ -14,13 +15,22 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
+from PIL import Image
 
 from hapi.data.images import load_sample
 from hapi.data.store import ObjectStore
 from hapi.data.transforms import Transforms, sample_seed
 from hapi.errors import HapiError
 
-__all__ = ["Sample", "Skipped", "load_samples", "read_objects", "skip_or_raise"]
+__all__ = [
+    "Sample",
+    "Skipped",
+    "image_size",
+    "load_one",
+    "load_samples",
+    "read_objects",
+    "skip_or_raise",
+]
 
 
 @dataclass(frozen=True)
@@ -52,13 +62,14 @@ def skip_or_raise(key: str, exc: BaseException, *, skip: bool) -> Skipped:
 
 
 def read_objects(
-    store: ObjectStore, keys: Sequence[str], *, ahead: int = 16
+    store: ObjectStore, keys: Sequence[str], *, ahead: int = 16, max_bytes: int | None = None
 ) -> Generator[bytes | BaseException, None, None]:
     """Each key's bytes, in order, or the exception its read raised.
 
     Reads run `ahead` at a time in threads, so decoding overlaps reading and a chunk holds
-    about `ahead` objects in memory, not all of them. Closing the iterator early cancels
-    the reads not yet started.
+    about `ahead` objects in memory, not all of them; with `max_bytes`, no new read starts
+    while the objects read and not yet taken pass that many bytes (large objects). Reads
+    start at the first `next`, and closing the iterator early cancels those not started.
     """
     if not keys:
         return
@@ -70,13 +81,51 @@ def read_objects(
         try:
             while pending:
                 result = pending.popleft().result()
-                key = next(queue, None)
-                if key is not None:
+                limit = max_bytes if max_bytes is not None else float("inf")
+                while len(pending) < ahead and _buffered(pending) < limit:
+                    key = next(queue, None)
+                    if key is None:
+                        break
                     pending.append(pool.submit(_read, store, key))
                 yield result
         finally:
             for future in pending:
                 future.cancel()
+
+
+def image_size(data: bytes) -> tuple[int, int] | None:
+    """An image's (width, height) from its header, without decoding it; None when the
+    bytes are not an image (decoding then says why)."""
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            return image.size
+    except Exception:  # PIL raises many types for what is not an image
+        return None
+
+
+def load_one(
+    key: str,
+    label: int,
+    data: bytes | BaseException,
+    transforms: Transforms,
+    *,
+    seed: int,
+    epoch: int,
+    skip: bool,
+) -> Sample | Skipped:
+    """Decode and transform one key's object (or the exception reading it raised); see
+    `load_samples`, which runs this for each key.
+
+    Raises:
+        HapiError: a missing or corrupt object when not `skip`, naming the key.
+    """
+    try:
+        if isinstance(data, BaseException):
+            raise data
+        tensor = load_sample(data, key, transforms, sample_seed(seed, epoch, key))
+    except Exception as exc:
+        return skip_or_raise(key, exc, skip=skip)
+    return Sample(key, label, tensor)
 
 
 def load_samples(
@@ -105,14 +154,7 @@ def load_samples(
         HapiError: a missing or corrupt object when not `skip`, naming the key.
     """
     for key, label, data in zip(keys, labels, objects, strict=True):
-        try:
-            if isinstance(data, BaseException):
-                raise data
-            tensor = load_sample(data, key, transforms, sample_seed(seed, epoch, key))
-        except Exception as exc:
-            yield skip_or_raise(key, exc, skip=skip)
-            continue
-        yield Sample(key, label, tensor)
+        yield load_one(key, label, data, transforms, seed=seed, epoch=epoch, skip=skip)
 
 
 def _read(store: ObjectStore, key: str) -> bytes | BaseException:
@@ -120,3 +162,7 @@ def _read(store: ObjectStore, key: str) -> bytes | BaseException:
         return store.get(key)
     except Exception as exc:
         return exc
+
+
+def _buffered(pending: deque[Future[bytes | BaseException]]) -> int:
+    return sum(len(r) for f in pending if f.done() and isinstance(r := f.result(), bytes))

@@ -62,6 +62,12 @@ class ServerConfig:
     it), freeing its head."""
     repo: str | None = None
     """URI of a model repository for `repo://` model references; None: named models only."""
+    memory_budget: int | str | None = None
+    """Bytes heads and running batches may hold together (`4GiB`, or a number); None: half
+    of the available memory (or of the memory cgroup's limit), or on a GPU its free memory."""
+    compute_slots: int | None = None
+    """Batches computed at once; None: the cores this process may run on (a 1-core server
+    runs one batch at a time, so the first chunk's bytes leave first)."""
 
     def __post_init__(self) -> None:
         if (
@@ -87,6 +93,19 @@ class ServerConfig:
             raise InvalidRequest(
                 f"idle_heads must be >= 0, got {self.idle_heads}: 0 drops a head as soon as "
                 "no session uses it"
+            )
+        if self.memory_budget is not None:
+            from hapi.server.budget import parse_bytes
+
+            parse_bytes(self.memory_budget)  # refuse a bad size before binding a port
+        if self.compute_slots is not None and (
+            isinstance(self.compute_slots, bool)
+            or not isinstance(self.compute_slots, int)
+            or self.compute_slots < 1
+        ):
+            raise InvalidRequest(
+                f"compute_slots must be an int >= 1, got {shorten(repr(self.compute_slots))}: "
+                "leave it unset for one per core"
             )
         if self.threads is not None and self.threads < 1:
             raise InvalidRequest(

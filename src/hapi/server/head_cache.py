@@ -11,25 +11,39 @@ A session names its model in one of two ways:
   the version's architecture on the meta device and reads only the head's tensors. Heads
   are kept by their `cache_key`, a digest of their code and tensor hashes, so versions
   fine-tuned from one base share one head for every cut below what they changed.
+
+Memory: the cache holds its tensors in the server's budget (`Scheduler.reserve`), each
+storage once however many heads and models share it. Traced models and heads no session
+holds are *idle*: kept for the next session, and evicted, oldest first, when a batch or
+another head needs their memory or when there are more than `idle` of them.
+
+Concurrency: each model or head is built once, under a lock of its own key (sessions
+opening the same model wait for the first; different models build side by side), and
+tracing holds the process's `TRACING` lock alone (`hapi._tracing`: torch.fx patches
+`nn.Module` for every thread while it traces). A build that fails caches nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+from hapi._tracing import TRACING
 from hapi.errors import HapiError, InvalidRequest, UnknownModel
 from hapi.graph import ModelGraph, ModelSpec, build_model, trace
+from hapi.server.memory import static_bytes
 
 if TYPE_CHECKING:
     from hapi.repo import ModelRepo
+    from hapi.server.scheduler import Scheduler
 
 __all__ = ["HeadCache", "HeadLease", "LoadedModel"]
 
@@ -61,6 +75,15 @@ def load_named_model(model: dict[str, Any]) -> nn.Module:
     return build_model(ModelSpec.from_dict(model))
 
 
+@dataclass(eq=False)
+class _Entry:
+    """A cached model or head and the tensor storages it keeps alive."""
+
+    value: Any
+    storages: dict[tuple[str, int], int] = field(default_factory=dict)
+    holders: int = 0
+
+
 class HeadCache:
     """Traced models and their heads.
 
@@ -74,6 +97,7 @@ class HeadCache:
         loader: builds a model from a spec dict.
         idle: heads no session holds that are kept for reuse; also the number of traced
             models kept.
+        scheduler: whose budget holds the cache's tensors; None: no budget.
     """
 
     def __init__(
@@ -82,16 +106,20 @@ class HeadCache:
         repo: ModelRepo | None = None,
         loader: ModelLoader = load_named_model,
         idle: int = 4,
+        scheduler: Scheduler | None = None,
     ) -> None:
         self.device = torch.device(device)
         self.repo = repo
         self.idle = idle
+        self.scheduler = scheduler
         self._loader = loader
-        self._models: OrderedDict[str, LoadedModel] = OrderedDict()
-        self._heads: dict[str, nn.Module] = {}
-        self._holders: Counter[str] = Counter()
-        self._idle: OrderedDict[str, None] = OrderedDict()
+        # Models and heads, least recently used first; models are never held.
+        self._models: OrderedDict[str, _Entry] = OrderedDict()
+        self._heads: OrderedDict[str, _Entry] = OrderedDict()
+        self._refs: Counter[tuple[str, int]] = Counter()
+        self._sizes: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
+        self._key_locks: dict[str, threading.Lock] = {}
 
     def model(self, model: dict[str, Any] | str, image_size: int) -> LoadedModel:
         """Load (or reuse) `model` traced at `image_size`.
@@ -99,60 +127,101 @@ class HeadCache:
         Raises:
             UnknownModel: a model name or repository reference that names nothing.
             InvalidRequest: a model that cannot be built or traced at this size.
+            OverBudget: its weights do not fit in the server's memory budget.
         """
         if isinstance(model, str):
             return self._version(model, image_size)
         key = json.dumps(["spec", model, image_size], sort_keys=True)
-        with self._lock:
-            if key in self._models:
-                self._models.move_to_end(key)
-                return self._models[key]
-        try:
-            module = self._loader(model).eval()
-            graph = trace(module, input_shape=(3, image_size, image_size))
-        except HapiError:
-            raise
-        except Exception as exc:
-            raise InvalidRequest(
-                f"cannot load model {model!r} at image size {image_size}: "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
-        return self._remember(LoadedModel(graph=graph, key=key))
+
+        what = f"model {model.get('name', model)!r} at {image_size} px"
+
+        def load() -> LoadedModel:
+            # Building and tracing allocate the weights and run the model once: hold room
+            # for both in the budget, sized from a copy of the model on the meta device.
+            need = self._load_bytes(model, image_size) if self.scheduler is not None else 0
+            if need and self.scheduler is not None:
+                self.scheduler.reserve(need, f"loading and tracing {what}")
+            try:
+                module = self._loader(model).eval()
+                with TRACING.exclusive():
+                    graph = trace(module, input_shape=(3, image_size, image_size))
+            except HapiError:
+                raise
+            except Exception as exc:
+                raise InvalidRequest(
+                    f"cannot load model {model!r} at image size {image_size}: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+            finally:
+                if need and self.scheduler is not None:
+                    self.scheduler.release(need)
+            return LoadedModel(graph=graph, key=key)
+
+        return self._cached_model(key, load, what)
 
     def acquire(self, loaded: LoadedModel, cut: int) -> HeadLease:
         """The head of `loaded` up to `cut`, frozen, in eval mode on the cache's device,
-        held until `release`."""
+        held until `release`.
+
+        Raises:
+            OverBudget: its weights do not fit in the server's memory budget.
+        """
         if loaded.version is not None:
             key, build = self._repo_head(loaded, cut)
         else:
             key = json.dumps([loaded.key, cut])
 
             def build() -> nn.Module:
-                head = loaded.graph.head(cut).eval().to(self.device)
+                with TRACING.exclusive():
+                    head = loaded.graph.head(cut).eval().to(self.device)
                 return head.requires_grad_(False)
 
-        with self._lock:
-            head = self._heads.get(key)
-        if head is None:
-            # Loaded outside the lock: a slow load must not stall other sessions.
+        with self._key_lock(key):
+            with self._lock:
+                entry = self._heads.get(key)
+                if entry is not None:
+                    entry.holders += 1
+                    self._heads.move_to_end(key)
+                    return HeadLease(key, entry.value)
+            # Built outside the cache's lock: a slow load must not stall other sessions.
             head = build()
-        with self._lock:
-            head = self._heads.setdefault(key, head)
-            self._holders[key] += 1
-            self._idle.pop(key, None)
+            self._add(self._heads, key, head, holders=1, what=f"the head up to cut {cut}")
+        self._trim()
         return HeadLease(key, head)
+
+    def head_key(self, loaded: LoadedModel, cut: int) -> str:
+        """What identifies the head of `loaded` up to `cut` among the cache's heads: for a
+        repository version, a digest of its content, shared by versions that share it."""
+        if loaded.version is not None:
+            return self._repo_head(loaded, cut)[0]
+        return json.dumps([loaded.key, cut])
+
+    @contextlib.contextmanager
+    def borrow(self, loaded: LoadedModel, cut: int) -> Iterator[nn.Module | None]:
+        """The head up to `cut` for a moment (profiling every cut of a model); None at
+        INPUT. A named model's head shares the traced model's weights and is not cached;
+        a repository version's is held like a session's."""
+        if cut == 0:
+            yield None
+        elif loaded.version is not None:
+            lease = self.acquire(loaded, cut)
+            try:
+                yield lease.module
+            finally:
+                self.release(lease)
+        else:
+            with TRACING.exclusive():
+                head = loaded.graph.head(cut).eval().to(self.device).requires_grad_(False)
+            yield head
 
     def release(self, lease: HeadLease) -> None:
         """A session is done with a head; it stays loaded among the idle ones."""
         with self._lock:
-            self._holders[lease.key] -= 1
-            if self._holders[lease.key] > 0:
-                return
-            del self._holders[lease.key]
-            self._idle[lease.key] = None
-            while len(self._idle) > self.idle:
-                dropped, _ = self._idle.popitem(last=False)
-                self._heads.pop(dropped, None)
+            entry = self._heads.get(lease.key)
+            if entry is not None:
+                entry.holders -= 1
+                self._heads.move_to_end(lease.key)
+        self._trim()
 
     def __len__(self) -> int:
         """Heads in memory."""
@@ -161,14 +230,136 @@ class HeadCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the parameters and buffers of the heads in memory, shared ones once."""
+        """Bytes of the tensors of the heads in memory, shared ones once (traced models
+        may hold more: `budget_bytes`)."""
         with self._lock:
-            heads = list(self._heads.values())
-        seen: dict[int, int] = {}
-        for head in heads:
-            for t in (*head.parameters(), *head.buffers()):
-                seen[t.data_ptr()] = t.numel() * t.element_size()
-        return sum(seen.values())
+            heads = {k for entry in self._heads.values() for k in entry.storages}
+            return sum(self._sizes[k] for k in heads)
+
+    @property
+    def budget_bytes(self) -> int:
+        """Bytes the cache holds in the budget: its heads' and traced models' tensors."""
+        with self._lock:
+            return sum(self._sizes.values())
+
+    def idle_bytes(self) -> int:
+        """Bytes that evicting every model and head no session holds would free."""
+        with self._lock:
+            held: set[tuple[str, int]] = set()
+            for entry in self._heads.values():
+                if entry.holders:
+                    held.update(entry.storages)
+            return sum(n for k, n in self._sizes.items() if k not in held)
+
+    def reclaim(self, nbytes: int) -> int:
+        """Evict idle models and heads, oldest first, until `nbytes` are freed; return the
+        bytes freed (given back to the scheduler)."""
+        freed = 0
+        while freed < nbytes:
+            with self._lock:
+                victim = self._oldest_idle()
+                if victim is None:
+                    break
+                freed += self._drop(*victim)
+        if freed and self.scheduler is not None:
+            self.scheduler.release(freed)
+        return freed
+
+    # Internals ---------------------------------------------------------------------------
+
+    def _cached_model(self, key: str, load: Callable[[], LoadedModel], what: str) -> LoadedModel:
+        with self._lock:
+            entry = self._models.get(key)
+            if entry is not None:
+                self._models.move_to_end(key)
+                return entry.value  # type: ignore[no-any-return]
+        with self._key_lock(key):
+            with self._lock:
+                entry = self._models.get(key)
+                if entry is not None:
+                    return entry.value  # type: ignore[no-any-return]
+            loaded = load()
+            self._add(self._models, key, loaded, holders=0, tensors=loaded.graph.model, what=what)
+        self._trim()
+        return loaded
+
+    def _add(
+        self,
+        table: OrderedDict[str, _Entry],
+        key: str,
+        value: Any,
+        *,
+        holders: int,
+        what: str,
+        tensors: nn.Module | None = None,
+    ) -> None:
+        """Cache `value`, reserving the budget for the storages it adds to the cache."""
+        storages = _storages((tensors if tensors is not None else value).modules())
+        with self._lock:
+            new = sum(n for k, n in storages.items() if k not in self._sizes)
+        if new and self.scheduler is not None:
+            # Raises OverBudget when it cannot fit: then nothing was cached.
+            self.scheduler.reserve(new, f"the weights of {what}")
+        with self._lock:
+            added = 0
+            for k, n in storages.items():
+                if not self._refs[k]:
+                    self._sizes[k] = n
+                    added += n
+                self._refs[k] += 1
+            table[key] = _Entry(value, storages, holders)
+        # Another thread may have cached some of the same storages meanwhile (give back
+        # the difference), or evicted them (take it: they are in memory, here).
+        if new != added and self.scheduler is not None:
+            self.scheduler.release(new - added)
+
+    def _trim(self) -> None:
+        """Drop the oldest idle heads beyond `idle`, and models beyond `max(idle, 1)`."""
+        freed = 0
+        with self._lock:
+            idle = [k for k, e in self._heads.items() if not e.holders]
+            for key in idle[: max(len(idle) - self.idle, 0)]:
+                freed += self._drop(self._heads, key)
+            for key in list(self._models)[: max(len(self._models) - max(self.idle, 1), 0)]:
+                freed += self._drop(self._models, key)
+        if freed and self.scheduler is not None:
+            self.scheduler.release(freed)
+
+    def _oldest_idle(self) -> tuple[OrderedDict[str, _Entry], str] | None:
+        # Traced models first: they are only needed to build new heads.
+        for table in (self._models, self._heads):
+            for key, entry in table.items():
+                if not entry.holders:
+                    return table, key
+        return None
+
+    def _drop(self, table: OrderedDict[str, _Entry], key: str) -> int:
+        """Forget an entry (the lock held); return the bytes no entry keeps any more."""
+        entry = table.pop(key)
+        freed = 0
+        for k in entry.storages:
+            self._refs[k] -= 1
+            if not self._refs[k]:
+                del self._refs[k]
+                freed += self._sizes.pop(k)
+        return freed
+
+    def _load_bytes(self, model: dict[str, Any], image_size: int) -> int:
+        """Bytes to build `model` and trace it at `image_size`, from a meta-device copy
+        (no memory); 0 when the copy cannot be made (the load then goes unchecked)."""
+        try:
+            with torch.device("meta"):
+                meta = self._loader(model).eval()
+            with TRACING.exclusive():
+                graph = trace(meta, input_shape=(3, image_size, image_size))
+        except Exception:  # a loader that needs real tensors: nothing to learn here
+            return 0
+        weights = sum(t.numel() * t.element_size() for t in (*meta.parameters(), *meta.buffers()))
+        return weights + static_bytes(graph, graph.num_cuts)
+
+    def _key_lock(self, key: str) -> threading.Lock:
+        with self._lock:
+            return self._key_locks.setdefault(key, threading.Lock())
 
     def _version(self, ref: str, image_size: int) -> LoadedModel:
         repo = self._require_repo(ref)
@@ -176,31 +367,26 @@ class HeadCache:
         version = repo.resolve(ref)
         pinned = f"{version.name}@{version.id}"
         key = json.dumps(["repo", version.id, image_size])
-        with self._lock:
-            if key in self._models:
-                self._models.move_to_end(key)
-                return self._models[key]
-        graph = repo.graph(pinned, input_shape=(3, image_size, image_size))
-        return self._remember(LoadedModel(graph=graph, key=key, version=pinned))
 
-    def _remember(self, loaded: LoadedModel) -> LoadedModel:
-        with self._lock:
-            kept = self._models.setdefault(loaded.key, loaded)
-            self._models.move_to_end(loaded.key)
-            # Heads keep the modules they need; the traced models are only for new heads.
-            while len(self._models) > max(self.idle, 1):
-                self._models.popitem(last=False)
-            return kept
+        def load() -> LoadedModel:
+            with TRACING.exclusive():
+                graph = repo.graph(pinned, input_shape=(3, image_size, image_size))
+            return LoadedModel(graph=graph, key=key, version=pinned)
+
+        return self._cached_model(key, load, f"model {pinned}")
 
     def _repo_head(self, loaded: LoadedModel, cut: int) -> tuple[str, Callable[[], nn.Module]]:
         assert loaded.version is not None
         version = loaded.version
         repo = self._require_repo(version)
         shape = loaded.graph.input_shape
-        info = repo.head_info(version, cut, input_shape=shape)
+        with TRACING.exclusive():
+            info = repo.head_info(version, cut, input_shape=shape)
 
         def build() -> nn.Module:
-            module, _ = repo.load_head(version, cut, input_shape=shape)
+            # Loading a head traces its architecture, so it holds the lock too.
+            with TRACING.exclusive():
+                module, _ = repo.load_head(version, cut, input_shape=shape)
             return module.to(self.device)
 
         return json.dumps(["repo", info.cache_key, list(shape)]), build
@@ -213,3 +399,14 @@ class HeadCache:
                 "({'name': 'resnet18', ...})"
             )
         return self.repo
+
+
+def _storages(modules: Iterable[nn.Module]) -> dict[tuple[str, int], int]:
+    """Bytes of each storage the modules' own parameters and buffers use (meta: none)."""
+    found: dict[tuple[str, int], int] = {}
+    for module in modules:
+        for t in (*module.parameters(recurse=False), *module.buffers(recurse=False)):
+            if t.device.type != "meta":
+                storage = t.untyped_storage()
+                found[(str(t.device), storage.data_ptr())] = storage.nbytes()
+    return found

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import threading
 import time
 import uuid
@@ -17,14 +18,18 @@ import torch
 
 from hapi.data import DatasetManifest, ObjectStore, StoreOptions, Transforms, open_store
 from hapi.errors import HapiError, InternalError, InvalidRequest, SessionNotFound, shorten
-from hapi.graph import INPUT, RAW
+from hapi.graph import INPUT, RAW, ModelGraph
 from hapi.server._guard import errors_to_wire
 from hapi.server._listen import Listener, serve_metrics
 from hapi.server.auth import caller
+from hapi.server.budget import MemoryModel, default_budget, parse_bytes
 from hapi.server.config import ServerConfig
 from hapi.server.head_cache import HeadCache, HeadLease
+from hapi.server.memory import session_memory, tensor_bytes
 from hapi.server.metrics import Metrics
-from hapi.server.session import Session
+from hapi.server.profiler import Profiler
+from hapi.server.scheduler import Scheduler
+from hapi.server.session import RAW_BATCH_BYTES, Session
 from hapi.server.shaping import TokenBucket, parse_rate
 from hapi.server.tenants import Tenant, reload_on_sighup
 from hapi.server.tls import flight_location
@@ -42,6 +47,8 @@ from hapi.wire import (
     parse,
     raw_schema,
 )
+from hapi.wire.messages import ProfileRequest
+from hapi.wire.replies import ProfileReply
 
 if TYPE_CHECKING:
     from hapi.repo import ModelRepo
@@ -49,6 +56,10 @@ if TYPE_CHECKING:
 __all__ = ["HapiServer", "serve"]
 
 log = logging.getLogger("hapi.server")
+
+_READ_AHEAD_OBJECT = 256 << 10
+"""Bytes of one object a chunk reads ahead, in its memory model (`Session` bounds its
+read-ahead to this much per object on average)."""
 
 
 class HapiServer(flight.FlightServerBase):
@@ -95,10 +106,21 @@ class HapiServer(flight.FlightServerBase):
             else open_store(config.store, config.store_options, create=False)
         )
         self.repo = _open_repo(config)
-        self.heads = HeadCache(config.device, repo=self.repo, idle=config.idle_heads)
+        budget = (
+            parse_bytes(config.memory_budget)
+            if config.memory_budget is not None
+            else default_budget(config.device)
+        )
+        slots = config.compute_slots or len(os.sched_getaffinity(0))
+        self.scheduler = Scheduler(budget, slots)
+        self.heads = HeadCache(
+            config.device, repo=self.repo, idle=config.idle_heads, scheduler=self.scheduler
+        )
+        self.scheduler.reclaimer = self.heads
         self.shaper = TokenBucket(parse_rate(config.egress_limit)) if config.egress_limit else None
         self._clock = clock
         self._read_ahead = (config.store_options or StoreOptions()).concurrency
+        self.profiler = Profiler(self.heads, self.scheduler, self.store)
         self._sessions: dict[str, Session] = {}
         self._leases: dict[str, HeadLease] = {}
         self._closed: dict[str, SessionStats] = {}
@@ -159,6 +181,8 @@ class HapiServer(flight.FlightServerBase):
             return json.dumps(self.manifest(prefix, tenant=tenant)).encode()
         if name == ActionType.STATS:
             return self.stats(tenant=tenant).to_bytes()
+        if name == ActionType.PROFILE:
+            return self.profile(parse(ProfileRequest, body), tenant=tenant).to_bytes()
         raise InvalidRequest(
             f"unknown action {shorten(repr(name), 100)}: known actions are "
             f"{[a.value for a in ActionType]}"
@@ -225,6 +249,12 @@ class HapiServer(flight.FlightServerBase):
             head = lease.module if lease is not None else None
             schema = feature_schema(shape, request.wire_dtype)
             per_sample = dtype_width(request.wire_dtype) * _numel(shape)
+        try:
+            memory = self._memory(request, transforms, graph, head, per_sample)
+        except BaseException:
+            if lease is not None:
+                self.heads.release(lease)
+            raise
         info = SessionInfo(
             session=uuid.uuid4().hex,
             cut=request.cut,
@@ -233,6 +263,10 @@ class HapiServer(flight.FlightServerBase):
             feature_shape=shape,
             wire_dtype=request.wire_dtype,
             bytes_per_sample=per_sample,
+            batch_size=self.config.batch_size,
+            memory_fixed=memory.fixed,
+            memory_per_sample=memory.per_sample,
+            head_bytes=tensor_bytes(head) if head is not None else 0,
         )
         session = Session(
             id=info.session,
@@ -245,6 +279,10 @@ class HapiServer(flight.FlightServerBase):
             batch_size=self.config.batch_size,
             last_used=self._clock(),
             read_ahead=self._read_ahead,
+            memory=memory,
+            scheduler=self.scheduler,
+            tenant=tenant.name,
+            weight=tenant.weight,
         )
         with self._lock:
             self._sessions[session.id] = session
@@ -280,9 +318,45 @@ class HapiServer(flight.FlightServerBase):
                 self.heads.release(lease)
             stats = session.stats.snapshot()
             self._closed[session_id] = stats
+            self.scheduler.remove_session(session_id)
             owner = self._owners[session_id]
         self.metrics.session_closed(owner, session_id)
         return stats
+
+    def profile(self, request: ProfileRequest, *, tenant: Tenant) -> ProfileReply:
+        """Measure a session's costs per cut on some of its objects (cached by content).
+
+        Raises:
+            SessionNotFound: no such session, or another tenant's.
+            Forbidden: a key outside the tenant's prefixes.
+        """
+        session = self._session(request.session, tenant)
+        for key in request.keys:
+            tenant.check_key(key)
+        loaded = self.heads.model(session.request.model, session.request.image_size)
+        return self.profiler.profile(session, loaded, request)
+
+    def _memory(
+        self,
+        request: SessionRequest,
+        transforms: Transforms,
+        graph: ModelGraph,
+        head: torch.nn.Module | None,
+        out_bytes: int,
+    ) -> MemoryModel:
+        """A new session's memory model, measured; refused when one sample cannot fit."""
+        raw = request.cut == RAW
+        return session_memory(
+            self.scheduler,
+            head=head,
+            graph=graph,
+            cut=request.cut,
+            device=self.heads.device,
+            transforms=transforms,
+            out_bytes=RAW_BATCH_BYTES if raw else out_bytes,
+            read_bytes=self._read_ahead * _READ_AHEAD_OBJECT,
+            what=f"a session of {shorten(repr(request.model), 100)} at cut {request.cut}",
+        )
 
     def manifest(self, prefix: str, *, tenant: Tenant) -> dict[str, Any]:
         """The dataset under `prefix` in this server's store, if `tenant` may read it.
@@ -304,6 +378,7 @@ class HapiServer(flight.FlightServerBase):
             mine = {sid for sid, owner in self._owners.items() if owner == tenant.name}
             sessions = {sid: s.stats.snapshot() for sid, s in self._sessions.items() if sid in mine}
             closed = {sid: s for sid, s in self._closed.items() if sid in mine}
+        budget = self.scheduler.stats()
         return ServerStats(
             store=self.store.uri,
             egress_limit_bytes_per_s=self.shaper.rate if self.shaper else None,
@@ -312,6 +387,12 @@ class HapiServer(flight.FlightServerBase):
             bytes_sent=sum(s.bytes_sent for s in [*sessions.values(), *closed.values()]),
             sessions=sessions,
             closed_sessions=closed,
+            memory_budget=budget.budget,
+            memory_used=budget.used,
+            memory_peak=budget.peak,
+            compute_slots=budget.slots,
+            batches_running=budget.running,
+            batches_waiting=budget.waiting,
         )
 
     def _session(self, session_id: str, tenant: Tenant) -> Session:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -12,10 +13,14 @@ import pyarrow as pa
 import torch
 from torch import nn
 
+from hapi._tracing import TRACING
 from hapi.data import ObjectStore, Transforms
-from hapi.data.samples import Sample, load_samples, read_objects, skip_or_raise
-from hapi.errors import InvalidRequest
+from hapi.data.samples import Sample, image_size, load_one, read_objects, skip_or_raise
+from hapi.errors import InvalidRequest, OverBudget, shorten
 from hapi.graph import RAW
+from hapi.server.budget import MemoryModel
+from hapi.server.memory import MARGIN, decode_bytes
+from hapi.server.scheduler import Demand, Grant, Scheduler
 from hapi.wire import (
     ChunkReport,
     ChunkTicket,
@@ -29,7 +34,7 @@ from hapi.wire import (
 __all__ = ["Session", "SessionCounters"]
 
 # RAW batches are cut at about this many bytes so shaping and memory stay smooth.
-_RAW_BATCH_BYTES = 4 << 20
+RAW_BATCH_BYTES = 4 << 20
 
 
 @dataclass
@@ -64,8 +69,17 @@ class SessionCounters:
 
 
 @dataclass
+class _ChunkClock:
+    """A chunk's time at the scheduler: what its report says."""
+
+    server_s: float = 0.0
+    queue_s: float = 0.0
+
+
+@dataclass
 class Session:
-    """One job's state on a server. Chunks of a session may run concurrently."""
+    """One job's state on a server. Chunks of a session may run concurrently; each of
+    their batches runs under a grant of the server's `Scheduler`."""
 
     id: str
     request: SessionRequest
@@ -75,10 +89,19 @@ class Session:
     transforms: Transforms
     device: torch.device
     batch_size: int
+    """The largest feature-extraction batch; the scheduler may grant smaller ones."""
     last_used: float
     """When a chunk of this session last started (the server's clock)."""
     read_ahead: int = 16
     """Objects a chunk reads ahead of the one it decodes."""
+    memory: MemoryModel = field(default_factory=lambda: MemoryModel(fixed=0, per_sample=0))
+    """What a batch of this session holds in the budget (measured at open)."""
+    scheduler: Scheduler = field(default_factory=lambda: Scheduler(1 << 62, 1 << 10))
+    """The server's scheduler (a private, unbounded one by default)."""
+    tenant: str | None = None
+    """The tenant that opened the session."""
+    weight: float = 1.0
+    """Its tenant's weight in the server's fair share."""
     stats: SessionCounters = field(default_factory=SessionCounters)
 
     def run_chunk(
@@ -87,10 +110,12 @@ class Session:
         """Read, decode, transform and run the head over a chunk; yield wire batches.
 
         The last batch carries app metadata, a `ChunkReport` listing the keys skipped
-        under `on_error="skip"` with the reason, so nothing is lost silently.
+        under `on_error="skip"` with the reason, so nothing is lost silently, and the
+        chunk's time computing and waiting for the scheduler.
 
         Raises:
             HapiError: a missing or corrupt object under `on_error="raise"` (naming the key).
+            OverBudget: an object too large for the memory budget (under "raise").
         """
         if len(ticket.labels) != len(ticket.keys):
             raise InvalidRequest(
@@ -99,12 +124,18 @@ class Session:
             )
         cpu0 = time.thread_time()
         skipped: list[SkippedKey] = []
-        with contextlib.closing(read_objects(store, ticket.keys, ahead=self.read_ahead)) as read:
+        clock = _ChunkClock()
+        # Read-ahead is bounded in bytes too, so a chunk of large objects holds a few, and
+        # counted in each batch's fixed bytes (`Session.memory`).
+        read = read_objects(
+            store, ticket.keys, ahead=self.read_ahead, max_bytes=self.read_ahead << 18
+        )
+        with contextlib.closing(read):
             reads = _TimedReads(read)
             batches = (
-                self._raw_batches(ticket, reads, skipped)
+                self._raw_batches(ticket, reads, skipped, clock)
                 if self.request.cut == RAW
-                else self._feature_batches(ticket, reads, skipped)
+                else self._feature_batches(ticket, reads, skipped, clock)
             )
             pending: pa.RecordBatch | None = None
             try:
@@ -119,67 +150,140 @@ class Session:
         if pending is None:
             # Every key was skipped: an empty batch still carries the report.
             pending = pa.RecordBatch.from_pylist([], schema=self.schema)
-        report = ChunkReport(chunk=ticket.chunk, skipped=skipped).to_bytes()
+        report = ChunkReport(
+            chunk=ticket.chunk,
+            skipped=skipped,
+            server_s=clock.server_s,
+            queue_s=clock.queue_s,
+            free_share=self.scheduler.free_share(running_self=0),
+        ).to_bytes()
         self.stats.add(chunks=1, skipped=len(skipped), cpu_s=time.thread_time() - cpu0)
         yield pending, report
 
+    @contextlib.contextmanager
+    def _grant(self, ticket: ChunkTicket, demand: Demand, clock: _ChunkClock) -> Iterator[Grant]:
+        order = (ticket.epoch, ticket.chunk)
+        with self.scheduler.run(self.id, order, demand, weight=self.weight) as grant:
+            clock.queue_s += grant.queue_s
+            t0 = time.perf_counter()
+            try:
+                yield grant
+            finally:
+                clock.server_s += time.perf_counter() - t0
+
     def _raw_batches(
-        self, ticket: ChunkTicket, reads: _TimedReads, skipped: list[SkippedKey]
+        self,
+        ticket: ChunkTicket,
+        reads: _TimedReads,
+        skipped: list[SkippedKey],
+        clock: _ChunkClock,
     ) -> Iterator[pa.RecordBatch]:
-        keys: list[str] = []
-        labels: list[int] = []
-        data: list[bytes] = []
-        size = 0
-        for key, label, blob in zip(ticket.keys, ticket.labels, reads, strict=True):
-            if isinstance(blob, BaseException):
-                left_out = skip_or_raise(key, blob, skip=self.request.on_error == "skip")
-                skipped.append(SkippedKey.of(left_out.key, left_out.error))
-                continue
-            keys.append(key)
-            labels.append(label)
-            data.append(blob)
-            size += len(blob)
-            if size >= _RAW_BATCH_BYTES:
-                yield self._encode(keys, labels, data=data)
-                keys, labels, data, size = [], [], [], 0
-        if keys:
-            yield self._encode(keys, labels, data=data)
+        items = iter(zip(ticket.keys, ticket.labels, reads, strict=True))
+        # A RAW batch only reads and sends: it takes memory, not a compute slot.
+        demand = Demand(model=self.memory, max_batch=1, compute=False)
+        done = False
+        while not done:
+            keys: list[str] = []
+            labels: list[int] = []
+            data: list[bytes] = []
+            size = 0
+            with self._grant(ticket, demand, clock):
+                for key, label, blob in items:
+                    if isinstance(blob, BaseException):
+                        left_out = skip_or_raise(key, blob, skip=self.request.on_error == "skip")
+                        skipped.append(SkippedKey.of(left_out.key, left_out.error))
+                        continue
+                    keys.append(key)
+                    labels.append(label)
+                    data.append(blob)
+                    size += len(blob)
+                    if size >= RAW_BATCH_BYTES:
+                        break
+                else:
+                    done = True
+                batch = self._encode(keys, labels, data=data) if keys else None
+            if batch is not None:
+                yield batch
 
     def _feature_batches(
-        self, ticket: ChunkTicket, reads: _TimedReads, skipped: list[SkippedKey]
+        self,
+        ticket: ChunkTicket,
+        reads: _TimedReads,
+        skipped: list[SkippedKey],
+        clock: _ChunkClock,
     ) -> Iterator[pa.RecordBatch]:
-        samples = load_samples(
-            ticket.keys,
-            ticket.labels,
-            reads,
-            self.transforms,
-            seed=self.request.seed,
-            epoch=ticket.epoch,
-            skip=self.request.on_error == "skip",
+        items = iter(zip(ticket.keys, ticket.labels, reads, strict=True))
+        left = len(ticket.keys)
+        held: _Item | None = None  # an object whose decoding needed more than a batch had
+        while left:
+            decode = max(self.memory.decode, held.decode if held is not None else 0)
+            model = dataclasses.replace(
+                self.memory, fixed=self.memory.fixed - self.memory.decode + decode, decode=decode
+            )
+            demand = Demand(model=model, max_batch=min(self.batch_size, left))
+            samples: list[Sample] = []
+            with self._grant(ticket, demand, clock) as grant:
+                while len(samples) < grant.batch and left:
+                    item = held if held is not None else self._item(next(items))
+                    held = None
+                    if item.decode > decode and not isinstance(item.data, BaseException):
+                        refusal = self._too_large(item)
+                        if refusal is not None:
+                            item = dataclasses.replace(item, data=refusal)
+                        elif grant.grow(item.decode - decode):
+                            decode = item.decode
+                        else:
+                            # Run what the batch has; the next grant makes room for it.
+                            held = item
+                            break
+                    left -= 1
+                    t0 = time.perf_counter()
+                    loaded = load_one(
+                        item.key,
+                        item.label,
+                        item.data,
+                        self.transforms,
+                        seed=self.request.seed,
+                        epoch=ticket.epoch,
+                        skip=self.request.on_error == "skip",
+                    )
+                    self.stats.add(transform_s=time.perf_counter() - t0)
+                    if isinstance(loaded, Sample):
+                        samples.append(loaded)
+                    else:
+                        skipped.append(SkippedKey.of(loaded.key, loaded.error))
+                batch = self._forward(samples) if samples else None
+            if batch is not None:
+                yield batch
+
+    def _item(self, item: tuple[str, int, bytes | BaseException]) -> _Item:
+        key, label, data = item
+        decode = 0
+        if isinstance(data, bytes):
+            size = image_size(data)
+            if size is not None:
+                decode = int(decode_bytes(self.transforms, *size) * MARGIN)
+        return _Item(key, label, data, decode)
+
+    def _too_large(self, item: _Item) -> OverBudget | None:
+        """The refusal of an object that could never be decoded within the budget."""
+        model = dataclasses.replace(
+            self.memory,
+            fixed=self.memory.fixed - self.memory.decode + item.decode,
+            decode=item.decode,
         )
-        batch: list[Sample] = []
-        while True:
-            t0, waited = time.perf_counter(), reads.waited
-            item = next(samples, None)
-            # Decoding and transforming: the time in load_samples not spent waiting on reads.
-            self.stats.add(transform_s=time.perf_counter() - t0 - (reads.waited - waited))
-            if item is None:
-                break
-            if isinstance(item, Sample):
-                batch.append(item)
-            else:
-                skipped.append(SkippedKey.of(item.key, item.error))
-            if len(batch) == self.batch_size:
-                yield self._forward(batch)
-                batch = []
-        if batch:
-            yield self._forward(batch)
+        try:
+            self.scheduler.check_fits(model, f"object {shorten(repr(item.key))}")
+        except OverBudget as exc:
+            return exc
+        return None
 
     def _forward(self, samples: list[Sample]) -> pa.RecordBatch:
         t0 = time.perf_counter()
         x = torch.stack([s.tensor for s in samples]).to(self.device)
         if self.head is not None:
-            with torch.inference_mode():
+            # Shared with other heads, exclusive of tracing (see `hapi._tracing`).
+            with TRACING.shared(), torch.inference_mode():
                 x = self.head(x)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -191,6 +295,16 @@ class Session:
         batch = encode_batch(self.schema, keys, labels, **payload)  # type: ignore[arg-type]
         self.stats.add(encode_s=time.perf_counter() - t0, samples=len(keys))
         return batch
+
+
+@dataclass(frozen=True)
+class _Item:
+    """A chunk's object, read, with the bytes decoding it will take."""
+
+    key: str
+    label: int
+    data: bytes | BaseException
+    decode: int
 
 
 class _TimedReads:

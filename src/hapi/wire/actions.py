@@ -14,6 +14,7 @@ class ActionType(StrEnum):
     CLOSE_SESSION = "close_session"
     MANIFEST = "manifest"
     STATS = "stats"
+    PROFILE = "profile"
 
     @property
     def description(self) -> str:
@@ -26,4 +27,6 @@ _DESCRIPTIONS = {
     ActionType.CLOSE_SESSION: "Close a session (CloseSessionRequest); returns its SessionStats.",
     ActionType.MANIFEST: "List a dataset under a prefix (ManifestRequest): keys, labels, classes.",
     ActionType.STATS: "The server's settings and per-session counters; returns ServerStats.",
+    ActionType.PROFILE: "Measure a session's per-cut costs on some of its objects "
+    "(ProfileRequest); returns ProfileReply.",
 }

@@ -18,11 +18,13 @@ from hapi.wire.dtypes import WireDtype
 __all__ = [
     "MAX_IMAGE_SIZE",
     "MAX_KEY_LENGTH",
+    "MAX_PROFILE_KEYS",
     "MIN_IMAGE_SIZE",
     "ChunkTicket",
     "CloseSessionRequest",
     "ManifestRequest",
     "OnError",
+    "ProfileRequest",
     "SessionRequest",
     "parse",
 ]
@@ -91,6 +93,28 @@ class ChunkTicket(_Request):
     epoch: int = Field(default=0, ge=0)
     keys: list[Key] = Field(min_length=1, max_length=100_000)
     labels: list[Label]
+
+
+MAX_PROFILE_KEYS = 32
+"""The most objects a profile reads: a probe, not a chunk."""
+
+
+class ProfileRequest(_Request):
+    """`profile`: measure a session's costs per cut on a few of its job's objects.
+
+    The reply (`ProfileReply`) has an entry for every cut from INPUT (0) to the largest
+    of `cuts`: timing the head to the last cut times every cut before it at little cost.
+    """
+
+    session: str = Field(max_length=64)
+    keys: list[Key] = Field(
+        min_length=1, max_length=MAX_PROFILE_KEYS, description="Objects of the job to time."
+    )
+    cuts: list[int] | None = Field(
+        default=None,
+        description="Candidate cuts (1..freeze); None: every cut up to the session's freeze.",
+    )
+    epoch: int = Field(default=0, ge=0, description="Seeds the transforms as a chunk's would.")
 
 
 class ManifestRequest(_Request):

@@ -13,7 +13,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from hapi.errors import HapiError, error_class
 from hapi.wire.dtypes import WireDtype
 
-__all__ = ["ChunkReport", "ServerStats", "SessionInfo", "SessionStats", "SkippedKey"]
+__all__ = [
+    "ChunkReport",
+    "ProfileKeyInfo",
+    "ProfileReply",
+    "ServerStats",
+    "SessionInfo",
+    "SessionStats",
+    "SkippedKey",
+]
 
 
 class _Reply(BaseModel):
@@ -41,6 +49,18 @@ class SessionInfo(_Reply):
     feature_shape: list[int]
     wire_dtype: WireDtype
     bytes_per_sample: int = Field(description="Feature bytes per sample on the wire (0 for RAW).")
+    batch_size: int = Field(
+        default=0, description="The largest feature-extraction batch the server runs."
+    )
+    memory_fixed: int = Field(
+        default=0, description="Bytes of the server's budget each running batch holds."
+    )
+    memory_per_sample: int = Field(
+        default=0, description="Bytes of the server's budget each sample of a batch adds."
+    )
+    head_bytes: int = Field(
+        default=0, description="Bytes of the head's weights (shared with other sessions)."
+    )
 
 
 class SessionStats(_Reply):
@@ -74,6 +94,17 @@ class ServerStats(_Reply):
     """Over every session, open and closed."""
     sessions: dict[str, SessionStats] = Field(default_factory=dict)
     closed_sessions: dict[str, SessionStats] = Field(default_factory=dict)
+    memory_budget: int = 0
+    """Bytes heads and running batches may hold together (`--memory-budget`)."""
+    memory_used: int = 0
+    """Bytes they hold now."""
+    memory_peak: int = 0
+    """The most they have held since the server started."""
+    compute_slots: int = 0
+    """Batches that compute at once."""
+    batches_running: int = 0
+    batches_waiting: int = 0
+    """Batches waiting for the scheduler now: above zero, the server is saturated."""
 
 
 class SkippedKey(_Reply):
@@ -116,3 +147,53 @@ class ChunkReport(_Reply):
         description="The share of the server's compute no other chunk was using when this "
         "one ended: push-back, so a planner moves work to the trainer when it is low.",
     )
+
+
+class ProfileKeyInfo(_Reply):
+    """What a profile depends on (the planner's `ProfileKey`): equal keys share one."""
+
+    head: str
+    """Digest of the head's content (model, weights, cut)."""
+    input_shape: list[int]
+    transforms: str
+    """Digest of the transforms' JSON."""
+    device: str
+
+
+class ProfileReply(_Reply):
+    """The reply to `profile`: a session's costs per sample, per cut 0..m, as the server
+    measured them on the job's objects. Per-cut lists are indexed by cut (0 = INPUT).
+
+    The fields up to `key` are the planner's `ServerProfile`: build one with
+    `ServerProfile.from_dict(reply.server_profile())`.
+    """
+
+    read_s: float = Field(ge=0, description="Seconds to read one object from the store.")
+    decode_s: float = Field(ge=0, description="Seconds to decode and transform one object.")
+    head_s: list[float] = Field(description="Seconds of the head from the input to each cut.")
+    out_bytes: list[int] = Field(description="Bytes on the wire per sample at each cut.")
+    memory_bytes: list[int] = Field(
+        description="Bytes of the budget per sample while computing each cut (its input, "
+        "activations at their peak, features)."
+    )
+    raw_bytes: float = Field(ge=0, description="Mean size of the objects read.")
+    wire_dtype: WireDtype
+    batch_size: int = Field(ge=1, description="The head's batch size when timed.")
+    key: ProfileKeyInfo
+    cut_names: list[str] = Field(default_factory=list, description="Name of each cut 0..m.")
+    samples: int = Field(default=0, description="Objects the measurement read.")
+    cached: bool = Field(
+        default=False, description="Whether it came from the server's cache of profiles."
+    )
+    memory_fixed: list[int] = Field(
+        default_factory=list, description="Bytes a batch holds whatever its size, per cut."
+    )
+
+    def server_profile(self) -> dict[str, Any]:
+        """The fields the planner's `ServerProfile.from_dict` reads."""
+        names = (
+            "read_s", "decode_s", "head_s", "out_bytes", "memory_bytes", "raw_bytes",
+            "wire_dtype", "batch_size", "key",
+        )  # fmt: skip
+        data = self.model_dump()
+        return {name: data[name] for name in names}

@@ -1,0 +1,159 @@
+"""The server's memory budget: its size, and what one session's batches cost in it.
+
+A session's memory is modelled as the research system's storage side models it
+(../shared/PAPERS.md, section 1): its head's weights, held once however many sessions
+share the head, plus for each batch running `fixed + per_sample * batch` bytes. The
+scheduler keeps the sum within the budget by choosing batch sizes.
+
+Torch is not imported here: `ServerConfig` parses budgets before `hapi serve` loads it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from hapi.errors import InvalidRequest, shorten
+
+__all__ = ["MemoryModel", "default_budget", "format_bytes", "parse_bytes"]
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 2**10, "kb": 10**3, "kib": 2**10,
+    "m": 2**20, "mb": 10**6, "mib": 2**20,
+    "g": 2**30, "gb": 10**9, "gib": 2**30,
+    "t": 2**40, "tb": 10**12, "tib": 2**40,
+}  # fmt: skip
+
+_CGROUP_V1 = Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")
+_CGROUP_V2 = Path("/sys/fs/cgroup/memory.max")
+DEFAULT_SHARE = 0.5
+"""Share of the machine's available memory a server takes when no budget is given: the
+store, the page cache and the server's own Python objects need the rest."""
+
+
+def parse_bytes(text: str | int) -> int:
+    """A size like `4GiB`, `512MiB`, `2GB` or `1073741824` in bytes.
+
+    Raises:
+        InvalidRequest: not a positive size with a known unit.
+    """
+    if isinstance(text, bool) or not isinstance(text, str | int):
+        raise InvalidRequest(f"a size is a number of bytes or a string like 4GiB, got {text!r}")
+    if isinstance(text, int):
+        value = text
+    else:
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+        unit = match.group(2).lower() if match else None
+        if match is None or unit not in _UNITS:
+            raise InvalidRequest(
+                f"cannot read size {shorten(repr(text), 60)}: use a number with a unit, "
+                "such as 4GiB, 512MiB or 2GB"
+            )
+        value = int(float(match.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise InvalidRequest(f"a memory size must be positive, got {text!r}")
+    return value
+
+
+def format_bytes(n: float) -> str:
+    """`n` bytes for a person: `3.2 GiB`."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def default_budget(device: str = "cpu") -> int:
+    """The budget when none is configured.
+
+    On a GPU, the device's free memory less a tenth (the CUDA context and allocator slack
+    sit outside what torch reports). On the CPU, half of what the machine has available,
+    or of the memory cgroup's limit when the server runs in one with a lower limit (a
+    container): the budget must hold where the kernel would kill the process.
+    """
+    if device.startswith("cuda"):
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return int(free * 0.9)
+    available = _mem_available()
+    limit = _cgroup_limit()
+    if limit is not None:
+        available = min(available, limit)
+    return int(available * DEFAULT_SHARE)
+
+
+def _mem_available() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _cgroup_limit() -> int | None:
+    """The memory cgroup's limit less what the group already uses, if it sets one."""
+    for path, usage in (
+        (_CGROUP_V1, _CGROUP_V1.with_name("memory.usage_in_bytes")),
+        (_CGROUP_V2, _CGROUP_V2.with_name("memory.current")),
+    ):
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        # "max" (v2) or a page-rounded 2**63 (v1) mean no limit.
+        if not text.isdigit() or int(text) >= 2**62:
+            return None
+        try:
+            used = int(usage.read_text().strip())
+        except (OSError, ValueError):
+            used = 0
+        return max(int(text) - used, 0)
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryModel:
+    """What one batch of a session costs: `fixed + per_sample * batch` bytes, weights apart.
+
+    Raises:
+        InvalidRequest: a negative size.
+    """
+
+    fixed: int
+    """Bytes a running batch holds whatever its size (decoding one image, read-ahead,
+    scratch of the head's first operators)."""
+    per_sample: int
+    """Bytes each sample of a batch adds (its input, the head's activations up to the
+    cut at their peak, its encoded features)."""
+    decode: int = 0
+    """Of `fixed`, what decoding and transforming the largest image expected takes; an
+    image that needs more asks the scheduler for the difference."""
+
+    def __post_init__(self) -> None:
+        if min(self.fixed, self.per_sample, self.decode) < 0:
+            raise InvalidRequest(f"memory sizes must be >= 0, got {self}")
+
+    def batch_bytes(self, batch: int) -> int:
+        """Bytes a batch of `batch` samples holds while it runs."""
+        return self.fixed + self.per_sample * batch
+
+    def largest_batch(self, free: int, limit: int) -> int:
+        """The largest batch (`limit`, else a power of two below it) within `free`; 0: none.
+
+        Powers of two: a head runs a few batch sizes again and again, rather than a new
+        one each time (allocator reuse, kernel choice).
+        """
+        if self.batch_bytes(limit) <= free:
+            return limit
+        if self.per_sample == 0 or free < self.batch_bytes(1):
+            return 0
+        fits = (free - self.fixed) // self.per_sample
+        return 1 << int(math.log2(min(fits, limit)))

@@ -1,0 +1,213 @@
+"""The `profile` action: a session's costs per cut, measured on its job's own objects.
+
+The planner chooses the cut and the local share from these (issue: the planner). A
+profile reads a few objects (timing the store), decodes and transforms them (timing the
+sample pipeline the chunks run), and runs the head to every candidate cut on a batch of
+them (`BATCH` samples, the median of `REPEATS` runs after a warm-up), with the memory
+each cut's batches need measured as at `open_session`. It runs under a grant of the
+scheduler like a chunk's batch, so it neither breaks the budget nor jumps the queue.
+
+The head to cut k is timed by itself, for each k: heads of fx graphs, exported graphs and
+children-of-a-module fallbacks all time the same way, and a head built for a cut shares
+the traced model's weights (no copy). Times are made non-decreasing in k, as the head to
+k+1 does all the work of the head to k.
+
+Profiles are cached by what they depend on (head content, input shape, transforms,
+device, wire dtype, last cut), so every job on the same model asks once.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import statistics
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import torch
+
+from hapi._tracing import TRACING
+from hapi.data import ObjectStore
+from hapi.data.samples import Sample, load_one
+from hapi.errors import InvalidCut
+from hapi.graph import INPUT
+from hapi.plan.profiles import ProfileKey
+from hapi.server.head_cache import HeadCache, LoadedModel
+from hapi.server.memory import measure_head
+from hapi.server.scheduler import Demand, Scheduler
+from hapi.server.session import Session
+from hapi.wire import dtype_width
+from hapi.wire.messages import ProfileRequest
+from hapi.wire.replies import ProfileKeyInfo, ProfileReply
+
+__all__ = ["Profiler"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+BATCH = 4
+"""Samples per timed batch: enough that per-sample times are not all overhead, few
+enough that a profile takes a fraction of a chunk."""
+REPEATS = 2
+"""Timed runs per cut after the warm-up; the median is kept."""
+CACHED = 64
+"""Profiles kept."""
+_ROW_OVERHEAD = 12
+"""Wire bytes per sample besides the key and the features: the label and two offsets."""
+
+
+class Profiler:
+    """Measures and caches sessions' profiles.
+
+    Args:
+        heads: where heads for each cut come from.
+        scheduler: grants the measurement its compute slot and memory.
+        store: where the objects are read.
+    """
+
+    def __init__(self, heads: HeadCache, scheduler: Scheduler, store: ObjectStore) -> None:
+        self.heads = heads
+        self.scheduler = scheduler
+        self.store = store
+        self._cache: OrderedDict[str, ProfileReply] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def profile(
+        self, session: Session, loaded: LoadedModel, request: ProfileRequest
+    ) -> ProfileReply:
+        """Measure `session`'s costs for cuts 0..max(`request.cuts`) (default its freeze).
+
+        Raises:
+            InvalidCut: a cut outside 1..freeze.
+            HapiError: an object that cannot be read or decoded, naming its key.
+        """
+        last = _last_cut(request.cuts, session.info.freeze, loaded.graph.num_cuts)
+        key = ProfileKey.of(
+            head=_digest(self.heads.head_key(loaded, last) if last else loaded.key),
+            input_shape=loaded.graph.input_shape,
+            transforms=session.request.transforms,
+            device=str(self.heads.device),
+        )
+        cache_key = _digest(f"{key}|{session.info.wire_dtype}|{last}")
+        with self._lock:
+            cached = self._cache.get(cache_key)
+            if cached is not None:
+                self._cache.move_to_end(cache_key)
+                return cached.model_copy(update={"cached": True})
+        demand = Demand(model=session.memory, max_batch=BATCH)
+        with self.scheduler.run(session.id, (-1, 0), demand, weight=session.weight):
+            reply = self._measure(session, loaded, request, last, key)
+        with self._lock:
+            self._cache[cache_key] = reply
+            while len(self._cache) > CACHED:
+                self._cache.popitem(last=False)
+        return reply
+
+    def _measure(
+        self,
+        session: Session,
+        loaded: LoadedModel,
+        request: ProfileRequest,
+        last: int,
+        key: ProfileKey,
+    ) -> ProfileReply:
+        read_s, blobs = _timed(lambda k: self.store.get(k), request.keys)
+        decode_s, samples = _timed(
+            lambda i: _sample(session, request.keys[i], blobs[i], request.epoch),
+            range(len(blobs)),
+        )
+        tensors = [s.tensor for s in samples]
+        x = torch.stack([tensors[i % len(tensors)] for i in range(BATCH)]).to(self.heads.device)
+        graph = loaded.graph
+        width = dtype_width(session.info.wire_dtype)
+        key_bytes = statistics.mean(len(k.encode()) for k in request.keys) + _ROW_OVERHEAD
+        head_s = [0.0]
+        out_bytes: list[int] = []
+        memory: list[int] = []
+        fixed: list[int] = []
+        for cut in range(INPUT, last + 1):
+            shape = graph.input_shape if cut == INPUT else graph.cut_point(cut).shape
+            out = width * _numel(shape)
+            out_bytes.append(int(out + key_bytes))
+            with self.heads.borrow(loaded, cut) as head, TRACING.shared():
+                model = measure_head(head, graph.input_shape, x.device, out_bytes=out)
+                if head is not None:
+                    seconds = _median_time(functools.partial(head, x), x.device) / BATCH
+                    head_s.append(max(seconds, head_s[-1]))
+            memory.append(model.per_sample)
+            fixed.append(model.fixed)
+        return ProfileReply(
+            read_s=read_s,
+            decode_s=decode_s,
+            head_s=head_s,
+            out_bytes=out_bytes,
+            memory_bytes=memory,
+            raw_bytes=statistics.mean(len(b) for b in blobs),
+            wire_dtype=session.info.wire_dtype,
+            batch_size=BATCH,
+            key=ProfileKeyInfo(**key.to_dict()),
+            cut_names=["input", *(graph.cut_point(k).name for k in range(1, last + 1))],
+            samples=len(blobs),
+            memory_fixed=fixed,
+        )
+
+
+def _sample(session: Session, key: str, data: bytes, epoch: int) -> Sample:
+    request = session.request
+    loaded = load_one(key, 0, data, session.transforms, seed=request.seed, epoch=epoch, skip=False)
+    assert isinstance(loaded, Sample)  # skip=False raises instead of skipping
+    return loaded
+
+
+def _timed(fn: Callable[[T], R], items: Sequence[T]) -> tuple[float, list[R]]:
+    """Mean seconds per item of `fn`, and its results."""
+    results: list[R] = []
+    t0 = time.perf_counter()
+    for item in items:
+        results.append(fn(item))
+    return (time.perf_counter() - t0) / max(len(results), 1), results
+
+
+def _median_time(fn: Callable[[], object], device: torch.device) -> float:
+    with torch.inference_mode():
+        fn()  # warm-up: the first call pays for kernel selection and allocation
+        times = []
+        for _ in range(REPEATS):
+            _sync(device)
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _last_cut(cuts: list[int] | None, freeze: int, num_cuts: int) -> int:
+    last = min(freeze, num_cuts)
+    if not cuts:
+        return last
+    for cut in cuts:
+        if isinstance(cut, bool) or not INPUT <= cut <= last:
+            raise InvalidCut(
+                f"cut {cut!r} cannot be profiled: the session's cuts are 0..{last} (its "
+                "freeze point); leave cuts out to profile them all"
+            )
+    return max(cuts)
+
+
+def _digest(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n

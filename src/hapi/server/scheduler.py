@@ -1,0 +1,393 @@
+"""`Scheduler`: which chunks run, at what batch size, within the memory budget.
+
+Every batch a chunk computes is a `Grant`: a compute slot (a core's worth of work) and
+`fixed + per_sample * batch` bytes of the budget, taken before the batch is decoded and
+given back once it is encoded. The scheduler grants in this order:
+
+- **fair share by weight**: weighted fair queuing over sessions. Each session has a
+  virtual time, advanced by the compute seconds its batches take divided by its weight
+  (charged with an estimate when a batch starts and corrected when it ends); the
+  session with the lowest virtual time goes next. A session that was idle starts at
+  the virtual time of the last batch granted, so it gets its share from now on rather
+  than a burst for the time it was away.
+- **chunks in order within a session**: the lowest (epoch, chunk) first, so the chunk
+  a trainer waits for finishes first and its bytes leave early, instead of every chunk
+  in flight advancing together and all finishing late.
+- **batch size from the free budget**: the configured batch if it fits, else the
+  largest power of two that does (at least 1). When even one sample does not fit, idle
+  heads are evicted (the `Reclaimer`), and then the queue waits for running batches
+  to finish: nothing runs past it, so a large request is never starved by small ones.
+
+Why weighted fair queuing and not a solver (HAPI's paper solves for every pending
+request's batch size at once): the decision is made one batch at a time, as memory
+frees, with a few waiting chunks. The greedy choice - the next chunk in fair order gets
+the largest batch that fits - is what a solver maximising throughput under the budget
+picks for it too (throughput per sample grows with the batch), it costs microseconds
+rather than a solve per release, and it keeps ordering and fairness easy to state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from hapi.errors import OverBudget
+from hapi.server.budget import MemoryModel, format_bytes
+
+__all__ = ["Demand", "Grant", "Reclaimer", "Scheduler", "SchedulerStats"]
+
+
+class Reclaimer(Protocol):
+    """What holds memory the scheduler may take back: the head cache's idle heads.
+
+    A protocol, so the scheduler knows nothing of heads: it only asks how much could be
+    freed and asks for it, and is never holding its own lock when it does.
+    """
+
+    def idle_bytes(self) -> int:
+        """Bytes that `reclaim` could free now."""
+        ...
+
+    def reclaim(self, nbytes: int) -> int:
+        """Free at least `nbytes` if possible (releasing them to the scheduler); return
+        what was freed."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class Demand:
+    """What a chunk asks for to run its next batch."""
+
+    model: MemoryModel
+    """The session's memory per batch."""
+    max_batch: int
+    """The most samples the batch may take (the configured batch, or what is left)."""
+    compute: bool = True
+    """Whether it takes a compute slot; a RAW chunk only reads and sends."""
+
+
+@dataclass(eq=False)
+class Grant:
+    """A batch's permission to run: its size and the bytes it holds."""
+
+    batch: int
+    nbytes: int
+    queue_s: float
+    """Seconds it waited for the scheduler."""
+    started: float
+    _scheduler: Scheduler = field(repr=False)
+
+    def grow(self, nbytes: int) -> bool:
+        """Take `nbytes` more if they are free now (an image larger than expected)."""
+        return self._scheduler._grow(self, nbytes)
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    """The budget and what holds it now."""
+
+    budget: int
+    used: int
+    peak: int
+    """The most `used` has been since the server started."""
+    reserved: int
+    """Of `used`, what heads hold (the rest is running batches)."""
+    slots: int
+    running: int
+    waiting: int
+
+
+@dataclass
+class _Share:
+    weight: float
+    vtime: float = 0.0
+    active: int = 0
+    """Its batches running or waiting."""
+    rate: float = 0.0
+    """Seconds per sample of its recent batches (the charge estimated at a grant)."""
+
+
+@dataclass(eq=False)
+class _Waiter:
+    session: str
+    order: tuple[int, ...]
+    demand: Demand
+    seq: int
+    since: float
+    grant: Grant | None = None
+    charged: float = 0.0
+
+
+class Scheduler:
+    """Grants batches of every session's chunks within a memory budget and compute slots.
+
+    Args:
+        budget: bytes that heads and running batches may hold together.
+        slots: batches that compute at once (the server's cores, or 1-2 per GPU).
+        reclaimer: frees idle heads when a batch needs their memory.
+        clock: monotonic seconds (tests pass a fake one).
+    """
+
+    def __init__(
+        self,
+        budget: int,
+        slots: int,
+        *,
+        reclaimer: Reclaimer | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if budget < 1 or slots < 1:
+            raise ValueError(f"budget and slots must be >= 1, got {budget} and {slots}")
+        self.budget = budget
+        self.slots = slots
+        self.reclaimer = reclaimer
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._shares: dict[str, _Share] = {}
+        self._waiting: list[_Waiter] = []
+        self._seq = itertools.count()
+        self._used = 0
+        self._reserved = 0
+        self._pending = 0
+        self._peak = 0
+        self._running = 0
+        self._vclock = 0.0
+
+    # Sessions ------------------------------------------------------------------------
+
+    def add_session(self, session: str, weight: float = 1.0) -> None:
+        """Give `session` a share of the compute in proportion to `weight` (> 0)."""
+        if not weight > 0:
+            raise ValueError(f"a session's weight must be > 0, got {weight}")
+        with self._cond:
+            self._shares.setdefault(session, _Share(weight=weight))
+
+    def remove_session(self, session: str) -> None:
+        """Forget a closed session's share (its running batches finish normally)."""
+        with self._cond:
+            share = self._shares.get(session)
+            if share is not None and not share.active:
+                del self._shares[session]
+
+    # Memory that is not a batch (heads) --------------------------------------------------
+
+    def reserve(self, nbytes: int, what: str = "a head") -> None:
+        """Hold `nbytes` for something long-lived, waiting for batches to end if needed.
+
+        While it waits no new batch starts, so a stream of batches cannot starve it.
+
+        Raises:
+            OverBudget: it cannot fit even when every idle head is evicted and no batch
+                runs (what open sessions hold stays).
+        """
+        with self._cond:
+            self._pending += nbytes
+        try:
+            while True:
+                held = self._held()
+                if nbytes > self.budget - held:
+                    raise OverBudget(
+                        f"{what} needs {format_bytes(nbytes)}, but this server's memory "
+                        f"budget is {format_bytes(self.budget)}, of which open sessions "
+                        f"hold {format_bytes(held)}: close sessions, use a smaller model, "
+                        "compute it in the trainer, or raise --memory-budget"
+                    )
+                with self._cond:
+                    free = self.budget - self._used
+                    if free >= nbytes:
+                        self._used += nbytes
+                        self._reserved += nbytes
+                        self._peak = max(self._peak, self._used)
+                        return
+                reclaimed = self.reclaimer.reclaim(nbytes - free) if self.reclaimer else 0
+                if not reclaimed:
+                    with self._cond:
+                        if self.budget - self._used < nbytes:
+                            # A timeout, as idle heads may become evictable without a
+                            # release here (a session closing).
+                            self._cond.wait(timeout=0.5)
+        finally:
+            with self._cond:
+                self._pending -= nbytes
+                self._cond.notify_all()
+
+    def release(self, nbytes: int) -> None:
+        """Give back memory taken with `reserve`."""
+        with self._cond:
+            self._used -= nbytes
+            self._reserved -= nbytes
+            self._cond.notify_all()
+
+    def check_fits(self, model: MemoryModel, what: str, extra: int = 0) -> None:
+        """Refuse what could never run: one sample of `model` (plus `extra` bytes not yet
+        reserved, a new head) beyond the budget less what open sessions' heads hold.
+
+        Raises:
+            OverBudget: naming the budget and the sizes.
+        """
+        need = model.batch_bytes(1) + extra
+        held = self._held()
+        if need > self.budget - held:
+            raise OverBudget(
+                f"{what} needs {format_bytes(need)} for one sample (head "
+                f"{format_bytes(extra)}, batch {format_bytes(model.batch_bytes(1))}) but "
+                f"this server's memory budget is {format_bytes(self.budget)}, of which "
+                f"open sessions' heads hold {format_bytes(held)}: use a smaller image "
+                "size, transforms or cut, compute it in the trainer, or raise "
+                "--memory-budget"
+            )
+
+    # Batches -----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def run(
+        self, session: str, order: tuple[int, ...], demand: Demand, *, weight: float = 1.0
+    ) -> Iterator[Grant]:
+        """Wait for a grant to run one batch of `session`'s chunk `order`, hold it while
+        the block runs, and give it back.
+
+        Args:
+            session: whose share the batch counts in.
+            order: the chunk's place in its session (lowest first): (epoch, chunk).
+            demand: the batch's memory and largest size.
+            weight: the session's weight now (a tenant's weight may change on reload).
+
+        Raises:
+            OverBudget: one sample of `demand` can never fit (see `check_fits`).
+        """
+        self.check_fits(demand.model, "this chunk")
+        waiter = self._enqueue(session, order, demand, weight)
+        grant = self._await(waiter)
+        try:
+            yield grant
+        finally:
+            self._finish(waiter, grant)
+
+    def free_share(self, running_self: int = 1) -> float:
+        """The share of compute slots no other batch uses or waits for (push-back)."""
+        with self._cond:
+            busy = self._running - running_self + sum(w.demand.compute for w in self._waiting)
+            return max(0.0, min(1.0, (self.slots - busy) / self.slots))
+
+    def stats(self) -> SchedulerStats:
+        """The budget and what holds it now."""
+        with self._cond:
+            return SchedulerStats(
+                budget=self.budget,
+                used=self._used,
+                peak=self._peak,
+                reserved=self._reserved,
+                slots=self.slots,
+                running=self._running,
+                waiting=len(self._waiting),
+            )
+
+    # Internals ---------------------------------------------------------------------------
+
+    def _held(self) -> int:
+        idle = self.reclaimer.idle_bytes() if self.reclaimer is not None else 0
+        with self._cond:
+            return max(self._reserved - idle, 0)
+
+    def _enqueue(
+        self, session: str, order: tuple[int, ...], demand: Demand, weight: float
+    ) -> _Waiter:
+        with self._cond:
+            share = self._shares.setdefault(session, _Share(weight=weight))
+            share.weight = weight
+            if not share.active:
+                share.vtime = max(share.vtime, self._vclock)
+            share.active += 1
+            waiter = _Waiter(session, order, demand, next(self._seq), self._clock())
+            self._waiting.append(waiter)
+            return waiter
+
+    def _await(self, waiter: _Waiter) -> Grant:
+        try:
+            while True:
+                with self._cond:
+                    # Every wait follows a dispatch under the same hold of the lock, so
+                    # no release is missed.
+                    shortfall = self._dispatch()
+                    if waiter.grant is None and not shortfall:
+                        self._cond.wait()
+                    if waiter.grant is not None:
+                        return waiter.grant
+                if not shortfall:
+                    continue
+                # Evict idle heads outside the lock: the head cache gives back what it
+                # frees through `release`, which takes the lock.
+                reclaimed = self.reclaimer.reclaim(shortfall) if self.reclaimer else 0
+                if not reclaimed:
+                    with self._cond:
+                        self._dispatch()
+                        if waiter.grant is None:
+                            self._cond.wait()
+        except BaseException:
+            with self._cond:
+                granted = waiter.grant is not None
+                if not granted:
+                    self._waiting.remove(waiter)
+                    self._shares[waiter.session].active -= 1
+                    self._cond.notify_all()
+            if granted and waiter.grant is not None:
+                self._finish(waiter, waiter.grant)
+            raise
+
+    def _dispatch(self) -> int:
+        """Grant what fits, in fair order; return the bytes the next in line lacks."""
+        now = self._clock()
+        while self._waiting:
+            candidates = [
+                w for w in self._waiting if not w.demand.compute or self._running < self.slots
+            ]
+            if not candidates:
+                return 0
+            w = min(
+                candidates,
+                key=lambda w: (self._shares[w.session].vtime, w.session, w.order, w.seq),
+            )
+            free = self.budget - self._used - self._pending
+            batch = w.demand.model.largest_batch(free, max(w.demand.max_batch, 1))
+            if batch == 0:
+                return w.demand.model.batch_bytes(1) - free
+            nbytes = w.demand.model.batch_bytes(batch)
+            self._waiting.remove(w)
+            self._used += nbytes
+            self._peak = max(self._peak, self._used)
+            if w.demand.compute:
+                self._running += 1
+            share = self._shares[w.session]
+            self._vclock = share.vtime
+            w.charged = share.rate * batch
+            share.vtime += w.charged / share.weight
+            w.grant = Grant(batch, nbytes, now - w.since, now, self)
+            self._cond.notify_all()
+        return 0
+
+    def _grow(self, grant: Grant, nbytes: int) -> bool:
+        with self._cond:
+            if self.budget - self._used < nbytes:
+                return False
+            self._used += nbytes
+            self._peak = max(self._peak, self._used)
+            grant.nbytes += nbytes
+            return True
+
+    def _finish(self, waiter: _Waiter, grant: Grant) -> None:
+        with self._cond:
+            self._used -= grant.nbytes
+            if waiter.demand.compute:
+                self._running -= 1
+            share = self._shares[waiter.session]
+            share.active -= 1
+            spent = max(self._clock() - grant.started, 0.0)
+            share.vtime += (spent - waiter.charged) / share.weight
+            per_sample = spent / max(grant.batch, 1)
+            share.rate = per_sample if not share.rate else 0.7 * share.rate + 0.3 * per_sample
+            self._cond.notify_all()
