@@ -29,6 +29,14 @@ def serve(
     batch_size: int = typer.Option(32, help="Largest feature-extraction batch."),
     device: str = typer.Option("cpu", help="Where heads run: cpu, cuda, cuda:N."),
     threads: int = typer.Option(None, help="torch threads for heads."),
+    memory_budget: str = typer.Option(
+        None,
+        help="Memory heads and running batches may hold, e.g. 4GiB (default: half the "
+        "available memory or cgroup limit; on a GPU its free memory).",
+    ),
+    compute_slots: int = typer.Option(
+        None, help="Batches computed at once (default: one per core this process may use)."
+    ),
     token: str = typer.Option(
         None,
         envvar="HAPI_TOKEN",
@@ -60,6 +68,7 @@ def serve(
     """Serve features computed next to the data over Arrow Flight, until Ctrl-C."""
     from hapi.cli._stores import existing_repo, existing_store, store_options
     from hapi.server import HapiServer, ServerConfig
+    from hapi.server.budget import format_bytes
     from hapi.server.tenants import reload_on_sighup
 
     if token is not None and os.environ.get("HAPI_TOKEN") != token:
@@ -77,6 +86,8 @@ def serve(
         batch_size=batch_size,
         device=device,
         threads=threads,
+        memory_budget=memory_budget,
+        compute_slots=compute_slots,
         token=token,
         tenants=tenants,
         tls_cert=tls_cert,
@@ -103,6 +114,10 @@ def serve(
     )
     if server.metrics.url:
         Console().print(f"metrics at [bold]{server.metrics.url}[/]")
+    room = server.scheduler.stats()
+    Console().print(
+        f"memory budget {format_bytes(room.budget)}, {room.slots} batch(es) computed at once"
+    )
     # SIGTERM and SIGINT end the server through an exception, and it then stops cleanly;
     # SIGHUP re-reads the tenants file.
     signal.signal(signal.SIGTERM, _interrupt)
