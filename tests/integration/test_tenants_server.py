@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from hapi import TransferJob
 from hapi.client import Connection, connect
 from hapi.data import Transforms, open_store, synth_dataset
 from hapi.errors import Forbidden, InvalidRequest, SessionNotFound, Unauthenticated
@@ -312,3 +313,34 @@ def write_tenants(path: Path, *, a_prefixes: str, b_token: str) -> None:
         f'[team-a]\ntoken = "{TOKEN_A}"\nprefixes = {a_prefixes}\n\n'
         f'[team-b]\ntoken = "{b_token}"\nprefixes = ["datasets/b"]\n'
     )
+
+
+def test_a_transfer_job_trains_over_tls_with_its_tenants_token(
+    server: HapiServer, site: Site
+) -> None:
+    job = TransferJob(
+        SPEC,
+        "datasets/a/train",
+        server.address,
+        token=TOKEN_A,
+        tls_ca=str(site.certs.ca_cert),
+        freeze="layer3",
+        cut=None,
+        image_size=SIZE,
+        batch_size=2,
+        chunk_size=2,
+    )
+    job.fit(epochs=1)
+    assert job.history.epochs[0].samples == 4
+    elsewhere = TransferJob(
+        SPEC,
+        "datasets/b/train",
+        server.address,
+        token=TOKEN_A,
+        tls_ca=str(site.certs.ca_cert),
+        freeze="layer3",
+        cut=None,
+        image_size=SIZE,
+    )
+    with pytest.raises(Forbidden):
+        elsewhere.fit(epochs=1)
