@@ -251,6 +251,8 @@ def test_metrics_report_what_each_tenant_did(
     # b's INPUT chunk ran its 2 samples through feature-extraction batches; a's RAW none.
     assert grew("hapi_batch_size_sum") == 2 and grew("hapi_batch_size_count") >= 1
     assert value(during, "hapi_heads_loaded") is not None
+    assert value(during, "hapi_memory_budget_bytes") == a.stats().memory_budget
+    assert value(during, "hapi_queue_depth") == 0  # nothing waits once the chunks are done
 
     a.close_session(sa)
     b.close_session(sb)

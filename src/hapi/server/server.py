@@ -129,8 +129,13 @@ class HapiServer(flight.FlightServerBase):
         self._lock = threading.Lock()
         if config.threads:
             torch.set_num_threads(config.threads)
-        # Read at each scrape, so heads evicted or loaded anywhere are counted.
-        self.metrics.follow(heads=lambda: len(self.heads))
+        # Read at each scrape: heads loaded or evicted anywhere, and the scheduler's
+        # queue and budget, are never stale and need no calls where they change.
+        self.metrics.follow(
+            heads=lambda: len(self.heads),
+            queue_depth=lambda: self.scheduler.stats().waiting,
+            memory=lambda: (self.scheduler.stats().used, self.scheduler.budget),
+        )
         if config.metrics_port is not None:
             try:
                 serve_metrics(self.metrics, config)
