@@ -12,6 +12,7 @@ from hapi.data import open_store, synth_dataset
 from hapi.errors import CorruptObject, InvalidCut
 from hapi.graph import RAW
 from hapi.server import HapiServer, serve
+from hapi.wire import SessionRequest
 
 SIZE = 64
 
@@ -33,6 +34,7 @@ def _job(
 ) -> TransferJob:
     defaults: dict[str, object] = {
         "freeze": "layer3",
+        "cut": None,  # the freeze point: these tests compare fixed plans
         "image_size": SIZE,
         "batch_size": 8,
         "chunk_size": 5,
@@ -97,7 +99,14 @@ def test_loader_delivers_every_key_once_per_epoch_in_a_seeded_order(server: Hapi
     conn = connect(server.address)
     job = _job(server)
     manifest = conn.manifest("train")
-    info = conn.open_session(job._loader("train", job.config.train_transforms, True).request)
+    request = SessionRequest(
+        model=job.spec.to_dict(),
+        cut=job.cut,
+        freeze=job.freeze,
+        transforms=job.config.train_transforms.to_dict(),
+        image_size=SIZE,
+    )
+    info = conn.open_session(request)
     loader = FeatureLoader(
         conn, info.session, manifest, batch_size=5, chunk_size=4, prefetch=3, seed=1
     )

@@ -8,6 +8,7 @@ from typing import Literal
 from hapi.data import StoreOptions, Transforms
 from hapi.errors import InvalidRequest, shorten
 from hapi.graph import RAW, ModelSpec
+from hapi.plan.replan import ReplanConfig
 from hapi.wire import MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, OnError, WireDtype, check_wire_dtype
 
 __all__ = ["JobConfig"]
@@ -38,9 +39,22 @@ class JobConfig:
     eval_dataset: str | None = None
     """The evaluation set's prefix; None evaluates on `dataset` with eval transforms."""
     freeze: int | str | None = None
-    """Last frozen cut point: index, module name (`layer3`), or None for `requires_grad`."""
-    cut: int | None = None
-    """Where to split; None cuts at the freeze point (the most pushdown)."""
+    """Last frozen cut point: index, module name (`layer3`); None: from `requires_grad` if
+    something is frozen, else everything but the classifier."""
+    cut: int | str | None = "auto"
+    """Where to split: `auto` (the planner chooses the cut and local share from
+    measurements), a cut index or cut point name, or None for the freeze point."""
+    local_share: float = 0.0
+    """With an explicit cut: the share of chunks the trainer computes itself from raw
+    bytes (a fixed hybrid plan); `auto` chooses its own."""
+    replan: bool | ReplanConfig = True
+    """With `cut="auto"`: re-plan from measured chunks while training (a `ReplanConfig`
+    says when); False keeps the first plan."""
+    probe_samples: int = 16
+    """Objects the planner's probes read to measure the server, the link and decoding."""
+    retry_budget_s: float = 60.0
+    """Seconds a chunk is retried (backoff with jitter) when the server or its store is
+    unreachable or its stream is cut; 0 fails at once."""
     mode: Literal["pushdown", "local"] = "pushdown"
     """`local`: the baseline, fetching raw bytes and running everything in the trainer."""
     image_size: int = 224
@@ -78,10 +92,27 @@ class JobConfig:
             raise InvalidRequest(
                 f"mode must be 'pushdown' or 'local', got {shorten(repr(self.mode))}"
             )
-        if self.cut is not None and self.cut < RAW:
+        if isinstance(self.cut, bool) or (isinstance(self.cut, int) and self.cut < RAW):
             raise InvalidRequest(
-                f"cut must be RAW (-1), INPUT (0) or a cut point >= 1, got {self.cut}; or "
-                "leave it unset to cut at the freeze point"
+                f"cut must be 'auto', RAW (-1), INPUT (0), a cut point >= 1 or its name, got "
+                f"{self.cut!r}; or None to cut at the freeze point"
+            )
+        if not 0.0 <= self.local_share <= 1.0:
+            raise InvalidRequest(
+                f"local_share must be in [0, 1] (the share of chunks computed in the trainer), "
+                f"got {self.local_share}"
+            )
+        if self.local_share and self.cut == "auto":
+            raise InvalidRequest(
+                "local_share goes with an explicit cut; with cut='auto' the planner chooses it"
+            )
+        if not isinstance(self.replan, bool | ReplanConfig):
+            raise InvalidRequest(f"replan must be a bool or a ReplanConfig, got {self.replan!r}")
+        if self.probe_samples < 1:
+            raise InvalidRequest(f"probe_samples must be >= 1, got {self.probe_samples}")
+        if not 0.0 <= self.retry_budget_s < float("inf"):
+            raise InvalidRequest(
+                f"retry_budget_s must be >= 0 seconds (0: never retry), got {self.retry_budget_s}"
             )
         if isinstance(self.model, str) and self.repo is None:
             raise InvalidRequest(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +13,7 @@ import pyarrow.flight as flight
 
 from hapi.client._tls import flight_tls_options, tls_address
 from hapi.data import DatasetManifest
+from hapi.errors import HapiError, ServerUnavailable, shorten
 from hapi.wire import (
     ActionType,
     ChunkReport,
@@ -28,7 +30,7 @@ from hapi.wire import (
     decode_error,
 )
 
-__all__ = ["ChunkResult", "Connection", "connect"]
+__all__ = ["ChunkPart", "ChunkResult", "ChunkStream", "Connection", "connect"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,49 @@ class ChunkResult:
     batches: list[FeatureBatch]
     skipped: list[SkippedKey]
     nbytes: int
+
+
+@dataclass(frozen=True)
+class ChunkPart:
+    """One message of a chunk's stream: a batch, its bytes on the wire, and the report
+    that comes with the last one."""
+
+    batch: FeatureBatch | None
+    nbytes: int
+    report: ChunkReport | None = None
+
+
+class ChunkStream:
+    """An open chunk stream: iterate its parts as they arrive; `cancel` from any thread."""
+
+    def __init__(self, reader: flight.FlightStreamReader, ticket: ChunkTicket, address: str):
+        self._reader, self._ticket, self._address = reader, ticket, address
+
+    def __iter__(self) -> Iterator[ChunkPart]:
+        """The chunk's parts, the `ChunkReport` with the last.
+
+        Raises:
+            HapiError: the server's error; `ServerUnavailable` when the stream was cut.
+        """
+        while True:
+            try:
+                chunk = self._reader.read_chunk()
+            except StopIteration:
+                return
+            except flight.FlightError as exc:
+                raise _stream_error(exc, self._ticket, self._address) from None
+            batch = None
+            if chunk.data is not None and chunk.data.num_rows:
+                batch = decode_batch(chunk.data)
+            report = None
+            if chunk.app_metadata is not None:
+                report = ChunkReport.model_validate_json(chunk.app_metadata.to_pybytes())
+            nbytes = chunk.data.nbytes if chunk.data is not None else 0
+            yield ChunkPart(batch, nbytes, report)
+
+    def cancel(self) -> None:
+        """Stop the stream; a read in progress fails."""
+        self._reader.cancel()
 
 
 @dataclass(eq=False)
@@ -134,6 +179,24 @@ class Connection:
             raise decode_error(exc, self.address) from None
         return ChunkResult(batches, skipped, nbytes)
 
+    def stream(self, ticket: ChunkTicket) -> ChunkStream:
+        """Start one chunk; read its batches from the returned stream as they arrive.
+
+        The request goes out now, so the server starts on the chunk while the caller
+        reads other streams. Unlike `fetch`, batches come before the chunk is complete: a
+        caller that retries a failed stream asks again only for the keys it has not
+        received (chunks are idempotent per key).
+
+        Raises:
+            HapiError: the server's error for the chunk; `ServerUnavailable` when the server
+                cannot be reached.
+        """
+        try:
+            reader = self.client.do_get(flight.Ticket(ticket.to_bytes()), self._options())
+        except flight.FlightError as exc:
+            raise _stream_error(exc, ticket, self.address) from None
+        return ChunkStream(reader, ticket, self.address)
+
     def close(self) -> None:
         """Close the Flight client (a later call opens a new one)."""
         with self._lock:
@@ -146,6 +209,17 @@ class Connection:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _stream_error(exc: Exception, ticket: ChunkTicket, address: str) -> Exception:
+    error = decode_error(exc, address)
+    if isinstance(error, HapiError):
+        return error
+    # A reset or broken stream without a hapi error in it: the server went away.
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return ServerUnavailable(
+        f"the stream of chunk {ticket.chunk} from {address} was cut ({shorten(first)})"
+    )
 
 
 def connect(

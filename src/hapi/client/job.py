@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -16,12 +16,18 @@ from hapi.client._decode import RawDecoder
 from hapi.client._from_repo import build_from_repo
 from hapi.client.config import JobConfig
 from hapi.client.connection import Connection, connect
+from hapi.client.history import EpochStats, Event, History
 from hapi.client.loader import FeatureLoader
+from hapi.client.local import LocalCompute
+from hapi.client.planning import measure_job
+from hapi.client.routing import Router
+from hapi.client.sessions import Sessions
 from hapi.data import DatasetManifest, Transforms
 from hapi.errors import HapiError, InvalidRequest, NothingToTrain
 from hapi.graph import INPUT, RAW, ModelGraph, ModelSpec, build_model, trace
+from hapi.plan import Plan, ReplanConfig, Replanner, Workload, choose_freeze, choose_plan
 from hapi.repo.refs import is_repo_ref
-from hapi.wire import SessionRequest, SkippedKey
+from hapi.wire import SessionRequest
 
 if TYPE_CHECKING:
     from hapi.repo import ModelRepo, ModelVersion, PushedVersion
@@ -29,34 +35,6 @@ if TYPE_CHECKING:
 __all__ = ["EpochStats", "EvalResult", "History", "TransferJob"]
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
-
-
-@dataclass(frozen=True)
-class EpochStats:
-    """One training epoch, as the trainer saw it."""
-
-    epoch: int
-    loss: float
-    accuracy: float
-    seconds: float
-    samples: int
-    bytes_received: int
-    wait_s: float
-    """Time the trainer waited for data: the part of the epoch the pipeline did not hide."""
-    compute_s: float
-    """CPU time of the tail's forward, backward and optimizer steps (the training thread)."""
-    decode_s: float
-    """CPU time spent decoding and transforming raw bytes (the baseline's input work)."""
-    skipped: tuple[SkippedKey, ...] = ()
-    """Keys left out under `on_error="skip"`, each with its error."""
-
-
-@dataclass
-class History:
-    """What `fit` did: per-step losses and per-epoch stats."""
-
-    losses: list[float] = field(default_factory=list)
-    epochs: list[EpochStats] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -71,18 +49,25 @@ class EvalResult:
 
 
 class TransferJob:
-    """Fine-tunes a model's last layers, with its frozen front computed by a `hapi serve`.
+    """Fine-tunes a model's last layers, with its frozen front computed near the data.
 
-    In `pushdown` mode the server reads, decodes and transforms the images and runs the
-    head up to the cut; the trainer receives features and runs the tail. In `local` mode
-    (the baseline) the server only sends the objects' bytes and the trainer does it all.
-    Both give the same samples in the same order, so they train the same model.
+    The plan - where the model is cut, and which share of the chunks the trainer computes
+    itself from raw bytes - is chosen from measurements of the server, the link and the
+    trainer (`cut="auto"`, the default; `job.plan` says what and why) and re-chosen while
+    training when the measured rates drift. An explicit `cut` (and `local_share`) fixes
+    it; `mode="local"` is the baseline, where the server only sends the objects' bytes.
+    Every plan gives the same samples in the same batches, so they train the same model.
 
     Example:
         >>> job = TransferJob(model="resnet18", dataset="train", server=server.address,
-        ...                   freeze="layer3", image_size=112)
+        ...                   image_size=112)
+        >>> print(job.plan.explain())
         >>> job.fit(epochs=2)
         >>> job.evaluate().accuracy
+
+    Raises:
+        InvalidRequest: a bad option.
+        InvalidCut: a cut past the freeze point, or a freeze that leaves nothing to train.
     """
 
     def __init__(
@@ -120,28 +105,119 @@ class TransferJob:
         self.device = torch.device(self.config.device)
         size = self.config.image_size
         self.graph: ModelGraph = trace(self.model, input_shape=(3, size, size))
-        self.freeze = self.graph.resolve_freeze(self.config.freeze)
-        cut = self.freeze if self.config.cut is None else self.config.cut
-        if cut != RAW:
-            self.graph.check_cut(cut, self.freeze)
-        # The baseline (and cut=RAW) fetches the objects' bytes and runs the whole model here.
-        self.raw = self.config.mode == "local" or cut == RAW
-        self.cut = RAW if self.raw else cut
-        """The wire cut: RAW when the trainer decodes raw bytes itself."""
+        choice = choose_freeze(self.graph, self.config.freeze)
+        self.freeze = choice.freeze
+        """The last frozen cut point."""
+        self.freeze_reason = choice.reason
+        """Why this freeze point (the job's summary says it)."""
         self._frozen = list(self.graph.head(self.freeze).modules()) if self.freeze else []
         for module in self._frozen:
             for p in module.parameters(recurse=False):
                 p.requires_grad_(False)
-        # A RAW job's tail starts at the input: the trainer decodes and transforms itself.
-        self.tail = self.graph.tail(max(self.cut, INPUT)).to(self.device)
+        self._fixed = self._fixed_plan()
+        self._placement = self._fixed
+        self._plan: Plan | None = None
+        self._router: Router | None = None
+        self._epoch: int | None = None
+        self._training = False
+        self._tails: dict[int, nn.Module] = {}
+        self._segments: dict[tuple[int, int], nn.Module] = {}
         self.model.to(self.device)
         self.history = History()
         self._manifests: dict[str, DatasetManifest] = {}
 
+    # What the job will do ------------------------------------------------------------------
+
+    @property
+    def plan(self) -> Plan | None:
+        """The plan in force with every option weighed (`.explain()`), for `cut="auto"`.
+
+        Measured and chosen on first use (here or in `fit`), which takes a few seconds
+        and reads a few objects; None when the cut was given (or `mode="local"`).
+        """
+        if self._fixed is not None:
+            return None
+        if self._plan is None:
+            self._plan = self._make_plan()
+            self._placement = (self._plan.cut, self._plan.share)
+        if self._router is not None and self._router.plan is not None:
+            return self._router.plan
+        return self._plan
+
+    @property
+    def cut(self) -> int:
+        """Where pushed-down chunks are cut now (RAW: the trainer decodes raw bytes)."""
+        return self._in_force()[0]
+
+    @property
+    def local_share(self) -> float:
+        """The share of chunks the trainer computes from raw bytes (1 for RAW)."""
+        cut, share = self._in_force()
+        return 1.0 if cut == RAW else share
+
+    @property
+    def raw(self) -> bool:
+        """Whether every chunk travels as raw bytes (the baseline)."""
+        return self.cut == RAW
+
+    @property
+    def tail(self) -> nn.Module:
+        """The module the trainer runs on features at the plan's cut."""
+        return self._tail(max(self.cut, INPUT))
+
     @property
     def trainable_parameters(self) -> list[nn.Parameter]:
-        """The parameters `fit` trains: those of the tail that are not frozen."""
-        return [p for p in self.tail.parameters() if p.requires_grad]
+        """The parameters `fit` trains: those after the freeze point that are not frozen."""
+        return [p for p in self._tail(self.freeze).parameters() if p.requires_grad]
+
+    def summary(self) -> str:
+        """What the job trains and how its data travels, in a few lines."""
+        trained = sum(p.numel() for p in self.trainable_parameters)
+        lines = [
+            f"{self.spec.name if self.base is None else self.base.ref}: "
+            f"{trained:,} parameters train",
+            self.freeze_reason,
+        ]
+        if self.config.mode == "local":
+            lines.append("mode=local: the baseline, raw bytes to the trainer")
+        elif self._fixed is not None:
+            cut, share = self._fixed
+            lines.append(f"cut {cut}, {share:.0%} of chunks local, as given")
+        else:
+            plan = self.plan
+            assert plan is not None  # an auto job has one
+            lines.append(f"plan: {plan.reason}")
+        return "\n".join(lines)
+
+    def set_plan(
+        self, cut: int | str, share: float = 0.0, *, reason: str = "set by the user"
+    ) -> None:
+        """Use (`cut`, `share`) for the chunks not yet issued: mid-epoch (from a progress
+        callback) or for the next `fit`. Every key is still delivered once per epoch.
+
+        Raises:
+            InvalidCut: a cut past the freeze point.
+            InvalidRequest: a share outside [0, 1], or a share with RAW.
+        """
+        index = self.graph.resolve_cut(cut)
+        if index != RAW:
+            self.graph.check_cut(index, self.freeze)
+        plan = None
+        if self._fixed is None:
+            current = self.plan
+            assert current is not None  # an auto job has one
+            plan = current.with_choice(index, share, reason=reason)
+        if self._router is not None:
+            self._router.set(index, share, reason=reason, plan=plan)
+        else:
+            Router(index, share)  # checks the share
+            self._placement = (index, share)
+            if plan is not None:
+                self._plan = plan
+        if self._fixed is not None:
+            self._fixed = (index, share)
+
+    # Training ------------------------------------------------------------------------------
 
     def fit(
         self,
@@ -161,12 +237,12 @@ class TransferJob:
             progress: called with (batches done, batches per epoch) after each step.
 
         Returns:
-            The job's history, with this call's epochs appended.
+            The job's history, with this call's epochs and events appended.
 
         Raises:
             NothingToTrain: every parameter is frozen.
-            HapiError: a chunk failed (`CorruptObject` naming the key, ...), or the epoch
-                lost keys (`IncompleteEpoch`).
+            HapiError: a chunk failed for good (`CorruptObject` naming the key, or
+                `ServerUnavailable` past the retry budget), or the epoch lost keys.
         """
         params = self.trainable_parameters
         if not params:
@@ -179,18 +255,20 @@ class TransferJob:
         elif not isinstance(optimizer, torch.optim.Optimizer):
             optimizer = optimizer(params)
         loss_fn = nn.CrossEntropyLoss()
-        with self._loader(self.config.dataset, self.config.train_transforms, True) as loader:
+        with self._loop(self.config.dataset, self.config.train_transforms, True) as loader:
             start = len(self.history.epochs)
             for epoch in range(start, start + epochs):
+                self._epoch = epoch
                 self._train_mode(True)
-                # Seed per epoch so dropout in the tail draws the same masks in both modes.
+                # Seed per epoch so dropout in the tail draws the same masks in every plan.
                 torch.manual_seed(self.config.seed * 1_000_003 + epoch)
+                server_before = self._server_cpu(loader.sessions)
                 t0 = time.perf_counter()
                 total_loss = correct = seen = compute = 0.0
-                for step, (x, y) in enumerate(loader.epoch(epoch), 1):
+                for step, batch in enumerate(loader.batches(epoch), 1):
                     t1 = time.thread_time()
-                    x, y = self._to_device(x, y)
-                    out = self.tail(x)
+                    x, y = self._to_device(batch.features, batch.labels)
+                    out = self._tail(batch.cut)(x)
                     loss = loss_fn(out, y)
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
@@ -202,36 +280,38 @@ class TransferJob:
                     compute += time.thread_time() - t1
                     if progress is not None:
                         progress(step, len(loader))
+                seconds = time.perf_counter() - t0
                 self.history.epochs.append(
-                    EpochStats(
-                        epoch=epoch,
-                        loss=total_loss / max(seen, 1),
-                        accuracy=correct / max(seen, 1),
-                        seconds=time.perf_counter() - t0,
-                        samples=int(seen),
-                        bytes_received=loader.stats.bytes_received,
-                        wait_s=loader.stats.wait_s,
-                        compute_s=compute,
-                        decode_s=loader.stats.postprocess_s,
-                        skipped=tuple(loader.stats.skipped),
+                    self._epoch_stats(
+                        epoch,
+                        loader,
+                        seconds=seconds,
+                        server_s=self._server_s(loader, server_before),
+                        loss=total_loss,
+                        correct=correct,
+                        seen=seen,
+                        compute=compute,
                     )
                 )
         return self.history
 
-    @torch.inference_mode()
     def evaluate(
         self, dataset: str | None = None, *, progress: Callable[[int, int], None] | None = None
     ) -> EvalResult:
         """Accuracy of the model on `dataset` (default: the job's eval or training set)."""
-        prefix = dataset or self.config.eval_dataset or self.config.dataset
+        self._in_force()  # plans first, outside inference mode: planning times a backward
+        return self._evaluate(dataset or self.config.eval_dataset or self.config.dataset, progress)
+
+    @torch.inference_mode()
+    def _evaluate(self, prefix: str, progress: Callable[[int, int], None] | None) -> EvalResult:
         self._train_mode(False)
         loss_fn = nn.CrossEntropyLoss(reduction="sum")
         t0 = time.perf_counter()
         total_loss = correct = seen = 0.0
-        with self._loader(prefix, self.config.test_transforms, False) as loader:
-            for step, (x, y) in enumerate(loader.epoch(0), 1):
-                x, y = self._to_device(x, y)
-                out = self.tail(x)
+        with self._loop(prefix, self.config.test_transforms, False) as loader:
+            for step, batch in enumerate(loader.batches(0), 1):
+                x, y = self._to_device(batch.features, batch.labels)
+                out = self._tail(batch.cut)(x)
                 total_loss += loss_fn(out, y).item()
                 correct += (out.argmax(1) == y).sum().item()
                 seen += len(y)
@@ -308,34 +388,155 @@ class TransferJob:
         self.base = self.repo.resolve(model)
         return build_from_repo(self.repo, self.base, num_classes=classes)
 
+    def _fixed_plan(self) -> tuple[int, float] | None:
+        """The (cut, share) the options fix, or None for the planner to choose."""
+        config = self.config
+        if config.mode == "local":
+            return (RAW, 0.0)
+        if config.cut == "auto":
+            return None
+        cut = self.freeze if config.cut is None else self.graph.resolve_cut(config.cut)
+        if cut != RAW:
+            self.graph.check_cut(cut, self.freeze)
+        Router(cut, config.local_share)  # checks the share against the cut
+        return (cut, config.local_share)
+
+    def _in_force(self) -> tuple[int, float]:
+        if self._router is not None:
+            return self._router.in_force
+        if self._placement is None:
+            self.plan  # noqa: B018  (plans on first use)
+        assert self._placement is not None  # planned just now
+        return self._placement
+
+    def _make_plan(self) -> Plan:
+        config = self.config
+        manifest = self.manifest(config.dataset)
+        transforms = config.train_transforms
+        profiles = measure_job(
+            self.connection,
+            lambda cut: self._request(cut, transforms),
+            manifest,
+            self.graph,
+            self.freeze,
+            transforms,
+            samples=config.probe_samples,
+            batch_size=min(config.batch_size, 8),
+            seed=config.seed,
+            wire_dtype=config.wire_dtype,
+        )
+        workload = Workload(
+            samples=len(manifest), chunk_size=config.chunk_size, prefetch=config.prefetch
+        )
+        plan = choose_plan(
+            profiles.server,
+            profiles.trainer,
+            profiles.link,
+            workload,
+            freeze=self.freeze,
+            names=self.graph.names(),
+        )
+        self.history.events.append(Event("plan", None, None, plan.reason, plan.to_dict()))
+        return plan
+
+    @contextlib.contextmanager
+    def _loop(self, prefix: str, transforms: Transforms, train: bool) -> Iterator[FeatureLoader]:
+        """A loader for one loop over `prefix`, its sessions closed when the loop ends."""
+        config = self.config
+        cut, share = self._in_force()
+        replanner = None
+        if train and self._fixed is None and config.replan is not False:
+            plan = self.plan
+            assert plan is not None  # an auto job has one
+            replan = config.replan if isinstance(config.replan, ReplanConfig) else None
+            replanner = Replanner(plan, replan)
+        router = Router(cut, share, replanner=replanner, record=self._record)
+        decoder = RawDecoder(transforms, config.seed, config.on_error)
+        sessions = Sessions(
+            self.connection, lambda c: self._request(c, transforms), on_reopen=self._reopened
+        )
+        loader = FeatureLoader(
+            self.connection,
+            sessions,
+            self.manifest(prefix),
+            batch_size=config.batch_size,
+            chunk_size=config.chunk_size,
+            prefetch=config.prefetch,
+            seed=config.seed,
+            shuffle=train,
+            retry_budget_s=config.retry_budget_s,
+            router=router,
+            local=LocalCompute(decoder, self.graph.head, config.wire_dtype, self.device),
+            convert=self._convert,
+            record=self._record,
+        )
+        self._router = router if train else None
+        try:
+            with sessions:
+                yield loader
+        finally:
+            if train:
+                self._router = None
+                self._placement = router.in_force
+                if replanner is not None:
+                    self._plan = replanner.plan
+            self._epoch = None
+
+    def _request(self, cut: int, transforms: Transforms) -> SessionRequest:
+        config = self.config
+        return SessionRequest(
+            model=self._wire_model(),
+            cut=cut,
+            freeze=self.freeze,
+            transforms=transforms.to_dict(),
+            image_size=config.image_size,
+            wire_dtype=config.wire_dtype,
+            seed=config.seed,
+            on_error=config.on_error,
+        )
+
     def _wire_model(self) -> dict[str, Any] | str:
         """How a session names the model: the base version pinned by id, or the spec."""
         if self.base is not None:
             return f"repo://{self.base.name}@{self.base.id}"
         return self.spec.to_dict()
 
-    def _loader(self, prefix: str, transforms: Transforms, train: bool) -> _OpenLoader:
-        local = self.raw
-        request = SessionRequest(
-            model=self._wire_model(),
-            cut=self.cut,
-            freeze=self.freeze,
-            transforms=transforms.to_dict(),
-            image_size=self.config.image_size,
-            wire_dtype=self.config.wire_dtype,
-            seed=self.config.seed,
-            on_error=self.config.on_error,
-        )
-        return _OpenLoader(
-            self,
-            request,
-            self.manifest(prefix),
-            train,
-            RawDecoder(transforms, self.config.seed, self.config.on_error) if local else None,
+    def _record(self, event: Event) -> None:
+        self.history.events.append(event)
+
+    def _reopened(self, cut: int, lost: str, new: str) -> None:
+        self._record(
+            Event(
+                "reopen",
+                self._epoch,
+                None,
+                f"the server had lost the session for cut {cut} (restarted?): re-opened",
+                {"cut": cut, "lost": lost, "session": new},
+            )
         )
 
+    def _tail(self, cut: int) -> nn.Module:
+        if cut not in self._tails:
+            tail = self.graph.tail(cut).to(self.device)
+            # Only the root's flag: the model's modules are in their modes already, and
+            # a frozen one may be running in the local worker (always in eval).
+            tail.training = self._training
+            self._tails[cut] = tail
+        return self._tails[cut]
+
+    def _convert(self, features: torch.Tensor, start: int, end: int) -> torch.Tensor:
+        """Carry features from cut `start` to `end` through the frozen layers between."""
+        if (start, end) not in self._segments:
+            self._segments[(start, end)] = self.graph.segment(start, end)
+        segment = self._segments[(start, end)]
+        with torch.no_grad():
+            out = segment(features.to(self.device, torch.float32))
+        return out.to("cpu")
+
     def _train_mode(self, train: bool) -> None:
-        self.tail.train(train)
+        self._training = train
+        for tail in {id(t): t for t in (*self._tails.values(), self.tail)}.values():
+            tail.train(train)
         # Frozen layers stay in eval mode, as on the server: batch norm keeps its
         # pre-trained statistics and dropout is off in the frozen part.
         for module in self._frozen:
@@ -344,38 +545,51 @@ class TransferJob:
     def _to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return x.to(self.device, torch.float32), y.to(self.device)
 
-
-class _OpenLoader:
-    """A session opened for one loop, closed when the loop ends (even on an error)."""
-
-    def __init__(
-        self,
-        job: TransferJob,
-        request: SessionRequest,
-        manifest: DatasetManifest,
-        train: bool,
-        decoder: RawDecoder | None,
-    ) -> None:
-        self.job, self.request, self.manifest = job, request, manifest
-        self.train, self.decoder = train, decoder
-
-    def __enter__(self) -> FeatureLoader:
-        config = self.job.config
-        info = self.job.connection.open_session(self.request)
-        self.session = info.session
-        return FeatureLoader(
-            self.job.connection,
-            info.session,
-            self.manifest,
-            batch_size=config.batch_size,
-            chunk_size=config.chunk_size,
-            prefetch=config.prefetch,
-            seed=config.seed,
-            shuffle=self.train,
-            postprocess=self.decoder,
-        )
-
-    def __exit__(self, *exc: object) -> None:
-        # The server may be gone; the session died with it.
+    def _server_cpu(self, sessions: Sessions) -> dict[str, float]:
+        """The server's CPU seconds per session of ours, for servers that do not report
+        their time per chunk."""
         with contextlib.suppress(HapiError):
-            self.job.connection.close_session(self.session)
+            stats = self.connection.stats()
+            return {s: stats.sessions[s].cpu_s for s in sessions.opened if s in stats.sessions}
+        return {}
+
+    def _server_s(self, loader: FeatureLoader, before: dict[str, float]) -> float:
+        if loader.stats.server_reported:
+            return loader.stats.server_s
+        after = self._server_cpu(loader.sessions)
+        return sum(cpu - before.get(s, 0.0) for s, cpu in after.items())
+
+    def _epoch_stats(
+        self,
+        epoch: int,
+        loader: FeatureLoader,
+        *,
+        seconds: float,
+        server_s: float,
+        loss: float,
+        correct: float,
+        seen: float,
+        compute: float,
+    ) -> EpochStats:
+        cut, share = self._in_force()
+        stats = loader.stats
+        return EpochStats(
+            epoch=epoch,
+            loss=loss / max(seen, 1),
+            accuracy=correct / max(seen, 1),
+            seconds=seconds,
+            server_s=server_s,
+            samples=int(seen),
+            bytes_received=stats.bytes_received,
+            wait_s=stats.wait_s,
+            compute_s=compute,
+            decode_s=stats.postprocess_s,
+            skipped=tuple(stats.skipped),
+            transfer_s=stats.transfer_s,
+            trainer_s=compute + stats.postprocess_s + stats.convert_s,
+            cut=cut,
+            share=share,
+            chunks_local=stats.chunks_local,
+            chunks_pushed=stats.chunks - stats.chunks_local,
+            retries=stats.retries,
+        )

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from hapi.graph.cut_point import INPUT, RAW
-from hapi.plan.cost import Estimate, Workload
+from hapi.plan.cost import Estimate, Workload, estimate
 from hapi.plan.profiles import LinkProfile, ServerProfile, TrainerProfile
 
 __all__ = ["Plan"]
@@ -75,6 +76,28 @@ class Plan:
             if o.cut == cut and abs(o.share - share) < 1e-9:
                 return o
         return None
+
+    def with_choice(self, cut: int, share: float = 0.0, *, reason: str) -> Plan:
+        """The same plan with (`cut`, `share`) chosen instead (weighed now if it was not).
+
+        Raises:
+            InvalidRequest: a cut the profiles do not cover, or a share outside [0, 1].
+        """
+        chosen = self.option(cut, share)
+        options = self.options
+        if chosen is None:
+            names = dict(enumerate(self.names, 1))
+            chosen = estimate(
+                cut,
+                share,
+                self.server,
+                self.trainer,
+                self.link,
+                self.workload,
+                name=names.get(cut, ""),
+            )
+            options = tuple(sorted((*options, chosen), key=lambda o: o.epoch_s))
+        return dataclasses.replace(self, chosen=chosen, options=options, reason=reason)
 
     def rows(self) -> list[dict[str, Any]]:
         """One JSON-safe row per option, fastest first, for tables and plots."""

@@ -192,6 +192,15 @@ class Replanner:
         self._planned_scales = self.scales()
         return change
 
+    def adopt(self, plan: Plan) -> None:
+        """Make `plan` the plan in force (one set from outside: the user's, a fallback).
+
+        Drift is then measured from the rates seen so far, as after a re-plan.
+        """
+        self.plan = plan
+        self._planned_scales = self.scales()
+        self._drifting = 0
+
     def _restart_from_recent(self) -> None:
         """Restart each stage's moving average at the median rate of the recent chunks.
 

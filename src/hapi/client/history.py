@@ -1,0 +1,112 @@
+"""What a job did: per-step losses, per-epoch stage times, and every event on the way.
+
+An epoch's `server_s`, `transfer_s` and `trainer_s` are the busy times of the pipeline's
+three stages, so `binding` - the largest - names the stage that held the epoch. Events
+are the plan and each change of it, every retry of a chunk and every session re-opened:
+what a user reads to see why an epoch took the time it did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from hapi.wire import SkippedKey
+
+__all__ = ["EpochStats", "Event", "EventKind", "History"]
+
+EventKind = Literal["plan", "replan", "retry", "reopen"]
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something that happened to the job, in order."""
+
+    kind: EventKind
+    """`plan` (the first choice), `replan` (a change of cut or share), `retry` (a chunk
+    asked for again), `reopen` (a session the server had lost, opened again)."""
+    epoch: int | None
+    """The epoch it happened in (None: before the first)."""
+    chunk: int | None
+    """The chunk it concerns, or after which a re-plan took effect."""
+    message: str
+    """One line for a person."""
+    data: Mapping[str, Any] = field(default_factory=dict)
+    """JSON-safe details (the plans, the error class, the backoff)."""
+
+
+@dataclass(frozen=True)
+class EpochStats:
+    """One training epoch, as the trainer saw it."""
+
+    epoch: int
+    loss: float
+    accuracy: float
+    seconds: float
+    samples: int
+    bytes_received: int
+    wait_s: float
+    """Time the trainer waited for data: the part of the epoch the pipeline did not hide."""
+    compute_s: float
+    """CPU time of the tail's forward, backward and optimizer steps (the training thread)."""
+    decode_s: float
+    """CPU time the trainer spent on local chunks: decoding, transforming, the head."""
+    skipped: tuple[SkippedKey, ...] = ()
+    """Keys left out under `on_error="skip"`, each with its error."""
+    server_s: float = 0.0
+    """The server's busy time on this epoch's chunks (as it reported them)."""
+    transfer_s: float = 0.0
+    """The link's busy time: each chunk's stream while it had the link."""
+    trainer_s: float = 0.0
+    """The trainer's busy time: `compute_s + decode_s` and carrying features across a
+    change of cut."""
+    cut: int | None = None
+    """The cut at the epoch's end (RAW: the baseline)."""
+    share: float = 0.0
+    """The local share at the epoch's end."""
+    chunks_local: int = 0
+    """Chunks the trainer computed from raw bytes."""
+    chunks_pushed: int = 0
+    """Chunks the server computed to the cut."""
+    retries: int = 0
+    """Chunk retries in the epoch (`History.events` has each)."""
+
+    @property
+    def stages(self) -> dict[str, float]:
+        """Busy time of each stage, by name."""
+        return {"server": self.server_s, "link": self.transfer_s, "trainer": self.trainer_s}
+
+    @property
+    def binding(self) -> str:
+        """The stage that held the epoch: `server`, `link` or `trainer`."""
+        stages = self.stages
+        return max(stages, key=lambda s: stages[s])
+
+
+@dataclass
+class History:
+    """What `fit` did: per-step losses, per-epoch stats, and the events on the way."""
+
+    losses: list[float] = field(default_factory=list)
+    epochs: list[EpochStats] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+
+    def of_kind(self, kind: EventKind) -> list[Event]:
+        """The events of one kind, in order."""
+        return [e for e in self.events if e.kind == kind]
+
+    @property
+    def retries(self) -> list[Event]:
+        """Every chunk retry."""
+        return self.of_kind("retry")
+
+    @property
+    def reopens(self) -> list[Event]:
+        """Every session re-opened."""
+        return self.of_kind("reopen")
+
+    @property
+    def plan_changes(self) -> list[Event]:
+        """Every change of plan while training."""
+        return self.of_kind("replan")

@@ -1,0 +1,202 @@
+"""Measuring a job's pipeline before it trains: the server, the link and the trainer.
+
+The server's side comes from two probe chunks of the job's own objects through the chunk
+protocol, read back from the session's own counters (`stats`): a RAW chunk (the objects'
+size, the server's wait for its store, and the link: bytes over the stream's time less
+that wait and the request's round trip), and a chunk at the freeze cut (decoding and
+transforming per sample, and the head to the freeze point). Each runs twice and the
+second is measured, so a cold store or a first kernel call does not count. The head to
+the other cuts is the trainer's measured head scaled by the server/trainer ratio at the
+freeze point: the layers' relative costs are the model's, the ratio is the machines'.
+
+This is the seam for the server's `profile` action (ARCHITECTURE.md): when servers answer
+it, `measure_server` asks it instead, and nothing else changes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from hapi.client.connection import Connection
+from hapi.data import DatasetManifest, Transforms
+from hapi.errors import InvalidRequest
+from hapi.graph import INPUT, RAW, ModelGraph
+from hapi.plan import (
+    LinkProfile,
+    ServerProfile,
+    TrainerProfile,
+    measure_decode,
+    measure_trainer,
+    memory_per_sample,
+    wire_bytes,
+)
+from hapi.wire import ChunkTicket, SessionRequest, SessionStats
+
+__all__ = ["Profiles", "measure_job", "probe_keys"]
+
+
+@dataclass(frozen=True)
+class Profiles:
+    """The three profiles a plan is made from."""
+
+    server: ServerProfile
+    trainer: TrainerProfile
+    link: LinkProfile
+
+
+@dataclass(frozen=True)
+class _Probe:
+    """One probe chunk as the trainer and the server's counters saw it."""
+
+    seconds: float
+    nbytes: int
+    samples: int
+    server: SessionStats
+    """The session's counters for this chunk alone."""
+    blobs: list[bytes]
+    round_trip_s: float
+
+
+def probe_keys(manifest: DatasetManifest, n: int, seed: int) -> tuple[list[str], list[int]]:
+    """`n` keys spread over the dataset (a seeded sample), with their labels."""
+    if not len(manifest):
+        raise InvalidRequest("cannot plan a job on an empty dataset")
+    pick = np.random.default_rng([seed, 7]).permutation(len(manifest))[:n]
+    return [manifest.keys[i] for i in pick], [manifest.labels[i] for i in pick]
+
+
+def measure_job(
+    connection: Connection,
+    request: Callable[[int], SessionRequest],
+    manifest: DatasetManifest,
+    graph: ModelGraph,
+    freeze: int,
+    transforms: Transforms,
+    *,
+    samples: int = 16,
+    batch_size: int = 8,
+    seed: int = 0,
+    wire_dtype: str = "fp32",
+) -> Profiles:
+    """Measure the server, the link and the trainer for a job (a few seconds).
+
+    Args:
+        connection: the job's server.
+        request: the job's session request for a cut.
+        manifest: the training set.
+        graph: the job's model, traced, on the trainer's device.
+        freeze: the freeze point (cuts 0..freeze are profiled).
+        transforms: the training transforms (the trainer decodes with them).
+        samples: objects per probe chunk.
+        batch_size: samples per measured batch in the trainer.
+        seed: picks the probe's objects.
+        wire_dtype: the dtype features travel in.
+
+    Raises:
+        HapiError: the server refused a probe or cannot be reached.
+    """
+    keys, labels = probe_keys(manifest, samples, seed)
+    raw = _probe(connection, request(RAW), keys, labels)
+    link = _link(raw)
+    trainer = measure_trainer(
+        graph,
+        freeze,
+        decode_s=measure_decode(raw.blobs, transforms, seed=seed),
+        batch_size=batch_size,
+    )
+    server = measure_server(
+        connection, request, keys, labels, graph, freeze, raw=raw, trainer=trainer,
+        wire_dtype=wire_dtype,
+    )  # fmt: skip
+    return Profiles(server=server, trainer=trainer, link=link)
+
+
+def measure_server(
+    connection: Connection,
+    request: Callable[[int], SessionRequest],
+    keys: list[str],
+    labels: list[int],
+    graph: ModelGraph,
+    freeze: int,
+    *,
+    raw: _Probe,
+    trainer: TrainerProfile,
+    wire_dtype: str,
+) -> ServerProfile:
+    """The server's profile from a probe chunk at the freeze cut (and the RAW probe)."""
+    n = raw.samples
+    read_s = raw.server.read_s / n
+    raw_bytes = raw.nbytes / n
+    at_freeze = _probe(connection, request(freeze), keys, labels)
+    m = max(at_freeze.samples, 1)
+    decode_s = at_freeze.server.transform_s / m
+    head_freeze = at_freeze.server.head_s / m if freeze > INPUT else 0.0
+    local = trainer.head_s[freeze]
+    ratio = head_freeze / local if local > 0 else 1.0
+    # Bytes on the wire beyond the tensor itself (key, label, Arrow's buffers), measured.
+    overhead = max(0, round(at_freeze.nbytes / m) - wire_bytes(graph, freeze, wire_dtype))
+    cuts = range(freeze + 1)
+    return ServerProfile(
+        read_s=read_s,
+        decode_s=decode_s,
+        head_s=tuple(trainer.head_s[k] * ratio for k in cuts),
+        out_bytes=tuple(wire_bytes(graph, k, wire_dtype, overhead=overhead) for k in cuts),
+        memory_bytes=tuple(memory_per_sample(graph, k) for k in cuts),
+        raw_bytes=raw_bytes,
+        wire_dtype=wire_dtype,
+    )
+
+
+def _link(raw: _Probe) -> LinkProfile:
+    """The link from the RAW probe: its bytes over the stream's time, less the server's
+    wait for its store and the request's round trip."""
+    busy = raw.seconds - raw.server.read_s
+    try:
+        return LinkProfile.observed(raw.nbytes, busy, latency_s=raw.round_trip_s)
+    except InvalidRequest:
+        # The store's wait hid the link (a fast link, a slow store): the link is at least
+        # as fast as the whole stream.
+        return LinkProfile(bytes_per_s=raw.nbytes / max(raw.seconds, 1e-6))
+
+
+def _probe(
+    connection: Connection, request: SessionRequest, keys: list[str], labels: list[int]
+) -> _Probe:
+    """Open a session, run the chunk twice, measure the second, close the session."""
+    session = connection.open_session(request).session
+    try:
+        ticket = ChunkTicket(session=session, chunk=0, keys=keys, labels=labels)
+        _read(connection, ticket)  # warm: the store's cache, the head's first call
+        before, rtt1 = _counters(connection, session)
+        t0 = time.perf_counter()
+        nbytes, samples, blobs = _read(connection, ticket)
+        seconds = time.perf_counter() - t0
+        after, rtt2 = _counters(connection, session)
+    finally:
+        connection.close_session(session)
+    delta = SessionStats(
+        **{name: getattr(after, name) - getattr(before, name) for name in SessionStats.model_fields}
+    )
+    return _Probe(seconds, nbytes, samples, delta, blobs, min(rtt1, rtt2))
+
+
+def _read(connection: Connection, ticket: ChunkTicket) -> tuple[int, int, list[bytes]]:
+    nbytes = samples = 0
+    blobs: list[bytes] = []
+    for part in connection.stream(ticket):
+        nbytes += part.nbytes
+        if part.batch is not None:
+            samples += len(part.batch)
+            blobs += part.batch.data or []
+    return nbytes, samples, blobs
+
+
+def _counters(connection: Connection, session: str) -> tuple[SessionStats, float]:
+    """The session's counters, and the action's round trip (the request latency)."""
+    t0 = time.perf_counter()
+    stats = connection.stats()
+    return stats.sessions.get(session, SessionStats()), time.perf_counter() - t0

@@ -1,0 +1,195 @@
+"""`Router`: which way each chunk goes - pushed down at the cut, or computed locally.
+
+The plan in force is a cut `k` and a local share `f`. Chunks are routed when they are
+issued, never after, so a change of plan (the re-planner's or the user's) applies to the
+chunks not yet issued, and every chunk keeps the route it was issued with: each key is
+still delivered once. Local chunks are spread evenly over the rest of the epoch
+(`hapi.plan.assign`) from the chunk where the share took effect.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hapi.client.history import Event
+from hapi.errors import InvalidRequest
+from hapi.graph import INPUT, RAW
+from hapi.plan import ChunkMeasurement, Plan, Replanner, assign
+
+__all__ = ["ChunkRecord", "Route", "Router"]
+
+
+@dataclass(frozen=True)
+class Route:
+    """How one chunk travels."""
+
+    local: bool
+    """The server sends raw bytes and the trainer computes the features."""
+    cut: int
+    """The cut its features reach the tail at (INPUT for the baseline's chunks)."""
+
+    @property
+    def wire_cut(self) -> int:
+        """The session's cut: RAW for a local chunk."""
+        return RAW if self.local else self.cut
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChunkRecord:
+    """One chunk, delivered and trained: what the loader measured."""
+
+    chunk: int
+    epoch: int
+    route: Route
+    samples: int
+    bytes: int
+    server_s: float | None
+    """The server's compute on it as it reported; None: it reported none."""
+    transfer_s: float
+    trainer_s: float
+
+
+class Router:
+    """Routes chunks by the plan in force, and changes it between chunks.
+
+    Args:
+        cut: the plan's cut (RAW: every chunk local, the baseline).
+        share: the plan's local share.
+        replanner: weighs measured chunks against the plan (`cut="auto"` jobs).
+        record: receives an `Event` for each change of plan.
+    """
+
+    def __init__(
+        self,
+        cut: int,
+        share: float = 0.0,
+        *,
+        replanner: Replanner | None = None,
+        record: Callable[[Event], None] | None = None,
+    ) -> None:
+        _check(cut, share)
+        self.cut, self.share = cut, share
+        self.replanner = replanner
+        self._record = record
+        self._lock = threading.Lock()
+        self._epoch: int | None = None
+        self._chunks = 0
+        self._origin = 0
+        self._issued = 0
+        self._pending: tuple[int, float, str, Plan | None] | None = None
+
+    @property
+    def plan(self) -> Plan | None:
+        """The re-planner's plan in force, if there is a re-planner."""
+        return self.replanner.plan if self.replanner is not None else None
+
+    @property
+    def in_force(self) -> tuple[int, float]:
+        """(cut, share) for the next chunk issued: a change not yet applied included."""
+        with self._lock:
+            if self._pending is not None:
+                return self._pending[0], self._pending[1]
+            return self.cut, self.share
+
+    def start(self, epoch: int, chunks: int) -> None:
+        """A new epoch of `chunks` chunks: local chunks are spread over all of it."""
+        with self._lock:
+            self._epoch, self._chunks, self._origin, self._issued = epoch, chunks, 0, 0
+
+    def route(self, chunk: int) -> Route:
+        """The route of `chunk`, issued now (chunks are issued in order)."""
+        with self._lock:
+            if self._pending is not None:
+                self._apply(chunk)
+            self._issued = chunk + 1
+            if self.cut == RAW:
+                return Route(local=True, cut=INPUT)
+            ids = range(self._origin, max(self._chunks, chunk + 1))
+            local = self.share > 0 and assign(ids, self.share)[chunk - self._origin]
+            return Route(local=local, cut=self.cut)
+
+    def set(self, cut: int, share: float = 0.0, *, reason: str, plan: Plan | None = None) -> None:
+        """Use (`cut`, `share`) for the chunks issued from now on.
+
+        Raises:
+            InvalidRequest: a share outside [0, 1], or a share with RAW.
+        """
+        _check(cut, share)
+        with self._lock:
+            self._pending = (cut, share, reason, plan)
+
+    def observe(self, record: ChunkRecord) -> None:
+        """Take in a trained chunk; re-plan when the measurements call for it."""
+        if self.replanner is None:
+            return
+        change = self.replanner.observe(self._measurement(record))
+        if change is not None and change.changed:
+            plan = change.plan
+            self.set(plan.cut, plan.share, reason=change.reason, plan=plan)
+
+    def _apply(self, chunk: int) -> None:
+        assert self._pending is not None  # the caller checks
+        cut, share, reason, plan = self._pending
+        self._pending = None
+        before = (self.cut, self.share)
+        self.cut, self.share, self._origin = cut, share, chunk
+        if plan is not None and self.replanner is not None:
+            self.replanner.adopt(plan)
+        if self._record is not None and before != (cut, share):
+            data = {
+                "from": {"cut": before[0], "share": before[1]},
+                "to": {"cut": cut, "share": share},
+            }
+            if plan is not None:
+                data["plan"] = plan.to_dict()
+            self._record(
+                Event(
+                    "replan",
+                    self._epoch,
+                    chunk,
+                    f"from chunk {chunk}: {_label(*before)} -> {_label(cut, share)} ({reason})",
+                    data,
+                )
+            )
+
+    def _measurement(self, record: ChunkRecord) -> ChunkMeasurement:
+        route = record.route
+        server_s, transfer_s = record.server_s, record.transfer_s
+        if server_s is None:
+            # A server that does not report its time: take the profile's word for it, so
+            # the server's rate shows no drift rather than a false one. A pushed-down
+            # stream's time then mixes the server's compute with the link's, so only a
+            # raw stream (the server just reads) measures the link.
+            assert self.replanner is not None  # the caller checks
+            plan = self.replanner.plan
+            server_s = record.samples * plan.server.compute_s(route.wire_cut)
+            if not route.local:
+                workload = plan.workload
+                latency = plan.link.latency_s / min(workload.prefetch, workload.chunks)
+                transfer_s = record.bytes / plan.link.bytes_per_s + latency
+        return ChunkMeasurement(
+            samples=record.samples,
+            bytes=record.bytes,
+            cut=route.wire_cut,
+            server_s=server_s,
+            transfer_s=transfer_s,
+            trainer_s=record.trainer_s,
+            feature_cut=route.cut if route.local else None,
+            chunk=record.chunk,
+        )
+
+
+def _check(cut: int, share: float) -> None:
+    if not 0.0 <= share <= 1.0:
+        raise InvalidRequest(f"local share must be in [0, 1], got {share}")
+    if cut == RAW and share:
+        raise InvalidRequest("RAW computes every chunk locally already: give it no share")
+    if cut < RAW:
+        raise InvalidRequest(f"cut must be RAW (-1), INPUT (0) or a cut point, got {cut}")
+
+
+def _label(cut: int, share: float) -> str:
+    base = {RAW: "RAW", INPUT: "INPUT"}.get(cut, f"cut {cut}")
+    return f"{base} + {share:.0%} local" if share else base

@@ -1,0 +1,180 @@
+"""Planned jobs against a real server: the automatic plan, hybrid plans, re-plans, streaming."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from hapi.client import FeatureLoader, TransferJob, connect
+from hapi.data import open_store, synth_dataset
+from hapi.errors import InvalidCut
+from hapi.graph import INPUT, RAW
+from hapi.server import HapiServer, serve
+from hapi.wire import SessionRequest
+
+SIZE = 64
+LAYER3 = 10  # resnet18's cut after layer3 (its 15 cuts: conv1, bn1, ..., fc)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HapiServer]:
+    root = tmp_path_factory.mktemp("store")
+    synth_dataset(open_store(root), "train", classes=3, per_class=8, size=72, seed=11)
+    # The server's batch (7), the request (5 keys) and the training batch (8) all differ.
+    with serve(store=str(root), batch_size=7) as running:
+        yield running
+
+
+def _job(server: HapiServer, **options: object) -> TransferJob:
+    defaults: dict[str, object] = {
+        "freeze": "layer3",
+        "image_size": SIZE,
+        "batch_size": 8,
+        "chunk_size": 5,
+        "prefetch": 2,
+        "seed": 5,
+    }
+    defaults.update(options)
+    return TransferJob({"name": "resnet18", "num_classes": 3}, "train", server.address, **defaults)
+
+
+def _same_losses(a: TransferJob, b: TransferJob) -> None:
+    # fp32 throughout; the server and the trainer run the head in different batch sizes,
+    # so the features may differ in the last bits: 1e-4 is the tolerance the tests state.
+    assert len(a.history.losses) == len(b.history.losses) > 0
+    torch.testing.assert_close(
+        torch.tensor(a.history.losses), torch.tensor(b.history.losses), rtol=1e-4, atol=1e-4
+    )
+
+
+def test_an_automatic_plan_is_a_valid_choice_and_trains(server: HapiServer) -> None:
+    job = _job(server, freeze=None, replan=False)
+    assert job.freeze == 14 and "the default" in job.freeze_reason  # all but the classifier
+    plan = job.plan
+    assert plan is not None
+    assert RAW <= plan.cut <= job.freeze and 0.0 <= plan.share < 1.0
+    assert plan.chosen in plan.options and len(plan.options) > job.freeze
+    explained = plan.explain()
+    assert plan.reason in explained and "*" in explained
+    assert "plan:" in job.summary() and "1,539 parameters train" in job.summary()
+    (first,) = job.history.of_kind("plan")
+    assert first.data["cut"] == plan.cut
+    (epoch,) = job.fit(1, lr=0.05).epochs
+    assert epoch.samples == 24 and epoch.chunks_local + epoch.chunks_pushed == 5
+    assert (epoch.cut, epoch.share) == (plan.cut, plan.share)
+    assert epoch.server_s > 0 and epoch.trainer_s > 0 and epoch.transfer_s > 0
+    assert epoch.binding in ("server", "link", "trainer")
+    assert all(torch.isfinite(torch.tensor(job.history.losses)))
+
+
+def test_a_hybrid_plan_trains_like_pure_pushdown(server: HapiServer) -> None:
+    pushdown = _job(server, cut="layer3")
+    hybrid = _job(server, cut="layer3", local_share=0.5)
+    pushdown.fit(2, lr=0.05)
+    hybrid.fit(2, lr=0.05)
+    _same_losses(hybrid, pushdown)
+    for epoch in hybrid.history.epochs:
+        assert epoch.samples == 24  # the loader checks each key came once
+        assert (epoch.chunks_local, epoch.chunks_pushed) == (3, 2)  # 2.5 rounded up
+        assert epoch.decode_s > 0
+    assert all(e.chunks_local == 0 for e in pushdown.history.epochs)
+    # Local chunks came as raw bytes: fewer feature bytes, more object bytes.
+    assert hybrid.history.epochs[0].bytes_received != pushdown.history.epochs[0].bytes_received
+
+
+def test_the_baseline_is_the_plan_where_every_chunk_is_local(server: HapiServer) -> None:
+    baseline = _job(server, mode="local")
+    pushdown = _job(server, cut=INPUT)
+    assert baseline.cut == RAW and baseline.local_share == 1.0 and baseline.plan is None
+    baseline.fit(1, lr=0.05)
+    pushdown.fit(1, lr=0.05)
+    _same_losses(baseline, pushdown)
+    assert baseline.history.epochs[0].chunks_local == 5
+
+
+@pytest.mark.parametrize(
+    ("cut", "share"),
+    [(12, 0.5), (7, 0.0), (RAW, 0.0)],
+    ids=["to-a-later-cut-and-hybrid", "to-an-earlier-cut", "to-raw"],
+)
+def test_a_mid_epoch_replan_keeps_every_key_once_and_the_losses(
+    server: HapiServer, cut: int, share: float
+) -> None:
+    fixed = _job(server, freeze="layer4", cut=LAYER3)
+    fixed.fit(2, lr=0.05)
+    changed = _job(server, freeze="layer4", cut=LAYER3)
+
+    def replan_after_the_first_step(step: int, total: int) -> None:
+        if step == 1 and not changed.history.epochs:
+            changed.set_plan(cut, share, reason="the test's re-plan")
+
+    changed.fit(2, lr=0.05, progress=replan_after_the_first_step)
+    _same_losses(changed, fixed)
+    (event,) = changed.history.plan_changes
+    assert event.epoch == 0 and 0 < event.chunk < 5  # mid-epoch
+    assert event.data["from"] == {"cut": LAYER3, "share": 0.0}
+    first, second = changed.history.epochs
+    assert first.samples == second.samples == 24
+    assert (second.cut, second.share) == (cut, share)
+    if share or cut == RAW:
+        assert second.chunks_local > 0
+
+
+def test_a_replanner_that_always_drifts_keeps_every_key_once(server: HapiServer) -> None:
+    from hapi.plan import ReplanConfig
+
+    # A threshold near zero re-plans on any noise: whatever it chooses, keys stay once
+    # and the losses are a fixed plan's.
+    job = _job(server, replan=ReplanConfig(threshold=1e-9, min_chunks=1))
+    plan = job.plan
+    assert plan is not None
+    fixed = _job(server, cut=plan.cut, local_share=plan.share)
+    job.fit(2, lr=0.05)
+    fixed.fit(2, lr=0.05)
+    _same_losses(job, fixed)
+    assert [e.samples for e in job.history.epochs] == [24, 24]
+
+
+def test_batches_stream_before_their_chunk_is_complete(server: HapiServer) -> None:
+    conn = connect(server.address)
+    job = _job(server, cut=LAYER3)
+    request = SessionRequest(
+        model=job.spec.to_dict(),
+        cut=LAYER3,
+        freeze=job.freeze,
+        transforms=job.config.train_transforms.to_dict(),
+        image_size=SIZE,
+    )
+    session = conn.open_session(request).session
+    first_batch = threading.Event()
+    parts: list[int] = []
+    held: list[bool] = []
+
+    def on_part(chunk: int, keys: list[str]) -> None:
+        parts.append(len(keys))
+        if len(parts) == 1:
+            # Hold the stream after its first part until the trainer has a batch: a loader
+            # that waited for the whole chunk would never yield one, and this would fail.
+            held.append(first_batch.wait(timeout=60))
+
+    # One chunk of all 24 keys, which the server computes in batches of 7.
+    loader = FeatureLoader(
+        conn, session, conn.manifest("train"), batch_size=4, chunk_size=24, on_part=on_part
+    )
+    sizes = []
+    for _, y in loader.epoch(0):
+        sizes.append(len(y))
+        first_batch.set()
+    conn.close_session(session)
+    assert held == [True]
+    assert parts == [7, 7, 7, 3] and sizes == [4] * 6
+
+
+def test_a_freeze_that_trains_nothing_is_refused_when_the_job_is_built(
+    server: HapiServer,
+) -> None:
+    with pytest.raises(InvalidCut, match="nothing to train"):
+        _job(server, freeze="fc")

@@ -1,0 +1,180 @@
+"""The loader's parts without a server: rebatching across cuts, routing, retrying."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import tenacity
+import torch
+
+from hapi.client.rebatch import Piece, Rebatcher
+from hapi.client.retry import RetryPolicy
+from hapi.client.routing import Router
+from hapi.errors import (
+    CorruptObject,
+    InvalidCut,
+    InvalidRequest,
+    ServerUnavailable,
+    SessionNotFound,
+    StoreUnavailable,
+)
+from hapi.graph import INPUT, RAW, ModelSpec, build_model, trace
+from hapi.plan import assign
+
+
+def _piece(chunk: int, cut: int, start: int, n: int, width: int = 3) -> Piece:
+    keys = [f"k{i}" for i in range(start, start + n)]
+    features = torch.arange(start, start + n, dtype=torch.float32)[:, None].repeat(1, width)
+    return Piece(chunk, cut, keys, torch.arange(start, start + n), features * (cut + 2))
+
+
+def test_batches_have_the_training_size_whatever_the_pieces() -> None:
+    rebatcher = Rebatcher()
+    for chunk, (start, n) in enumerate([(0, 3), (3, 7), (10, 1), (11, 6)]):
+        rebatcher.add(_piece(chunk, 5, start, n))
+    batches = []
+    while len(rebatcher):
+        batches.append(rebatcher.take(4))
+    assert [len(b) for b in batches] == [4, 4, 4, 4, 1]
+    assert [k for b in batches for k in b.keys] == [f"k{i}" for i in range(17)]
+    assert batches[0].parts == ((0, 3), (1, 1))
+    assert batches[2].parts == ((1, 2), (2, 1), (3, 1))
+    assert all(b.cut == 5 for b in batches)
+
+
+def test_a_batch_across_a_change_of_cut_is_carried_to_the_later_cut() -> None:
+    calls: list[tuple[int, int, int]] = []
+
+    def convert(x: torch.Tensor, start: int, end: int) -> torch.Tensor:
+        calls.append((len(x), start, end))
+        return x / (start + 2) * (end + 2)  # _piece scales features by (cut + 2)
+
+    rebatcher = Rebatcher(convert)
+    rebatcher.add(_piece(0, 7, 0, 3))  # before the re-plan: cut 7
+    rebatcher.add(_piece(1, 4, 3, 3))  # after it: cut 4, lower
+    mixed = rebatcher.take(4)
+    assert mixed.cut == 7 and calls == [(1, 4, 7)]
+    torch.testing.assert_close(mixed.features, _piece(0, 7, 0, 4).features)
+    rest = rebatcher.take(4)
+    assert rest.cut == 4 and len(rest) == 2 and len(calls) == 1  # no mix, no conversion
+
+
+def test_mixed_cuts_without_a_converter_are_refused() -> None:
+    rebatcher = Rebatcher()
+    rebatcher.add(_piece(0, 2, 0, 2))
+    rebatcher.add(_piece(1, 3, 2, 2))
+    with pytest.raises(InvalidCut, match="mixes cuts"):
+        rebatcher.take(4)
+
+
+def test_the_frozen_segment_carries_features_exactly_between_cuts() -> None:
+    graph = trace(build_model(ModelSpec(name="resnet18", num_classes=3)).eval(), (3, 32, 32))
+    x = torch.rand(2, 3, 32, 32)
+    with torch.no_grad():
+        for start, end in [(0, 5), (3, 10), (5, 14), (6, 6)]:
+            at_start = graph.head(start)(x) if start else x
+            torch.testing.assert_close(graph.segment(start, end)(at_start), graph.head(end)(x))
+    with pytest.raises(InvalidCut, match="forward"):
+        graph.segment(5, 3)
+
+
+def test_a_hybrid_router_spreads_local_chunks_as_assign_does() -> None:
+    router = Router(9, 0.25)
+    router.start(epoch=0, chunks=12)
+    routes = [router.route(i) for i in range(12)]
+    assert tuple(r.local for r in routes) == assign(range(12), 0.25)
+    assert sum(r.local for r in routes) == 3
+    assert {r.wire_cut for r in routes} == {RAW, 9} and {r.cut for r in routes} == {9}
+
+
+def test_a_change_of_plan_applies_to_chunks_not_yet_issued() -> None:
+    events = []
+    router = Router(9, 0.0, record=events.append)
+    router.start(epoch=3, chunks=8)
+    first = [router.route(i) for i in range(3)]
+    router.set(6, 0.5, reason="test")
+    assert router.in_force == (6, 0.5)
+    rest = [router.route(i) for i in range(3, 8)]
+    assert all(not r.local and r.cut == 9 for r in first)
+    assert all(r.cut == 6 for r in rest)
+    # The share is spread over the chunks from the change on.
+    assert tuple(r.local for r in rest) == assign(range(5), 0.5)
+    (event,) = events
+    assert (event.kind, event.epoch, event.chunk) == ("replan", 3, 3)
+    assert event.data["to"] == {"cut": 6, "share": 0.5}
+
+
+def test_the_baseline_routes_every_chunk_local_at_the_input() -> None:
+    router = Router(RAW)
+    router.start(epoch=0, chunks=4)
+    assert {router.route(i) for i in range(4)} == {router.route(0)}
+    assert router.route(0).local and router.route(0).cut == INPUT
+
+
+@pytest.mark.parametrize(("cut", "share"), [(RAW, 0.5), (3, 1.5), (3, -0.1), (-2, 0.0)])
+def test_bad_plans_are_refused(cut: int, share: float) -> None:
+    with pytest.raises(InvalidRequest):
+        Router(cut, share)
+
+
+def _failing(errors: list[Exception]):  # type: ignore[no-untyped-def]
+    calls = []
+
+    def attempt() -> str:
+        calls.append(1)
+        if errors:
+            raise errors.pop(0)
+        return "done"
+
+    return attempt, calls
+
+
+def test_transient_failures_are_retried_and_reported() -> None:
+    attempt, calls = _failing(
+        [ServerUnavailable("down"), StoreUnavailable("store"), SessionNotFound("gone")]
+    )
+    seen: list[tuple[str, float]] = []
+
+    def on_retry(state: tenacity.RetryCallState) -> None:
+        assert state.outcome is not None and state.next_action is not None
+        seen.append((type(state.outcome.exception()).__name__, state.next_action.sleep))
+
+    policy = RetryPolicy(budget_s=30, initial_s=0.001, max_wait_s=0.002)
+    assert policy.retrying(on_retry=on_retry)(attempt) == "done"
+    assert len(calls) == 4
+    assert [name for name, _ in seen] == [
+        "ServerUnavailable",
+        "StoreUnavailable",
+        "SessionNotFound",
+    ]
+    assert seen[-1][1] == 0.0  # a re-opened session is retried at once
+
+
+def test_a_bad_object_is_not_retried() -> None:
+    attempt, calls = _failing([CorruptObject("bad jpeg")])
+    with pytest.raises(CorruptObject):
+        RetryPolicy(budget_s=30).retrying()(attempt)
+    assert len(calls) == 1
+
+
+def test_retries_stop_at_the_cap_and_a_zero_budget_never_retries() -> None:
+    attempt, calls = _failing([ServerUnavailable(str(i)) for i in range(5)])
+    with pytest.raises(ServerUnavailable, match="2"):
+        RetryPolicy(retries=2, initial_s=0.0, max_wait_s=0.0).retrying()(attempt)
+    assert len(calls) == 3
+    attempt, calls = _failing([ServerUnavailable("down")])
+    with pytest.raises(ServerUnavailable):
+        RetryPolicy(budget_s=0).retrying()(attempt)
+    assert len(calls) == 1
+
+
+def test_a_stopped_epoch_cuts_a_backoff_short() -> None:
+    stop = threading.Event()
+    stop.set()
+    attempt, calls = _failing([ServerUnavailable("down")] * 3)
+    # A 1000 s backoff returns at once once the epoch is over (the caller then gives up).
+    policy = RetryPolicy(budget_s=3000, retries=1, initial_s=1000, max_wait_s=1000)
+    with pytest.raises(ServerUnavailable):
+        policy.retrying(stop=stop)(attempt)
+    assert len(calls) == 2
