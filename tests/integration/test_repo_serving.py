@@ -94,7 +94,7 @@ def test_sessions_of_models_from_one_base_share_heads_below_their_changes(
         conn.open_session(_request(f"repo://{ref.removeprefix('repo://')}", layer4))
     # ft-fc still shares the base's layer4; ft-layer4 changed it.
     assert len(server.heads) == before + 3
-    assert conn.stats()["heads_cached"] == len(server.heads)
+    assert conn.stats().heads_cached == len(server.heads)
 
 
 def test_features_of_a_repo_model_are_its_head(

@@ -43,7 +43,7 @@ def test_training_from_seaweedfs_matches_the_baseline(
     )
     local, push = (jobs[m].history.epochs[0] for m in ("local", "pushdown"))
     assert local.samples == push.samples == 12
-    assert stats["bytes_sent"] == local.bytes_received + push.bytes_received
+    assert stats.bytes_sent == local.bytes_received + push.bytes_received
 
 
 def test_a_bucket_without_images_is_a_clear_error(s3_bucket: tuple[str, StoreOptions]) -> None:
@@ -80,7 +80,7 @@ def test_a_job_on_a_repository_in_seaweedfs_pushes_only_what_it_trained(
             batch_size=4,
         )
         job.fit(1, lr=0.05)
-        assert server.stats()["heads_cached"] == 1
+        assert server.stats().heads_cached == 1
     tuned = job.push("base-tuned")
     assert tuned.parent == base.id
     # Only the trained classifier went up; everything before it is the base's.

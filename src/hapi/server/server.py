@@ -148,14 +148,6 @@ class HapiServer(flight.FlightServerBase):
         """The `grpc://host:port` (`grpc+tls://` with TLS) clients connect to."""
         return flight_location(self.config.host, self.port, tls=self.tls is not None)
 
-    def weight(self, session_id: str) -> float:
-        """The fair-share weight of the tenant that owns `session_id`, as the tenants file
-        says now (1.0 for a session whose tenant a reload removed)."""
-        with self._lock:
-            owner = self._owners.get(session_id)
-        tenant = self.tenants.get(owner) if owner is not None else None
-        return tenant.weight if tenant is not None else 1.0
-
     def shutdown(self) -> None:
         """Stop serving Flight calls and the metrics endpoint."""
         super().shutdown()
@@ -377,10 +369,19 @@ class HapiServer(flight.FlightServerBase):
             manifest = manifest.subset(allowed)
         return manifest.to_dict()
 
-    def stats(self, *, tenant: Tenant) -> ServerStats:
-        """Counters of `tenant`'s open and closed sessions, and the server's settings."""
+    def stats(self, *, tenant: Tenant | None = None) -> ServerStats:
+        """Counters of `tenant`'s open and closed sessions, and the server's settings.
+
+        Args:
+            tenant: whose sessions to show; None (the operator, calling the library in the
+                server's own process) shows every tenant's.
+        """
         with self._lock:
-            mine = {sid for sid, owner in self._owners.items() if owner == tenant.name}
+            mine = {
+                sid
+                for sid, owner in self._owners.items()
+                if tenant is None or owner == tenant.name
+            }
             sessions = {sid: s.stats.snapshot() for sid, s in self._sessions.items() if sid in mine}
             closed = {sid: s for sid, s in self._closed.items() if sid in mine}
         budget = self.scheduler.stats()
@@ -408,6 +409,9 @@ class HapiServer(flight.FlightServerBase):
         if session is None or owner != tenant.name:
             raise SessionNotFound(_unknown_session(session_id))
         session.last_used = self._clock()
+        # The caller's tenant is as the tenants file says now: a reload's new weight
+        # applies to the session's next batches.
+        session.weight = tenant.weight
         return session
 
     @contextlib.contextmanager
