@@ -39,7 +39,7 @@ from typing import Protocol
 from hapi.errors import OverBudget
 from hapi.server.budget import MemoryModel, format_bytes
 
-__all__ = ["Demand", "Grant", "Reclaimer", "Scheduler", "SchedulerStats"]
+__all__ = ["Demand", "Grant", "Place", "Reclaimer", "Scheduler", "SchedulerStats"]
 
 
 class Reclaimer(Protocol):
@@ -81,10 +81,19 @@ class Grant:
     """Seconds it waited for the scheduler."""
     started: float
     _scheduler: Scheduler = field(repr=False)
+    _place: Place = field(repr=False)
 
     def grow(self, nbytes: int) -> bool:
         """Take `nbytes` more if they are free now (an image larger than expected)."""
         return self._scheduler._grow(self, nbytes)
+
+    def follow(self, demand: Demand) -> Place:
+        """Queue the chunk's next batch now, before this one ends, so that the chunk
+        keeps its turn: otherwise the moment between two of its batches lets the next
+        chunk in, and every chunk in flight advances together. Pass the place to `run`
+        (or to `Scheduler.cancel` if the batch is not run after all)."""
+        place = self._place
+        return self._scheduler._enqueue(place.session, place.order, demand, place.weight)
 
 
 @dataclass(frozen=True)
@@ -113,10 +122,13 @@ class _Share:
 
 
 @dataclass(eq=False)
-class _Waiter:
+class Place:
+    """A batch's place in the scheduler's queue."""
+
     session: str
     order: tuple[int, ...]
     demand: Demand
+    weight: float
     seq: int
     since: float
     grant: Grant | None = None
@@ -149,7 +161,7 @@ class Scheduler:
         self._clock = clock
         self._cond = threading.Condition()
         self._shares: dict[str, _Share] = {}
-        self._waiting: list[_Waiter] = []
+        self._waiting: list[Place] = []
         self._seq = itertools.count()
         self._used = 0
         self._reserved = 0
@@ -246,7 +258,13 @@ class Scheduler:
 
     @contextlib.contextmanager
     def run(
-        self, session: str, order: tuple[int, ...], demand: Demand, *, weight: float = 1.0
+        self,
+        session: str,
+        order: tuple[int, ...],
+        demand: Demand,
+        *,
+        weight: float = 1.0,
+        place: Place | None = None,
     ) -> Iterator[Grant]:
         """Wait for a grant to run one batch of `session`'s chunk `order`, hold it while
         the block runs, and give it back.
@@ -256,17 +274,32 @@ class Scheduler:
             order: the chunk's place in its session (lowest first): (epoch, chunk).
             demand: the batch's memory and largest size.
             weight: the session's weight now (a tenant's weight may change on reload).
+            place: the place `Grant.follow` queued for this batch (then the other
+                arguments are those it was queued with).
 
         Raises:
             OverBudget: one sample of `demand` can never fit (see `check_fits`).
         """
-        self.check_fits(demand.model, "this chunk")
-        waiter = self._enqueue(session, order, demand, weight)
+        if place is None:
+            self.check_fits(demand.model, "this chunk")
+            place = self._enqueue(session, order, demand, weight)
+        waiter = place
         grant = self._await(waiter)
         try:
             yield grant
         finally:
             self._finish(waiter, grant)
+
+    def cancel(self, place: Place) -> None:
+        """Give up a place `Grant.follow` queued, granted or not."""
+        with self._cond:
+            granted = place.grant is not None
+            if not granted:
+                self._waiting.remove(place)
+                self._shares[place.session].active -= 1
+                self._cond.notify_all()
+        if place.grant is not None:
+            self._finish(place, place.grant)
 
     def free_share(self, running_self: int = 1) -> float:
         """The share of compute slots no other batch uses or waits for (push-back)."""
@@ -296,18 +329,18 @@ class Scheduler:
 
     def _enqueue(
         self, session: str, order: tuple[int, ...], demand: Demand, weight: float
-    ) -> _Waiter:
+    ) -> Place:
         with self._cond:
             share = self._shares.setdefault(session, _Share(weight=weight))
             share.weight = weight
             if not share.active:
                 share.vtime = max(share.vtime, self._vclock)
             share.active += 1
-            waiter = _Waiter(session, order, demand, next(self._seq), self._clock())
+            waiter = Place(session, order, demand, weight, next(self._seq), self._clock())
             self._waiting.append(waiter)
             return waiter
 
-    def _await(self, waiter: _Waiter) -> Grant:
+    def _await(self, waiter: Place) -> Grant:
         try:
             while True:
                 with self._cond:
@@ -329,14 +362,7 @@ class Scheduler:
                         if waiter.grant is None:
                             self._cond.wait()
         except BaseException:
-            with self._cond:
-                granted = waiter.grant is not None
-                if not granted:
-                    self._waiting.remove(waiter)
-                    self._shares[waiter.session].active -= 1
-                    self._cond.notify_all()
-            if granted and waiter.grant is not None:
-                self._finish(waiter, waiter.grant)
+            self.cancel(waiter)
             raise
 
     def _dispatch(self) -> int:
@@ -366,7 +392,7 @@ class Scheduler:
             self._vclock = share.vtime
             w.charged = share.rate * batch
             share.vtime += w.charged / share.weight
-            w.grant = Grant(batch, nbytes, now - w.since, now, self)
+            w.grant = Grant(batch, nbytes, now - w.since, now, self, w)
             self._cond.notify_all()
         return 0
 
@@ -379,7 +405,7 @@ class Scheduler:
             grant.nbytes += nbytes
             return True
 
-    def _finish(self, waiter: _Waiter, grant: Grant) -> None:
+    def _finish(self, waiter: Place, grant: Grant) -> None:
         with self._cond:
             self._used -= grant.nbytes
             if waiter.demand.compute:

@@ -15,12 +15,20 @@ from torch import nn
 
 from hapi._tracing import TRACING
 from hapi.data import ObjectStore, Transforms
-from hapi.data.samples import Sample, image_size, load_one, read_objects, skip_or_raise
+from hapi.data.samples import (
+    Sample,
+    Skipped,
+    image_size,
+    load_one,
+    read_objects,
+    skip_or_raise,
+)
 from hapi.errors import InvalidRequest, OverBudget, shorten
 from hapi.graph import RAW
+from hapi.server._outbox import Outbox
 from hapi.server.budget import MemoryModel
 from hapi.server.memory import MARGIN, decode_bytes
-from hapi.server.scheduler import Demand, Grant, Scheduler
+from hapi.server.scheduler import Demand, Grant, Place, Scheduler
 from hapi.wire import (
     ChunkReport,
     ChunkTicket,
@@ -35,6 +43,10 @@ __all__ = ["Session", "SessionCounters"]
 
 # RAW batches are cut at about this many bytes so shaping and memory stay smooth.
 RAW_BATCH_BYTES = 4 << 20
+_Out = Outbox[tuple[pa.RecordBatch, bytes | None]]
+AHEAD_BATCHES = 2
+"""Batches a chunk computes ahead of its stream: enough to overlap computing and sending,
+few enough that a chunk held up by a slow link holds little."""
 
 
 @dataclass
@@ -109,9 +121,11 @@ class Session:
     ) -> Iterator[tuple[pa.RecordBatch, bytes | None]]:
         """Read, decode, transform and run the head over a chunk; yield wire batches.
 
-        The last batch carries app metadata, a `ChunkReport` listing the keys skipped
-        under `on_error="skip"` with the reason, so nothing is lost silently, and the
-        chunk's time computing and waiting for the scheduler.
+        Batches are computed in a thread of the chunk's own, up to `AHEAD_BATCHES` ahead
+        of the stream, and yielded as soon as each is ready. The stream ends with an
+        empty batch whose app metadata is a `ChunkReport`: the keys skipped under
+        `on_error="skip"` with the reason, so nothing is lost silently, and the chunk's
+        time computing and waiting for the scheduler.
 
         Raises:
             HapiError: a missing or corrupt object under `on_error="raise"` (naming the key).
@@ -122,48 +136,67 @@ class Session:
                 f"chunk {ticket.chunk} has {len(ticket.keys)} keys but {len(ticket.labels)} "
                 "labels: send one label per key"
             )
+        out: _Out = Outbox(AHEAD_BATCHES)
+        worker = threading.Thread(
+            target=self._produce,
+            args=(ticket, store, out),
+            name=f"hapi-chunk-{self.id[:8]}-{ticket.chunk}",
+            daemon=True,
+        )
+        worker.start()
+        try:
+            yield from out
+        finally:
+            # The stream is done or cut off: stop the worker (after its current batch).
+            out.close()
+            worker.join()
+
+    def _produce(
+        self,
+        ticket: ChunkTicket,
+        store: ObjectStore,
+        out: _Out,
+    ) -> None:
+        """Compute the chunk's batches into `out`; the chunk's thread."""
         cpu0 = time.thread_time()
         skipped: list[SkippedKey] = []
         clock = _ChunkClock()
-        # Read-ahead is bounded in bytes too, so a chunk of large objects holds a few, and
-        # counted in each batch's fixed bytes (`Session.memory`).
-        read = read_objects(
-            store, ticket.keys, ahead=self.read_ahead, max_bytes=self.read_ahead << 18
-        )
-        with contextlib.closing(read):
-            reads = _TimedReads(read)
-            batches = (
-                self._raw_batches(ticket, reads, skipped, clock)
-                if self.request.cut == RAW
-                else self._feature_batches(ticket, reads, skipped, clock)
+        try:
+            # Read-ahead is bounded in bytes too, so a chunk of large objects holds a few,
+            # and counted in each batch's fixed bytes (`Session.memory`).
+            read = read_objects(
+                store, ticket.keys, ahead=self.read_ahead, max_bytes=self.read_ahead << 18
             )
-            pending: pa.RecordBatch | None = None
-            try:
-                for batch in batches:
-                    if pending is not None:
-                        self.stats.add(cpu_s=time.thread_time() - cpu0)
-                        yield pending, None
-                        cpu0 = time.thread_time()
-                    pending = batch
-            finally:
-                self.stats.add(read_s=reads.waited, bytes_read=reads.nbytes)
-        if pending is None:
-            # Every key was skipped: an empty batch still carries the report.
-            pending = pa.RecordBatch.from_pylist([], schema=self.schema)
-        report = ChunkReport(
-            chunk=ticket.chunk,
-            skipped=skipped,
-            server_s=clock.server_s,
-            queue_s=clock.queue_s,
-            free_share=self.scheduler.free_share(running_self=0),
-        ).to_bytes()
-        self.stats.add(chunks=1, skipped=len(skipped), cpu_s=time.thread_time() - cpu0)
-        yield pending, report
+            with contextlib.closing(read):
+                reads = _TimedReads(read)
+                try:
+                    if self.request.cut == RAW:
+                        self._raw_batches(ticket, reads, skipped, clock, out)
+                    else:
+                        self._feature_batches(ticket, reads, skipped, clock, out)
+                finally:
+                    self.stats.add(read_s=reads.waited, bytes_read=reads.nbytes)
+            report = ChunkReport(
+                chunk=ticket.chunk,
+                skipped=skipped,
+                server_s=clock.server_s,
+                queue_s=clock.queue_s,
+                free_share=self.scheduler.free_share(running_self=0),
+            ).to_bytes()
+            self.stats.add(chunks=1, skipped=len(skipped))
+            out.put((pa.RecordBatch.from_pylist([], schema=self.schema), report))
+            out.finish()
+        except BaseException as exc:  # the stream raises it, in the server's guard
+            out.finish(exc)
+        finally:
+            self.stats.add(cpu_s=time.thread_time() - cpu0)
 
     @contextlib.contextmanager
-    def _grant(self, ticket: ChunkTicket, demand: Demand, clock: _ChunkClock) -> Iterator[Grant]:
+    def _grant(
+        self, ticket: ChunkTicket, demand: Demand, clock: _ChunkClock, place: Place | None
+    ) -> Iterator[Grant]:
         order = (ticket.epoch, ticket.chunk)
-        with self.scheduler.run(self.id, order, demand, weight=self.weight) as grant:
+        with self.scheduler.run(self.id, order, demand, weight=self.weight, place=place) as grant:
             clock.queue_s += grant.queue_s
             t0 = time.perf_counter()
             try:
@@ -177,17 +210,18 @@ class Session:
         reads: _TimedReads,
         skipped: list[SkippedKey],
         clock: _ChunkClock,
-    ) -> Iterator[pa.RecordBatch]:
+        out: _Out,
+    ) -> None:
         items = iter(zip(ticket.keys, ticket.labels, reads, strict=True))
         # A RAW batch only reads and sends: it takes memory, not a compute slot.
         demand = Demand(model=self.memory, max_batch=1, compute=False)
         done = False
-        while not done:
+        while not done and not out.closed:
             keys: list[str] = []
             labels: list[int] = []
             data: list[bytes] = []
             size = 0
-            with self._grant(ticket, demand, clock):
+            with self._grant(ticket, demand, clock, None):
                 for key, label, blob in items:
                     if isinstance(blob, BaseException):
                         left_out = skip_or_raise(key, blob, skip=self.request.on_error == "skip")
@@ -203,7 +237,7 @@ class Session:
                     done = True
                 batch = self._encode(keys, labels, data=data) if keys else None
             if batch is not None:
-                yield batch
+                out.put((batch, None))
 
     def _feature_batches(
         self,
@@ -211,50 +245,69 @@ class Session:
         reads: _TimedReads,
         skipped: list[SkippedKey],
         clock: _ChunkClock,
-    ) -> Iterator[pa.RecordBatch]:
+        out: _Out,
+    ) -> None:
         items = iter(zip(ticket.keys, ticket.labels, reads, strict=True))
         left = len(ticket.keys)
         held: _Item | None = None  # an object whose decoding needed more than a batch had
-        while left:
-            decode = max(self.memory.decode, held.decode if held is not None else 0)
-            model = dataclasses.replace(
-                self.memory, fixed=self.memory.fixed - self.memory.decode + decode, decode=decode
-            )
-            demand = Demand(model=model, max_batch=min(self.batch_size, left))
-            samples: list[Sample] = []
-            with self._grant(ticket, demand, clock) as grant:
-                while len(samples) < grant.batch and left:
-                    item = held if held is not None else self._item(next(items))
-                    held = None
-                    if item.decode > decode and not isinstance(item.data, BaseException):
-                        refusal = self._too_large(item)
-                        if refusal is not None:
-                            item = dataclasses.replace(item, data=refusal)
-                        elif grant.grow(item.decode - decode):
-                            decode = item.decode
+        place: Place | None = None  # the next batch's place, queued before this one ended
+        try:
+            while left and not out.closed:
+                demand = self._demand(left, held)
+                samples: list[Sample] = []
+                with self._grant(ticket, demand, clock, place) as grant:
+                    place = None
+                    decode = demand.model.decode
+                    while len(samples) < grant.batch and left:
+                        item = held if held is not None else self._item(next(items))
+                        held = None
+                        if item.decode > decode and not isinstance(item.data, BaseException):
+                            refusal = self._too_large(item)
+                            if refusal is not None:
+                                item = dataclasses.replace(item, data=refusal)
+                            elif grant.grow(item.decode - decode):
+                                decode = item.decode
+                            else:
+                                # Run what the batch has; the next grant makes room for it.
+                                held = item
+                                break
+                        left -= 1
+                        sample = self._load(item, ticket.epoch)
+                        if isinstance(sample, Sample):
+                            samples.append(sample)
                         else:
-                            # Run what the batch has; the next grant makes room for it.
-                            held = item
-                            break
-                    left -= 1
-                    t0 = time.perf_counter()
-                    loaded = load_one(
-                        item.key,
-                        item.label,
-                        item.data,
-                        self.transforms,
-                        seed=self.request.seed,
-                        epoch=ticket.epoch,
-                        skip=self.request.on_error == "skip",
-                    )
-                    self.stats.add(transform_s=time.perf_counter() - t0)
-                    if isinstance(loaded, Sample):
-                        samples.append(loaded)
-                    else:
-                        skipped.append(SkippedKey.of(loaded.key, loaded.error))
-                batch = self._forward(samples) if samples else None
-            if batch is not None:
-                yield batch
+                            skipped.append(SkippedKey.of(sample.key, sample.error))
+                    batch = self._forward(samples) if samples else None
+                    sent = batch is None or out.offer((batch, None))
+                    if sent and left:
+                        place = grant.follow(self._demand(left, held))
+                if not sent and not out.put((batch, None)):
+                    return
+        finally:
+            if place is not None:
+                self.scheduler.cancel(place)
+
+    def _demand(self, left: int, held: _Item | None) -> Demand:
+        """What the chunk's next batch asks for: room to decode `held` too, if there is one."""
+        decode = max(self.memory.decode, held.decode if held is not None else 0)
+        model = dataclasses.replace(
+            self.memory, fixed=self.memory.fixed - self.memory.decode + decode, decode=decode
+        )
+        return Demand(model=model, max_batch=min(self.batch_size, left))
+
+    def _load(self, item: _Item, epoch: int) -> Sample | Skipped:
+        t0 = time.perf_counter()
+        loaded = load_one(
+            item.key,
+            item.label,
+            item.data,
+            self.transforms,
+            seed=self.request.seed,
+            epoch=epoch,
+            skip=self.request.on_error == "skip",
+        )
+        self.stats.add(transform_s=time.perf_counter() - t0)
+        return loaded
 
     def _item(self, item: tuple[str, int, bytes | BaseException]) -> _Item:
         key, label, data = item
