@@ -22,9 +22,9 @@ def _register() -> None:
     # call main() many times in one process.
     if app.registered_commands:
         return
-    from hapi.cli import data, demo, profile, repo, serve
+    from hapi.cli import data, demo, plan, profile, repo, serve
 
-    for module in (serve, demo, profile, data, repo):
+    for module in (serve, demo, profile, plan, data, repo):
         module.register(app)
 
 

@@ -14,18 +14,19 @@ from torch import nn
 
 from hapi.client._decode import RawDecoder
 from hapi.client._from_repo import build_from_repo
+from hapi.client._parts import ModelParts
 from hapi.client.config import JobConfig
 from hapi.client.connection import Connection, connect
 from hapi.client.history import EpochStats, Event, History
 from hapi.client.loader import FeatureLoader
 from hapi.client.local import LocalCompute
-from hapi.client.planning import measure_job
+from hapi.client.planning import plan_job
 from hapi.client.routing import Router
 from hapi.client.sessions import Sessions
 from hapi.data import DatasetManifest, Transforms
 from hapi.errors import HapiError, InvalidRequest, NothingToTrain
 from hapi.graph import INPUT, RAW, ModelGraph, ModelSpec, build_model, trace
-from hapi.plan import Plan, ReplanConfig, Replanner, Workload, choose_freeze, choose_plan
+from hapi.plan import Plan, ReplanConfig, Replanner, Workload, choose_freeze
 from hapi.repo.refs import is_repo_ref
 from hapi.wire import SessionRequest
 
@@ -110,18 +111,12 @@ class TransferJob:
         """The last frozen cut point."""
         self.freeze_reason = choice.reason
         """Why this freeze point (the job's summary says it)."""
-        self._frozen = list(self.graph.head(self.freeze).modules()) if self.freeze else []
-        for module in self._frozen:
-            for p in module.parameters(recurse=False):
-                p.requires_grad_(False)
+        self._parts = ModelParts(self.graph, self.freeze, self.device)
         self._fixed = self._fixed_plan()
         self._placement = self._fixed
         self._plan: Plan | None = None
         self._router: Router | None = None
         self._epoch: int | None = None
-        self._training = False
-        self._tails: dict[int, nn.Module] = {}
-        self._segments: dict[tuple[int, int], nn.Module] = {}
         self.model.to(self.device)
         self.history = History()
         self._manifests: dict[str, DatasetManifest] = {}
@@ -163,12 +158,12 @@ class TransferJob:
     @property
     def tail(self) -> nn.Module:
         """The module the trainer runs on features at the plan's cut."""
-        return self._tail(max(self.cut, INPUT))
+        return self._parts.tail(max(self.cut, INPUT))
 
     @property
     def trainable_parameters(self) -> list[nn.Parameter]:
         """The parameters `fit` trains: those after the freeze point that are not frozen."""
-        return [p for p in self._tail(self.freeze).parameters() if p.requires_grad]
+        return self._parts.trainable()
 
     def summary(self) -> str:
         """What the job trains and how its data travels, in a few lines."""
@@ -268,7 +263,7 @@ class TransferJob:
                 for step, batch in enumerate(loader.batches(epoch), 1):
                     t1 = time.thread_time()
                     x, y = self._to_device(batch.features, batch.labels)
-                    out = self._tail(batch.cut)(x)
+                    out = self._parts.tail(batch.cut)(x)
                     loss = loss_fn(out, y)
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
@@ -311,7 +306,7 @@ class TransferJob:
         with self._loop(prefix, self.config.test_transforms, False) as loader:
             for step, batch in enumerate(loader.batches(0), 1):
                 x, y = self._to_device(batch.features, batch.labels)
-                out = self._tail(batch.cut)(x)
+                out = self._parts.tail(batch.cut)(x)
                 total_loss += loss_fn(out, y).item()
                 correct += (out.argmax(1) == y).sum().item()
                 seen += len(y)
@@ -413,28 +408,18 @@ class TransferJob:
         config = self.config
         manifest = self.manifest(config.dataset)
         transforms = config.train_transforms
-        profiles = measure_job(
+        plan = plan_job(
             self.connection,
             lambda cut: self._request(cut, transforms),
             manifest,
             self.graph,
             self.freeze,
             transforms,
+            Workload(samples=len(manifest), chunk_size=config.chunk_size, prefetch=config.prefetch),
             samples=config.probe_samples,
             batch_size=min(config.batch_size, 8),
             seed=config.seed,
             wire_dtype=config.wire_dtype,
-        )
-        workload = Workload(
-            samples=len(manifest), chunk_size=config.chunk_size, prefetch=config.prefetch
-        )
-        plan = choose_plan(
-            profiles.server,
-            profiles.trainer,
-            profiles.link,
-            workload,
-            freeze=self.freeze,
-            names=self.graph.names(),
         )
         self.history.events.append(Event("plan", None, None, plan.reason, plan.to_dict()))
         return plan
@@ -467,7 +452,7 @@ class TransferJob:
             retry_budget_s=config.retry_budget_s,
             router=router,
             local=LocalCompute(decoder, self.graph.head, config.wire_dtype, self.device),
-            convert=self._convert,
+            convert=self._parts.convert,
             record=self._record,
         )
         self._router = router if train else None
@@ -515,32 +500,8 @@ class TransferJob:
             )
         )
 
-    def _tail(self, cut: int) -> nn.Module:
-        if cut not in self._tails:
-            tail = self.graph.tail(cut).to(self.device)
-            # Only the root's flag: the model's modules are in their modes already, and
-            # a frozen one may be running in the local worker (always in eval).
-            tail.training = self._training
-            self._tails[cut] = tail
-        return self._tails[cut]
-
-    def _convert(self, features: torch.Tensor, start: int, end: int) -> torch.Tensor:
-        """Carry features from cut `start` to `end` through the frozen layers between."""
-        if (start, end) not in self._segments:
-            self._segments[(start, end)] = self.graph.segment(start, end)
-        segment = self._segments[(start, end)]
-        with torch.no_grad():
-            out = segment(features.to(self.device, torch.float32))
-        return out.to("cpu")
-
     def _train_mode(self, train: bool) -> None:
-        self._training = train
-        for tail in {id(t): t for t in (*self._tails.values(), self.tail)}.values():
-            tail.train(train)
-        # Frozen layers stay in eval mode, as on the server: batch norm keeps its
-        # pre-trained statistics and dropout is off in the frozen part.
-        for module in self._frozen:
-            module.eval()
+        self._parts.train(train, max(self.cut, INPUT))
 
     def _to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return x.to(self.device, torch.float32), y.to(self.device)

@@ -22,36 +22,30 @@ delivered once per epoch or the epoch fails saying which went missing or came tw
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
-import tenacity
 import torch
 
-from hapi.client.connection import ChunkStream, Connection
+from hapi.client._fetch import DONE, Fetcher, Flow
+from hapi.client.connection import Connection
 from hapi.client.history import Event
 from hapi.client.local import LocalCompute
 from hapi.client.rebatch import Batch, Convert, Piece, Rebatcher
 from hapi.client.retry import RetryPolicy
-from hapi.client.routing import ChunkRecord, Route, Router
+from hapi.client.routing import ChunkRecord, Router
 from hapi.client.sessions import Sessions
 from hapi.data import DatasetManifest
 from hapi.errors import (
     DuplicateDelivery,
     IncompleteEpoch,
     InvalidRequest,
-    NotDecoded,
-    ServerUnavailable,
-    SessionNotFound,
     shorten,
 )
 from hapi.graph import INPUT
-from hapi.wire import ChunkTicket, FeatureBatch, SkippedKey
+from hapi.wire import SkippedKey
 
 __all__ = ["FeatureLoader", "LoaderStats"]
 
@@ -211,46 +205,6 @@ class FeatureLoader:
         return _Epoch(self, epoch, chunks).run()
 
 
-_DONE = object()
-
-
-class _Flow:
-    """One chunk on its way: its route, the pieces it delivered, what it cost."""
-
-    def __init__(
-        self, index: int, keys: list[str], labels: list[int], route: Route, previous: _Flow | None
-    ) -> None:
-        self.index, self.route, self.previous = index, route, previous
-        self.remaining = dict(zip(keys, labels, strict=True))
-        self.queue: queue.SimpleQueue[object] = queue.SimpleQueue()
-        self.read_done = threading.Event()
-        self.stream: ChunkStream | None = None
-        self.issued = time.perf_counter()
-        self.turn: float | None = None
-        self.read_end = 0.0
-        self.backoff_s = 0.0
-        self.bytes = 0
-        self.server_s: float | None = None
-        self.queue_s = 0.0
-        self.local_s = 0.0
-        self.train_s = 0.0
-        self.samples = 0
-        self.untrained = 0
-        self.finished = False
-        self.observed = False
-        self.skipped: list[SkippedKey] = []
-
-    @property
-    def transfer_s(self) -> float:
-        """The link's busy time on this chunk: its stream's time while it had the link,
-        less backoff and the server's compute still left when its turn came."""
-        if self.turn is None:
-            return 0.0
-        ahead = self.turn - self.issued
-        waiting = max(0.0, (self.server_s or 0.0) + self.queue_s - ahead)
-        return max(0.0, self.read_end - self.turn - self.backoff_s - waiting)
-
-
 class _Epoch:
     """One epoch's run: fetching threads, the local worker, and the consuming generator."""
 
@@ -259,18 +213,15 @@ class _Epoch:
     ) -> None:
         self.loader, self.epoch, self.chunks = loader, epoch, chunks
         self.stats = loader.stats
-        self.flows: list[_Flow] = []
-        self.stop = threading.Event()
-        self.lock = threading.Lock()
-        self.clock = _busy_clock()
+        self.flows: list[Flow] = []
+        self.fetcher = Fetcher(loader, epoch, loader.prefetch)
+        self.clock = self.fetcher.clock
 
     def run(self) -> Iterator[Batch]:
         loader = self.loader
         rebatcher = Rebatcher(loader.convert, clock=self.clock)
         delivered: set[str] = set()
         n, k = len(self.chunks), loader.prefetch
-        self.fetchers = ThreadPoolExecutor(k, thread_name_prefix="hapi-fetch")
-        self.worker = ThreadPoolExecutor(1, thread_name_prefix="hapi-local")
         try:
             for j in range(min(k, n)):
                 self._issue(j)
@@ -282,7 +233,7 @@ class _Epoch:
                     self.stats.wait_s += time.perf_counter() - t0
                     if isinstance(item, BaseException):
                         raise item
-                    if item is _DONE:
+                    if item is DONE:
                         break
                     assert isinstance(item, Piece)
                     _check_once(item.keys, delivered)
@@ -304,9 +255,9 @@ class _Epoch:
         keys, labels = self.chunks[index]
         route = self.loader.router.route(index)
         previous = self.flows[-1] if self.flows else None
-        flow = _Flow(index, keys, labels, route, previous)
+        flow = Flow(index, keys, labels, route, previous)
         self.flows.append(flow)
-        self.fetchers.submit(self._fetch, flow)
+        self.fetcher.start(flow)
 
     def _emit(self, batch: Batch) -> Iterator[Batch]:
         t0 = self.clock()
@@ -320,11 +271,12 @@ class _Epoch:
             flow.untrained -= count
             self._settle(flow)
 
-    def _finish(self, flow: _Flow) -> None:
+    def _finish(self, flow: Flow) -> None:
         """Every piece of `flow` was delivered."""
         flow.finished = True
         stats = self.stats
         stats.chunks += 1
+        stats.retries = self.fetcher.retries
         stats.chunks_local += flow.route.local
         stats.samples += flow.samples
         stats.bytes_received += flow.bytes
@@ -336,7 +288,7 @@ class _Epoch:
             stats.server_reported = True
         self._settle(flow)
 
-    def _settle(self, flow: _Flow) -> None:
+    def _settle(self, flow: Flow) -> None:
         """Once a chunk is delivered and trained, the router sees what it cost."""
         if flow.observed or not flow.finished or flow.untrained:
             return
@@ -354,164 +306,8 @@ class _Epoch:
         self.stats.records.append(record)
         self.loader.router.observe(record)
 
-    # The fetching threads ------------------------------------------------------------------
-
-    def _fetch(self, flow: _Flow) -> None:
-        try:
-            if self.stop.is_set():
-                return
-            self.loader.retry.retrying(on_retry=self._on_retry(flow), stop=self.stop)(
-                self._attempt, flow
-            )
-            flow.read_end = time.perf_counter()
-            if flow.route.local:
-                # After the chunk's last local piece: the worker runs in order.
-                self.worker.submit(flow.queue.put, _DONE)
-            else:
-                flow.queue.put(_DONE)
-        except BaseException as exc:  # handed to the consumer, which raises it
-            flow.queue.put(exc)
-        finally:
-            flow.read_done.set()
-
-    def _attempt(self, flow: _Flow) -> None:
-        """One try at the keys of `flow` not yet delivered."""
-        if self.stop.is_set():
-            raise _Stopped
-        loader = self.loader
-        cut = flow.route.wire_cut
-        session = loader.sessions.get(cut)
-        ticket = ChunkTicket(
-            session=session,
-            chunk=flow.index,
-            epoch=self.epoch,
-            keys=list(flow.remaining),
-            labels=list(flow.remaining.values()),
-        )
-        try:
-            stream = flow.stream = loader.connection.stream(ticket)
-            if flow.turn is None:
-                if flow.previous is not None:
-                    flow.previous.read_done.wait()
-                if self.stop.is_set():
-                    raise _Stopped
-                flow.turn = time.perf_counter()
-            report = None
-            for part in stream:
-                if self.stop.is_set():
-                    raise _Stopped
-                flow.bytes += part.nbytes
-                if part.batch is not None and len(part.batch):
-                    self._deliver(flow, part.batch)
-                if part.report is not None:
-                    report = part.report
-        except SessionNotFound:
-            loader.sessions.reopen(cut, session)
-            raise
-        if report is None:
-            raise ServerUnavailable(
-                f"the stream of chunk {flow.index} ended without its report, "
-                f"{len(flow.remaining)} keys short: the server went away mid-chunk"
-            )
-        for skipped in report.skipped:
-            flow.remaining.pop(skipped.key, None)
-            flow.skipped.append(skipped)
-        if report.server_s > 0:
-            flow.server_s = (flow.server_s or 0.0) + report.server_s
-        flow.queue_s += report.queue_s
-        if flow.remaining:
-            raise IncompleteEpoch(
-                f"the server ended chunk {flow.index} without {len(flow.remaining)} of its "
-                f"keys, e.g. {shorten(repr(list(flow.remaining)[:5]))}, and did not report "
-                "them skipped"
-            )
-
-    def _deliver(self, flow: _Flow, batch: FeatureBatch) -> None:
-        unasked = [k for k in batch.keys if k not in flow.remaining]
-        if unasked:
-            raise DuplicateDelivery(
-                f"chunk {flow.index} brought keys it had delivered or never asked for, e.g. "
-                f"{shorten(repr(unasked[:5]))}"
-            )
-        for key in batch.keys:
-            del flow.remaining[key]
-        if flow.route.local:
-            self.worker.submit(self._compute, flow, batch)
-        else:
-            if batch.features is None:
-                raise NotDecoded(
-                    f"chunk {flow.index} came as raw bytes on a route that expects features: "
-                    "a RAW session needs a loader that computes its chunks locally"
-                )
-            flow.queue.put(
-                Piece(flow.index, flow.route.cut, batch.keys, batch.labels, batch.features)
-            )
-        if self.loader.on_part is not None:
-            self.loader.on_part(flow.index, batch.keys)
-
-    def _compute(self, flow: _Flow, batch: FeatureBatch) -> None:
-        """A local chunk's raw batch to features, in the trainer's worker thread."""
-        local = self.loader.local
-        if self.stop.is_set():
-            return
-        try:
-            if local is None:
-                raise NotDecoded(
-                    f"chunk {flow.index} is routed local but this loader has no LocalCompute "
-                    "to decode its raw bytes"
-                )
-            t0 = self.clock()
-            decoded, skipped = local(batch, self.epoch, flow.route.cut)
-            flow.local_s += self.clock() - t0
-        except BaseException as exc:  # handed to the consumer, which raises it
-            flow.queue.put(exc)
-            return
-        flow.skipped += skipped
-        if len(decoded):
-            assert decoded.features is not None  # LocalCompute returns features
-            flow.queue.put(
-                Piece(flow.index, flow.route.cut, decoded.keys, decoded.labels, decoded.features)
-            )
-
-    def _on_retry(self, flow: _Flow) -> Callable[[tenacity.RetryCallState], None]:
-        def on_retry(state: tenacity.RetryCallState) -> None:
-            error = state.outcome.exception() if state.outcome is not None else None
-            wait = state.next_action.sleep if state.next_action is not None else 0.0
-            flow.backoff_s += wait
-            with self.lock:
-                self.stats.retries += 1
-            if self.loader.record is None:
-                return
-            name = type(error).__name__
-            self.loader.record(
-                Event(
-                    "retry",
-                    self.epoch,
-                    flow.index,
-                    f"chunk {flow.index}: {name}, retry {state.attempt_number} in {wait:.2f} s "
-                    f"for its {len(flow.remaining)} keys not yet delivered",
-                    {
-                        "error": name,
-                        "message": shorten(str(error)),
-                        "attempt": state.attempt_number,
-                        "wait_s": wait,
-                        "keys_left": len(flow.remaining),
-                    },
-                )
-            )
-
-        return on_retry
-
     def _shutdown(self) -> None:
-        self.stop.set()
-        for flow in self.flows:
-            # Release streams waiting for their turn, and cut the ones being read.
-            flow.read_done.set()
-            stream = flow.stream
-            if stream is not None and not flow.finished:
-                stream.cancel()
-        self.fetchers.shutdown(wait=True, cancel_futures=True)
-        self.worker.shutdown(wait=True, cancel_futures=True)
+        self.fetcher.shutdown(self.flows)
 
     def _check_complete(self, delivered: set[str]) -> None:
         skipped = {s.key for s in self.stats.skipped}
@@ -524,10 +320,6 @@ class _Epoch:
             )
 
 
-class _Stopped(Exception):
-    """The epoch ended (finished, failed or abandoned): a fetching thread gives up."""
-
-
 def _check_once(keys: list[str], delivered: set[str]) -> None:
     dupes = delivered.intersection(keys)
     if dupes:
@@ -536,10 +328,3 @@ def _check_once(keys: list[str], delivered: set[str]) -> None:
             f"{shorten(repr(sorted(dupes)[:5]))}: a chunk was delivered more than once"
         )
     delivered.update(keys)
-
-
-def _busy_clock() -> Callable[[], float]:
-    """The clock of a thread's busy time: its CPU time when torch computes in the calling
-    thread (one intra-op thread: the trainer's own core, shared by its threads), else
-    wall time (CPU time would miss the work of torch's other threads)."""
-    return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter

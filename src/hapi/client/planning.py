@@ -1,20 +1,20 @@
 """Measuring a job's pipeline before it trains: the server, the link and the trainer.
 
-The server's side comes from two probe chunks of the job's own objects through the chunk
-protocol, read back from the session's own counters (`stats`): a RAW chunk (the objects'
-size, the server's wait for its store, and the link: bytes over the stream's time less
-that wait and the request's round trip), and a chunk at the freeze cut (decoding and
-transforming per sample, and the head to the freeze point). Each runs twice and the
-second is measured, so a cold store or a first kernel call does not count. The head to
-the other cuts is the trainer's measured head scaled by the server/trainer ratio at the
-freeze point: the layers' relative costs are the model's, the ratio is the machines'.
-
-This is the seam for the server's `profile` action (ARCHITECTURE.md): when servers answer
-it, `measure_server` asks it instead, and nothing else changes.
+The link, the objects' size and the trainer's decoding come from a probe chunk of the
+job's own objects in a RAW session: its bytes over the stream's time, less the server's
+wait for its store (the session's own counters, `stats`) and the request's round trip.
+The server measures its side itself when it answers the `profile` action: reading,
+decoding and the head to every cut, on the same objects. An older server is probed
+instead with a chunk at the freeze cut (decoding per sample and the head to the freeze
+point, from the session's counters), and the head to the other cuts is the trainer's
+measured head scaled by the server/trainer ratio at the freeze point: the layers'
+relative costs are the model's, the ratio is the machines'. Each probe chunk runs twice
+and the second is measured, so a cold store or a first kernel call does not count.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,16 +27,22 @@ from hapi.errors import InvalidRequest
 from hapi.graph import INPUT, RAW, ModelGraph
 from hapi.plan import (
     LinkProfile,
+    Plan,
+    PlannerConfig,
     ServerProfile,
     TrainerProfile,
+    Workload,
+    choose_plan,
     measure_decode,
     measure_trainer,
     memory_per_sample,
     wire_bytes,
 )
-from hapi.wire import ChunkTicket, SessionRequest, SessionStats
+from hapi.wire import ActionType, ChunkTicket, SessionRequest, SessionStats
+from hapi.wire.messages import MAX_PROFILE_KEYS, ProfileRequest
+from hapi.wire.replies import ProfileReply
 
-__all__ = ["Profiles", "measure_job", "probe_keys"]
+__all__ = ["Profiles", "measure_job", "plan_job", "probe_keys"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,37 @@ def probe_keys(manifest: DatasetManifest, n: int, seed: int) -> tuple[list[str],
         raise InvalidRequest("cannot plan a job on an empty dataset")
     pick = np.random.default_rng([seed, 7]).permutation(len(manifest))[:n]
     return [manifest.keys[i] for i in pick], [manifest.labels[i] for i in pick]
+
+
+def plan_job(
+    connection: Connection,
+    request: Callable[[int], SessionRequest],
+    manifest: DatasetManifest,
+    graph: ModelGraph,
+    freeze: int,
+    transforms: Transforms,
+    workload: Workload,
+    *,
+    samples: int = 16,
+    batch_size: int = 8,
+    seed: int = 0,
+    wire_dtype: str = "fp32",
+    config: PlannerConfig | None = None,
+) -> Plan:
+    """Measure the job's pipeline (`measure_job`) and choose its plan for `workload`."""
+    profiles = measure_job(
+        connection, request, manifest, graph, freeze, transforms,
+        samples=samples, batch_size=batch_size, seed=seed, wire_dtype=wire_dtype,
+    )  # fmt: skip
+    return choose_plan(
+        profiles.server,
+        profiles.trainer,
+        profiles.link,
+        workload,
+        freeze=freeze,
+        names=graph.names(),
+        config=config,
+    )
 
 
 def measure_job(
@@ -100,7 +137,12 @@ def measure_job(
         HapiError: the server refused a probe or cannot be reached.
     """
     keys, labels = probe_keys(manifest, samples, seed)
-    raw = _probe(connection, request(RAW), keys, labels)
+    session = connection.open_session(request(RAW)).session
+    try:
+        raw = _probe(connection, session, keys, labels)
+        profiled = _profile_action(connection, session, keys)
+    finally:
+        connection.close_session(session)
     link = _link(raw)
     trainer = measure_trainer(
         graph,
@@ -108,11 +150,26 @@ def measure_job(
         decode_s=measure_decode(raw.blobs, transforms, seed=seed),
         batch_size=batch_size,
     )
-    server = measure_server(
-        connection, request, keys, labels, graph, freeze, raw=raw, trainer=trainer,
-        wire_dtype=wire_dtype,
-    )  # fmt: skip
+    if profiled is not None and profiled.last_cut >= freeze:
+        # What RAW carries per sample on the wire, as the probe saw it.
+        server = dataclasses.replace(profiled, raw_bytes=raw.nbytes / max(raw.samples, 1))
+    else:
+        server = measure_server(
+            connection, request, keys, labels, graph, freeze, raw=raw, trainer=trainer,
+            wire_dtype=wire_dtype,
+        )  # fmt: skip
     return Profiles(server=server, trainer=trainer, link=link)
+
+
+def _profile_action(connection: Connection, session: str, keys: list[str]) -> ServerProfile | None:
+    """The server's own profile of the session's cuts, or None from a server without the
+    `profile` action."""
+    body = ProfileRequest(session=session, keys=keys[:MAX_PROFILE_KEYS]).to_bytes()
+    try:
+        reply = connection.action(ActionType.PROFILE, body)
+    except InvalidRequest:  # an older server: "unknown action"
+        return None
+    return ServerProfile.from_dict(ProfileReply.model_validate_json(reply).server_profile())
 
 
 def measure_server(
@@ -131,7 +188,11 @@ def measure_server(
     n = raw.samples
     read_s = raw.server.read_s / n
     raw_bytes = raw.nbytes / n
-    at_freeze = _probe(connection, request(freeze), keys, labels)
+    session = connection.open_session(request(freeze)).session
+    try:
+        at_freeze = _probe(connection, session, keys, labels)
+    finally:
+        connection.close_session(session)
     m = max(at_freeze.samples, 1)
     decode_s = at_freeze.server.transform_s / m
     head_freeze = at_freeze.server.head_s / m if freeze > INPUT else 0.0
@@ -163,21 +224,15 @@ def _link(raw: _Probe) -> LinkProfile:
         return LinkProfile(bytes_per_s=raw.nbytes / max(raw.seconds, 1e-6))
 
 
-def _probe(
-    connection: Connection, request: SessionRequest, keys: list[str], labels: list[int]
-) -> _Probe:
-    """Open a session, run the chunk twice, measure the second, close the session."""
-    session = connection.open_session(request).session
-    try:
-        ticket = ChunkTicket(session=session, chunk=0, keys=keys, labels=labels)
-        _read(connection, ticket)  # warm: the store's cache, the head's first call
-        before, rtt1 = _counters(connection, session)
-        t0 = time.perf_counter()
-        nbytes, samples, blobs = _read(connection, ticket)
-        seconds = time.perf_counter() - t0
-        after, rtt2 = _counters(connection, session)
-    finally:
-        connection.close_session(session)
+def _probe(connection: Connection, session: str, keys: list[str], labels: list[int]) -> _Probe:
+    """Run a chunk of `keys` twice in `session` and measure the second."""
+    ticket = ChunkTicket(session=session, chunk=0, keys=keys, labels=labels)
+    _read(connection, ticket)  # warm: the store's cache, the head's first call
+    before, rtt1 = _counters(connection, session)
+    t0 = time.perf_counter()
+    nbytes, samples, blobs = _read(connection, ticket)
+    seconds = time.perf_counter() - t0
+    after, rtt2 = _counters(connection, session)
     delta = SessionStats(
         **{name: getattr(after, name) - getattr(before, name) for name in SessionStats.model_fields}
     )

@@ -1,0 +1,159 @@
+"""`hapi plan`: the options of a job on a server, predicted, and the one chosen."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from hapi.client.compare import OptionRun
+    from hapi.plan import Plan
+
+
+def register(app: typer.Typer) -> None:
+    """Add `plan` to `app`."""
+    app.command()(plan)
+
+
+def plan(
+    model: str = typer.Argument(..., help="A torchvision model name or efficientnet_lite0."),
+    server: str = typer.Option(..., help="The hapi server beside the data (host:port)."),
+    dataset: str = typer.Option(..., help="The training set's prefix in the server's store."),
+    freeze: str = typer.Option(None, help="Last frozen cut point (default: all but the head)."),
+    image_size: int = typer.Option(224, help="The model's input side."),
+    num_classes: int = typer.Option(None, help="Replace the classifier with this many classes."),
+    batch_size: int = typer.Option(32, help="Training batch size."),
+    chunk_size: int = typer.Option(64, help="Keys per chunk request."),
+    prefetch: int = typer.Option(4, help="Chunks in flight."),
+    wire_dtype: str = typer.Option("fp32", help="Feature dtype on the wire: fp32, fp16, bf16."),
+    link_probe: int = typer.Option(16, help="Objects the probes read (more: a steadier link)."),
+    link: str = typer.Option(None, help="Plan for this link rate instead (e.g. 100mbit)."),
+    token: str = typer.Option(None, envvar="HAPI_TOKEN", help="The server's bearer token."),
+    measure: bool = typer.Option(False, help="Also train each top option for real."),
+    top: int = typer.Option(4, help="With --measure: the fastest options to run."),
+    epochs: int = typer.Option(1, help="With --measure: epochs per option (the last is timed)."),
+    plot: Path = typer.Option(None, help="With --measure: write predicted vs measured here."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+) -> None:
+    """Measure the server, the link and this trainer; print every option and the choice."""
+    from hapi.client import TransferJob
+    from hapi.client.compare import pick_options, run_options
+    from hapi.graph import ModelSpec
+    from hapi.plan import LinkProfile, choose_plan
+    from hapi.server import parse_rate
+
+    options = {
+        "freeze": freeze,
+        "image_size": image_size,
+        "batch_size": batch_size,
+        "chunk_size": chunk_size,
+        "prefetch": prefetch,
+        "wire_dtype": wire_dtype,
+        "token": token,
+    }
+    spec = ModelSpec(name=model, num_classes=num_classes)
+    job = TransferJob(spec, dataset, server, probe_samples=link_probe, **options)
+    chosen = job.plan
+    assert chosen is not None  # cut="auto"
+    if link is not None:
+        rate = LinkProfile(bytes_per_s=parse_rate(link), latency_s=chosen.link.latency_s)
+        chosen = choose_plan(
+            chosen.server, chosen.trainer, rate, chosen.workload,
+            freeze=chosen.freeze, names=chosen.names,
+        )  # fmt: skip
+    runs: list[OptionRun] = []
+    if measure:
+        runs = run_options(
+            pick_options(chosen, top),
+            lambda o: TransferJob(spec, dataset, server, cut=o.cut, local_share=o.share, **options),
+            epochs=epochs,
+        )
+        if plot is not None:
+            _plot(chosen, runs, plot, title=f"{model} at {image_size} px on {dataset}")
+    if as_json:
+        typer.echo(json.dumps({**chosen.to_dict(), "measured": [_run_row(r) for r in runs]}))
+        return
+    console = Console(width=max(Console().width, 120))
+    console.print(job.summary().splitlines()[1])
+    console.print(_table(chosen, runs))
+    console.print(f"[bold]chosen[/]: {chosen.reason}")
+    if plot is not None and runs:
+        console.print(f"wrote {plot}")
+
+
+def _table(chosen: Plan, runs: list[OptionRun]) -> Table:
+    measured = {(r.option.cut, r.option.share): r for r in runs}
+    link = chosen.link.bytes_per_s
+    table = Table(
+        title=f"{chosen.workload.samples} samples, link {link * 8 / 1e6:.1f} Mbit/s; "
+        "stage times are busy seconds per epoch"
+    )
+    columns = ["", "option", "server s", "link s", "trainer s", "epoch s", "MB", "held by"]
+    if runs:
+        columns += ["measured s", "held by (measured)"]
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("option", "held by") else "right")
+    for o in chosen.options:
+        run = measured.get((o.cut, o.share))
+        if runs and run is None and o is not chosen.chosen:
+            continue
+        row = [
+            "*" if o is chosen.chosen else "",
+            o.label,
+            f"{o.server_s:.2f}",
+            f"{o.link_s:.2f}",
+            f"{o.trainer_s:.2f}",
+            f"{o.epoch_s:.2f}",
+            f"{o.bytes / 1e6:.2f}",
+            o.binding,
+        ]
+        if runs:
+            row += [f"{run.epoch_s:.2f}", run.binding] if run is not None else ["", ""]
+        table.add_row(*row)
+    return table
+
+
+def _run_row(run: OptionRun) -> dict[str, object]:
+    return {
+        "option": run.option.label,
+        "cut": run.option.cut,
+        "share": run.option.share,
+        "predicted_s": run.option.epoch_s,
+        "measured_s": run.epoch_s,
+        "server_s": run.server_s,
+        "transfer_s": run.transfer_s,
+        "trainer_s": run.trainer_s,
+        "binding": run.binding,
+    }
+
+
+def _plot(chosen: Plan, runs: list[OptionRun], path: Path, *, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 5))
+    predicted = [r.option.epoch_s for r in runs]
+    measured = [r.epoch_s for r in runs]
+    for r, x, y in zip(runs, predicted, measured, strict=True):
+        chosen_one = r.option is chosen.chosen
+        ax.scatter(x, y, color="tab:red" if chosen_one else "tab:blue", zorder=3)
+        ax.annotate(r.option.label, (x, y), fontsize=7, xytext=(4, 4), textcoords="offset points")
+    top = max([*predicted, *measured]) * 1.1
+    ax.plot([0, top], [0, top], color="gray", linestyle="--", label="measured = predicted")
+    ax.set_xlim(0, top)
+    ax.set_ylim(0, top)
+    ax.set_xlabel("predicted epoch (s)")
+    ax.set_ylabel("measured epoch (s)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

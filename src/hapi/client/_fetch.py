@@ -1,0 +1,273 @@
+"""Fetching an epoch's chunks: one thread per chunk in flight, one local worker.
+
+Each chunk's request goes out when it is issued; its stream is read when the chunk
+before it has been read (the link serves chunks in order, see `hapi.client.loader`).
+Pieces go to the chunk's queue as they arrive: features as they are, raw bytes through
+the local worker, which decodes them and runs the head in the trainer. A failed stream
+is retried for the keys it has not delivered; the error that ends the retries goes to
+the queue, for the consumer to raise.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+import tenacity
+import torch
+
+from hapi.client.connection import ChunkStream
+from hapi.client.history import Event
+from hapi.client.rebatch import Piece
+from hapi.client.routing import Route
+from hapi.errors import (
+    DuplicateDelivery,
+    IncompleteEpoch,
+    NotDecoded,
+    ServerUnavailable,
+    SessionNotFound,
+    shorten,
+)
+from hapi.wire import ChunkTicket, FeatureBatch, SkippedKey
+
+if TYPE_CHECKING:
+    from hapi.client.loader import FeatureLoader
+
+__all__ = ["DONE", "Fetcher", "Flow", "busy_clock"]
+
+DONE = object()
+"""The last item of a chunk's queue once all its pieces are in it."""
+
+
+class Flow:
+    """One chunk on its way: its route, the pieces it delivered, what it cost."""
+
+    def __init__(
+        self, index: int, keys: list[str], labels: list[int], route: Route, previous: Flow | None
+    ) -> None:
+        self.index, self.route, self.previous = index, route, previous
+        self.remaining = dict(zip(keys, labels, strict=True))
+        self.queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self.read_done = threading.Event()
+        self.stream: ChunkStream | None = None
+        self.issued = time.perf_counter()
+        self.turn: float | None = None
+        self.read_end = 0.0
+        self.backoff_s = 0.0
+        self.bytes = 0
+        self.server_s: float | None = None
+        self.queue_s = 0.0
+        self.local_s = 0.0
+        self.train_s = 0.0
+        self.samples = 0
+        self.untrained = 0
+        self.finished = False
+        self.observed = False
+        self.skipped: list[SkippedKey] = []
+
+    @property
+    def transfer_s(self) -> float:
+        """The link's busy time on this chunk: its stream's time while it had the link,
+        less backoff and the server's compute still left when its turn came."""
+        if self.turn is None:
+            return 0.0
+        ahead = self.turn - self.issued
+        waiting = max(0.0, (self.server_s or 0.0) + self.queue_s - ahead)
+        return max(0.0, self.read_end - self.turn - self.backoff_s - waiting)
+
+
+class Fetcher:
+    """The threads that fetch one epoch's chunks and compute its local ones.
+
+    Args:
+        loader: the loader's connection, sessions, retry policy, local compute and hooks.
+        epoch: the epoch (seeds the samples; tickets carry it).
+        prefetch: chunks in flight, one thread each.
+    """
+
+    def __init__(self, loader: FeatureLoader, epoch: int, prefetch: int) -> None:
+        self.loader, self.epoch = loader, epoch
+        self.stop = threading.Event()
+        self.clock = busy_clock()
+        self.retries = 0
+        self._lock = threading.Lock()
+        self._threads = ThreadPoolExecutor(prefetch, thread_name_prefix="hapi-fetch")
+        self.worker = ThreadPoolExecutor(1, thread_name_prefix="hapi-local")
+
+    def start(self, flow: Flow) -> None:
+        """Fetch `flow` in a thread of its own."""
+        self._threads.submit(self.fetch, flow)
+
+    def fetch(self, flow: Flow) -> None:
+        """Read `flow`'s chunk in its turn, retrying; in a fetching thread."""
+        try:
+            if self.stop.is_set():
+                return
+            self.loader.retry.retrying(on_retry=self._on_retry(flow), stop=self.stop)(
+                self._attempt, flow
+            )
+            flow.read_end = time.perf_counter()
+            if flow.route.local:
+                # After the chunk's last local piece: the worker runs in order.
+                self.worker.submit(flow.queue.put, DONE)
+            else:
+                flow.queue.put(DONE)
+        except BaseException as exc:  # handed to the consumer, which raises it
+            flow.queue.put(exc)
+        finally:
+            flow.read_done.set()
+
+    def _attempt(self, flow: Flow) -> None:
+        """One try at the keys of `flow` not yet delivered."""
+        if self.stop.is_set():
+            raise Stopped
+        loader = self.loader
+        cut = flow.route.wire_cut
+        session = loader.sessions.get(cut)
+        ticket = ChunkTicket(
+            session=session,
+            chunk=flow.index,
+            epoch=self.epoch,
+            keys=list(flow.remaining),
+            labels=list(flow.remaining.values()),
+        )
+        try:
+            stream = flow.stream = loader.connection.stream(ticket)
+            if flow.turn is None:
+                if flow.previous is not None:
+                    flow.previous.read_done.wait()
+                if self.stop.is_set():
+                    raise Stopped
+                flow.turn = time.perf_counter()
+            report = None
+            for part in stream:
+                if self.stop.is_set():
+                    raise Stopped
+                flow.bytes += part.nbytes
+                if part.batch is not None and len(part.batch):
+                    self._deliver(flow, part.batch)
+                if part.report is not None:
+                    report = part.report
+        except SessionNotFound:
+            loader.sessions.reopen(cut, session)
+            raise
+        if report is None:
+            raise ServerUnavailable(
+                f"the stream of chunk {flow.index} ended without its report, "
+                f"{len(flow.remaining)} keys short: the server went away mid-chunk"
+            )
+        for skipped in report.skipped:
+            flow.remaining.pop(skipped.key, None)
+            flow.skipped.append(skipped)
+        if report.server_s > 0:
+            flow.server_s = (flow.server_s or 0.0) + report.server_s
+        flow.queue_s += report.queue_s
+        if flow.remaining:
+            raise IncompleteEpoch(
+                f"the server ended chunk {flow.index} without {len(flow.remaining)} of its "
+                f"keys, e.g. {shorten(repr(list(flow.remaining)[:5]))}, and did not report "
+                "them skipped"
+            )
+
+    def _deliver(self, flow: Flow, batch: FeatureBatch) -> None:
+        unasked = [k for k in batch.keys if k not in flow.remaining]
+        if unasked:
+            raise DuplicateDelivery(
+                f"chunk {flow.index} brought keys it had delivered or never asked for, e.g. "
+                f"{shorten(repr(unasked[:5]))}"
+            )
+        for key in batch.keys:
+            del flow.remaining[key]
+        if flow.route.local:
+            self.worker.submit(self._compute, flow, batch)
+        else:
+            if batch.features is None:
+                raise NotDecoded(
+                    f"chunk {flow.index} came as raw bytes on a route that expects features: "
+                    "a RAW session needs a loader that computes its chunks locally"
+                )
+            flow.queue.put(
+                Piece(flow.index, flow.route.cut, batch.keys, batch.labels, batch.features)
+            )
+        if self.loader.on_part is not None:
+            self.loader.on_part(flow.index, batch.keys)
+
+    def _compute(self, flow: Flow, batch: FeatureBatch) -> None:
+        """A local chunk's raw batch to features, in the trainer's worker thread."""
+        local = self.loader.local
+        if self.stop.is_set():
+            return
+        try:
+            if local is None:
+                raise NotDecoded(
+                    f"chunk {flow.index} is routed local but this loader has no LocalCompute "
+                    "to decode its raw bytes"
+                )
+            t0 = self.clock()
+            decoded, skipped = local(batch, self.epoch, flow.route.cut)
+            flow.local_s += self.clock() - t0
+        except BaseException as exc:  # handed to the consumer, which raises it
+            flow.queue.put(exc)
+            return
+        flow.skipped += skipped
+        if len(decoded):
+            assert decoded.features is not None  # LocalCompute returns features
+            flow.queue.put(
+                Piece(flow.index, flow.route.cut, decoded.keys, decoded.labels, decoded.features)
+            )
+
+    def _on_retry(self, flow: Flow) -> Callable[[tenacity.RetryCallState], None]:
+        def on_retry(state: tenacity.RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome is not None else None
+            wait = state.next_action.sleep if state.next_action is not None else 0.0
+            flow.backoff_s += wait
+            with self._lock:
+                self.retries += 1
+            if self.loader.record is None:
+                return
+            name = type(error).__name__
+            self.loader.record(
+                Event(
+                    "retry",
+                    self.epoch,
+                    flow.index,
+                    f"chunk {flow.index}: {name}, retry {state.attempt_number} in {wait:.2f} s "
+                    f"for its {len(flow.remaining)} keys not yet delivered",
+                    {
+                        "error": name,
+                        "message": shorten(str(error)),
+                        "attempt": state.attempt_number,
+                        "wait_s": wait,
+                        "keys_left": len(flow.remaining),
+                    },
+                )
+            )
+
+        return on_retry
+
+    def shutdown(self, flows: list[Flow]) -> None:
+        """End the epoch's threads: streams are cut, backoffs end, nothing is left running."""
+        self.stop.set()
+        for flow in flows:
+            # Release streams waiting for their turn, and cut the ones being read.
+            flow.read_done.set()
+            stream = flow.stream
+            if stream is not None and not flow.finished:
+                stream.cancel()
+        self._threads.shutdown(wait=True, cancel_futures=True)
+        self.worker.shutdown(wait=True, cancel_futures=True)
+
+
+class Stopped(Exception):
+    """The epoch ended (finished, failed or abandoned): a fetching thread gives up."""
+
+
+def busy_clock() -> Callable[[], float]:
+    """The clock of a thread's busy time: its CPU time when torch computes in the calling
+    thread (one intra-op thread: the trainer's own core, shared by its threads), else
+    wall time (CPU time would miss the work of torch's other threads)."""
+    return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
