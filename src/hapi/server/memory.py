@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -61,6 +62,11 @@ NOMINAL_IMAGE = (1024, 768)
 """The image size a session expects before it has decoded any: a chunk holds room to
 decode one this large, and asks for more when a larger one comes."""
 
+_MEASURED: dict[tuple[str, tuple[int, ...], int, str], MemoryModel] = {}
+"""Heads measured so far, by content, input shape, output bytes and device: a cache of
+what the measurement gives every time, so reopening a session does not measure again."""
+_MEASURED_LOCK = threading.Lock()
+_MEASURED_KEPT = 256
 _OPENING = "(opening sessions)"
 """The scheduler's name for measurements at `open_session`: they share one fair share."""
 
@@ -172,6 +178,7 @@ def session_memory(
     out_bytes: int,
     read_bytes: int,
     what: str,
+    measured_as: str | None = None,
 ) -> MemoryModel:
     """A new session's memory model, measured within the budget; refused when no batch
     of it could ever fit.
@@ -191,6 +198,8 @@ def session_memory(
         out_bytes: encoded bytes per sample (for RAW: bytes of one encoded batch).
         read_bytes: what a chunk's read-ahead holds.
         what: names the session in a refusal.
+        measured_as: a key naming the head's content (the head cache's): sessions with
+            equal keys reuse one measurement (each epoch of a job opens a session).
 
     Raises:
         OverBudget: one sample cannot fit, naming the budget.
@@ -204,17 +213,16 @@ def session_memory(
     least_decode = decode_bytes(transforms, 1, 1)
     scheduler.check_fits(MemoryModel(fixed=read_bytes + least_decode, per_sample=static), what)
     # Room for the measurement: three times the static estimate per sample.
-    probe = Demand(
-        model=MemoryModel(fixed=0, per_sample=3 * static), max_batch=MEASURED_BATCHES[-1]
-    )
-    with scheduler.run(_OPENING, (0, 0), probe) as grant:
-        batches = (1, grant.batch) if grant.batch > 1 else (1,)
-        # On a GPU the allocator's peak counts every thread's tensors: measure alone.
-        lock = TRACING.exclusive() if device.type == "cuda" else TRACING.shared()
-        with lock:
-            model = measure_head(
-                head, graph.input_shape, device, out_bytes=out_bytes, batches=batches
-            )
+    key = (measured_as, graph.input_shape, out_bytes, str(device)) if measured_as else None
+    with _MEASURED_LOCK:
+        model = _MEASURED.get(key) if key is not None else None
+    if model is None:
+        model = _measure_within(scheduler, head, graph.input_shape, device, out_bytes, static)
+        if key is not None:
+            with _MEASURED_LOCK:
+                _MEASURED[key] = model
+                while len(_MEASURED) > _MEASURED_KEPT:
+                    _MEASURED.pop(next(iter(_MEASURED)))
 
     def with_decode(decode: int) -> MemoryModel:
         decode = int(decode * MARGIN)
@@ -231,6 +239,25 @@ def session_memory(
         # Fits for small images only: larger ones ask for room as they come.
         return least
     return nominal
+
+
+def _measure_within(
+    scheduler: Scheduler,
+    head: nn.Module | None,
+    input_shape: tuple[int, ...],
+    device: torch.device,
+    out_bytes: int,
+    static: int,
+) -> MemoryModel:
+    """`measure_head` under a grant with room for three times the static estimate."""
+    room = MemoryModel(fixed=0, per_sample=3 * static)
+    probe = Demand(model=room, max_batch=MEASURED_BATCHES[-1])
+    with scheduler.run(_OPENING, (0, 0), probe) as grant:
+        batches = (1, grant.batch) if grant.batch > 1 else (1,)
+        # On a GPU the allocator's peak counts every thread's tensors: measure alone.
+        lock = TRACING.exclusive() if device.type == "cuda" else TRACING.shared()
+        with lock:
+            return measure_head(head, input_shape, device, out_bytes=out_bytes, batches=batches)
 
 
 def _peak(head: nn.Module | None, shape: tuple[int, ...], device: torch.device, b: int) -> int:

@@ -247,7 +247,7 @@ class HapiServer(flight.FlightServerBase):
             schema = feature_schema(shape, request.wire_dtype)
             per_sample = dtype_width(request.wire_dtype) * _numel(shape)
         try:
-            memory = self._memory(request, transforms, graph, head, per_sample)
+            memory = self._memory(request, transforms, graph, lease, per_sample)
         except BaseException:
             if lease is not None:
                 self.heads.release(lease)
@@ -338,14 +338,14 @@ class HapiServer(flight.FlightServerBase):
         request: SessionRequest,
         transforms: Transforms,
         graph: ModelGraph,
-        head: torch.nn.Module | None,
+        lease: HeadLease | None,
         out_bytes: int,
     ) -> MemoryModel:
         """A new session's memory model, measured; refused when one sample cannot fit."""
         raw = request.cut == RAW
         return session_memory(
             self.scheduler,
-            head=head,
+            head=lease.module if lease is not None else None,
             graph=graph,
             cut=request.cut,
             device=self.heads.device,
@@ -353,6 +353,7 @@ class HapiServer(flight.FlightServerBase):
             out_bytes=RAW_BATCH_BYTES if raw else out_bytes,
             read_bytes=self._read_ahead * _READ_AHEAD_OBJECT,
             what=f"a session of {shorten(repr(request.model), 100)} at cut {request.cut}",
+            measured_as=lease.key if lease is not None else "input",
         )
 
     def manifest(self, prefix: str, *, tenant: Tenant) -> dict[str, Any]:
