@@ -9,7 +9,6 @@ batch-norm statistics must be equal bit for bit.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -18,6 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hapi.graph import ModelGraph, ModelSpec, build_model, model_output, trace
+
+from ..graph_checks import train_step_both_ways
 
 
 class Noisy(nn.Module):
@@ -110,45 +111,6 @@ def traced() -> Iterator[Callable[[str], tuple[nn.Module, ModelGraph]]]:
 
     yield get
     cache.clear()
-
-
-def train_step_both_ways(model: nn.Module, graph: ModelGraph, cut: int, seed: int) -> None:
-    """One step through head and tail and one through a copy of the original; equal."""
-    # As TransferJob does: the tail in train mode, then the head's modules in eval mode
-    # and its parameters frozen. The reference copies the model with those flags.
-    model.train()
-    tail = graph.tail(cut).train()
-    head = graph.head(cut)
-    for module in head.modules():
-        module.eval()
-    for _, p in graph.head_parameters(cut):
-        p.requires_grad_(False)
-    reference = copy.deepcopy(model)
-    x = torch.randn(4, *graph.input_shape, generator=torch.Generator().manual_seed(seed))
-
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        features = head(x)
-    out = tail(features)
-    out.square().mean().backward()
-    torch.manual_seed(seed)
-    expected = model_output(reference(x))
-    expected.square().mean().backward()
-
-    torch.testing.assert_close(out, expected, rtol=0, atol=0)
-    grads = dict(reference.named_parameters())
-    trained = 0
-    for name, p in model.named_parameters():
-        if p.grad is None:
-            assert grads[name].grad is None, name
-            continue
-        trained += 1
-        torch.testing.assert_close(p.grad, grads[name].grad, rtol=0, atol=0, msg=name)
-    assert trained > 0
-    buffers = dict(reference.named_buffers())
-    for name, b in model.named_buffers():
-        torch.testing.assert_close(b, buffers[name], rtol=0, atol=0, msg=name)
-    model.zero_grad(set_to_none=True)
 
 
 def _mid(graph: ModelGraph) -> int:

@@ -40,7 +40,14 @@ from torch.fx.passes.shape_prop import TensorMetadata
 from hapi.graph.cut_point import CutPoint
 from hapi.graph.tracer import is_container
 
-__all__ = ["Cuts", "find_cuts", "is_batch_size", "sample_shape", "shared_values"]
+__all__ = [
+    "Cuts",
+    "find_cuts",
+    "is_batch_size",
+    "sample_shape",
+    "sample_strides",
+    "shared_values",
+]
 
 _RANDOM = re.compile(r"rand|bernoulli|normal|dropout|uniform|multinomial|poisson|exponential")
 
@@ -142,6 +149,19 @@ def sample_shape(n: fx.Node) -> tuple[int, ...] | None:
     return None
 
 
+def sample_strides(n: fx.Node) -> tuple[int, ...] | None:
+    """The per-sample strides of a tensor node's value as traced, when known."""
+    meta = n.meta.get("tensor_meta")
+    if isinstance(meta, TensorMetadata):
+        return tuple(int(s) for s in meta.stride[1:])
+    val = n.meta.get("val")
+    if isinstance(val, torch.Tensor) and val.dim() >= 1:
+        strides = tuple(val.stride()[1:])
+        if all(isinstance(s, int) for s in strides):
+            return tuple(int(s) for s in strides)
+    return None
+
+
 def _step_name(anchor: str, n: fx.Node, used: set[str]) -> str:
     if n.op == "call_function":
         packet = getattr(n.target, "overloadpacket", None)
@@ -173,7 +193,16 @@ def _random_or_mutating(n: fx.Node) -> bool:
 def _block_ends(model: nn.Module, nodes: list[fx.Node]) -> dict[fx.Node, list[str]]:
     """The last node of each block's call -> the names of the blocks that end there."""
     scope_end: dict[str, fx.Node] = {}
+    # What the output does not need does not end a block (a reshaped copy of a block's
+    # output for a ModelOutput field that nobody reads).
+    needed: set[fx.Node] = set()
+    for n in reversed(nodes):
+        computes = n.op in ("call_function", "call_method") and not n.is_impure()
+        if not computes or any(u in needed for u in n.users):
+            needed.add(n)
     for n in nodes:
+        if n not in needed:
+            continue
         for scope in n.meta.get("scopes", ()):
             scope_end[scope] = n
     ends: dict[fx.Node, list[str]] = {}

@@ -5,13 +5,23 @@ A model may leave an activation channels-last or permuted: ConvNeXt and Swin end
 does nothing to those (size-1 dimensions make any stride contiguous), yet numpy and Arrow
 read the strides as a permutation. `standard_layout` gives every tensor the strides of a
 fresh C-contiguous tensor of its shape, copying only when the memory order differs.
+
+Kernels choose their algorithm by layout (a channels-last convolution sums in another
+order), so a tail given the standard layout would compute other bits than the model did.
+A tail therefore lays its input out again as the model had it (`with_sample_strides`):
+`tail(head(x))`, through the wire or not, is `model(x)` bit for bit.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["is_standard_layout", "standard_layout"]
+__all__ = [
+    "dense_sample_strides",
+    "is_standard_layout",
+    "standard_layout",
+    "with_sample_strides",
+]
 
 
 def standard_strides(shape: tuple[int, ...] | torch.Size) -> tuple[int, ...]:
@@ -40,3 +50,33 @@ def standard_layout(t: torch.Tensor) -> torch.Tensor:
     if t.is_contiguous():
         return t.as_strided(t.shape, standard_strides(t.shape))
     return t.clone(memory_format=torch.contiguous_format)
+
+
+def with_sample_strides(t: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
+    """`t` laid out as the model laid out this activation: batch outermost, then each
+    sample with `strides` (as traced), so the tail's kernels see what they saw in the model.
+
+    A view when only size-1 dimensions differ, else a copy.
+    """
+    if tuple(t.stride()[1:]) == strides:
+        return t
+    per_sample = 1
+    for size in t.shape[1:]:
+        per_sample *= int(size)
+    target = (per_sample, *strides)
+    if all(a == b for a, b, n in zip(t.stride(), target, t.shape, strict=True) if n != 1):
+        return t.as_strided(t.shape, target)
+    out = torch.empty_strided(t.shape, target, dtype=t.dtype, device=t.device)
+    return out.copy_(t)
+
+
+def dense_sample_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether per-sample `strides` lay out a sample of `shape` densely (some permutation of
+    a contiguous layout), so a batch can be laid out the same way."""
+    dims = sorted(((s, n) for s, n in zip(strides, shape, strict=True) if n != 1), reverse=True)
+    step = 1
+    for stride, size in reversed(dims):
+        if stride != step:
+            return False
+        step *= size
+    return True
