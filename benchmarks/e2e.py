@@ -189,6 +189,7 @@ def _trainer(args: argparse.Namespace) -> None:
         "train",
         address,
         freeze=args.freeze,
+        cut=None,  # the freeze cut: this benchmark compares it with the baseline
         mode=mode,
         image_size=args.image_size,
         wire_dtype=args.wire_dtype,

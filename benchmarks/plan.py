@@ -1,0 +1,475 @@
+"""The planner against brute force: every option measured, the plan's choice beside them.
+
+The storage side (`hapi serve` on a local store) and the trainer are two processes, each
+pinned to its own core with one torch thread, in two network namespaces joined by a veth
+shaped with `tc tbf` (`_netns.ShapedLink`, root only; `--shaping egress` uses the server's
+token bucket instead). The images are photo-like JPEGs of about 100 KB.
+
+For each freeze point and link rate the script asks the planner for its table, picks the
+options to brute-force (RAW, INPUT, a spread of cuts up to the freeze point, the best
+hybrids and the chosen option), and measures each, plus a job with `cut="auto"` (which
+plans and re-plans itself), in interleaved repeats. It reports, against the median of the
+repeats: the share of configurations where the plan is within 5% of the best option, the
+mean regret, the speed-up over RAW and over the freeze cut, and the hybrid's gain over the
+best pure option. `--link-change` adds a run whose link rate drops mid-epoch.
+
+    python benchmarks/plan.py                  # writes benchmarks/out/plan.{json,png}
+    python benchmarks/plan.py --results        # ... and its section of benchmarks/RESULTS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _netns import ShapedLink
+from _results import write_section
+
+HERE = Path(__file__).resolve().parent
+PORT = 18815
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="resnet18")
+    parser.add_argument("--freezes", default="layer3,avgpool+flatten")
+    parser.add_argument("--rates", default="10mbit,100mbit,1gbit")
+    parser.add_argument("--images", type=int, default=128)
+    parser.add_argument("--classes", type=int, default=4)
+    parser.add_argument("--stored-size", type=int, default=440, help="side of the stored JPEGs")
+    parser.add_argument("--image-size", type=int, default=112, help="the model's input side")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--chunk-size", type=int, default=16)
+    parser.add_argument("--prefetch", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=2, help="the last epoch is measured")
+    parser.add_argument("--shaping", choices=("netns", "egress"), default="netns")
+    parser.add_argument("--link-change", default="1gbit:10mbit", help="FROM:TO, or none")
+    parser.add_argument("--out", type=Path, default=HERE / "out")
+    parser.add_argument("--results", action="store_true", help="write benchmarks/RESULTS.md")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one trainer run
+    args = parser.parse_args()
+    if args.worker:
+        _worker(json.loads(args.worker))
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="hapi-plan-") as root:
+        _make_dataset(root, args)
+        configs = []
+        rates = args.rates.split(",")
+        with _Stage(root, rates[0], args) as stage:
+            for rate in rates:
+                stage.set_rate(rate)
+                for freeze in args.freezes.split(","):
+                    configs.append(_config(stage, rate, freeze, args))
+                    print(json.dumps(_summary(configs[-1])), flush=True)
+            change = None
+            if args.link_change != "none":
+                change = _link_change(stage, args)
+    result = {
+        "machine": _machine(),
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "minutes": (time.time() - started) / 60,
+        "configs": configs,
+        "link_change": change,
+    }
+    (args.out / "plan.json").write_text(json.dumps(result, indent=2))
+    _plot(configs, args.out / "plan.png")
+    text = _report(configs, change, args)
+    print(text)
+    if args.results:
+        write_section("plan", text)
+
+
+class _Stage:
+    """The server in the storage namespace on core 0; trainers in the trainer's on core 1."""
+
+    def __init__(self, root: str, rate: str, args: argparse.Namespace) -> None:
+        self.root, self.rate, self.args = root, rate, args
+        self.link = ShapedLink(rate) if args.shaping == "netns" else None
+
+    def __enter__(self) -> _Stage:
+        host = self.link.__enter__().storage_ip if self.link else "127.0.0.1"
+        self.address = f"grpc://{host}:{PORT}"
+        self._start()
+        return self
+
+    def _start(self) -> None:
+        cmd = [sys.executable, "-m", "hapi.cli", "serve", "--store", self.root, "--threads", "1"]
+        cmd += ["--host", self.address.split("//")[1].split(":")[0], "--port", str(PORT)]
+        cmd += ["--insecure"]
+        if self.link is None:
+            cmd += ["--egress-limit", self.rate]
+        if self.link is not None:
+            cmd = self.link.storage_cmd(cmd)
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+            preexec_fn=lambda: _pin(0),
+        )  # fmt: skip
+        deadline = time.monotonic() + 120
+        while self._run({"ping": True}, check=False) is None:
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError(f"server on {self.address} did not start")
+            time.sleep(0.5)
+
+    def set_rate(self, rate: str) -> None:
+        if rate == self.rate:
+            return
+        self.rate = rate
+        if self.link is not None:
+            self.link.set_rate(rate)
+        else:  # the token bucket's rate is fixed at start
+            self._stop()
+            self._start()
+
+    def trainer(self, job: dict, on_line=None) -> dict | None:  # type: ignore[no-untyped-def]
+        return self._run(job, on_line=on_line)
+
+    def _run(self, job: dict, check: bool = True, on_line=None) -> dict | None:  # type: ignore[no-untyped-def]
+        cmd = [sys.executable, __file__, "--worker", json.dumps({**job, "address": self.address})]
+        if self.link is not None:
+            cmd = self.link.trainer_cmd(cmd)
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            preexec_fn=lambda: _pin(1),
+        )  # fmt: skip
+        last = None
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if on_line is not None:
+                on_line(line.strip())
+            last = line
+        err = proc.stderr.read() if proc.stderr else ""
+        if proc.wait() != 0:
+            if check:
+                raise RuntimeError(f"trainer failed: {err[-2000:]}")
+            return None
+        return json.loads(last) if last else None
+
+    def _stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop()
+        if self.link is not None:
+            self.link.__exit__()
+
+
+def _job_options(args: argparse.Namespace, freeze: str) -> dict:
+    return {
+        "model": args.model,
+        "freeze": freeze,
+        "image_size": args.image_size,
+        "batch_size": args.batch_size,
+        "chunk_size": args.chunk_size,
+        "prefetch": args.prefetch,
+        "classes": args.classes,
+        "epochs": args.epochs,
+    }
+
+
+def _config(stage: _Stage, rate: str, freeze: str, args: argparse.Namespace) -> dict:
+    """One (freeze, rate): the planner's table, then every picked option in repeats."""
+    base = _job_options(args, freeze)
+    planned = stage.trainer({**base, "plan_only": True})
+    assert planned is not None
+    options = _pick(planned["plan"])
+    runs: dict[str, list[dict]] = {}
+    for r in range(args.repeats):
+        # Interleaved: every option once per repeat, in an order rotated per repeat.
+        order = options[r % len(options) :] + options[: r % len(options)]
+        result = stage.trainer({**base, "options": order, "auto": True})
+        assert result is not None
+        for run in result["runs"]:
+            runs.setdefault(run["label"], []).append(run)
+    return {"rate": rate, "freeze": freeze, "plan": planned["plan"], "runs": runs}
+
+
+def _pick(plan: dict) -> list[list[float]]:
+    """RAW, the freeze cut, the chosen option, and among the options predicted within 3x
+    of the fastest: INPUT, a spread of pure cuts and the three fastest hybrids. (An early
+    cut on a slow link moves 8x the bytes of the image: minutes an epoch, no contender.)"""
+    rows = plan["options"]
+    fastest = min(r["epoch_s"] for r in rows)
+    near = [r for r in rows if r["epoch_s"] <= 3 * fastest]
+    pure = sorted({r["cut"] for r in near if r["share"] == 0 and r["cut"] >= 1})
+    spread = pure[:: max(1, len(pure) // 4)] + pure[-1:]
+    freeze = max(r["cut"] for r in rows)
+    picked = [[-1, 0.0], [freeze, 0.0], [plan["cut"], plan["share"]]]
+    picked += [[r["cut"], 0.0] for r in near if r["cut"] == 0 and r["share"] == 0]
+    picked += [[c, 0.0] for c in spread]
+    picked += [[r["cut"], r["share"]] for r in near if r["share"] > 0][:3]
+    unique: list[list[float]] = []
+    for option in picked:
+        if option not in unique:
+            unique.append(option)
+    return unique
+
+
+def _link_change(stage: _Stage, args: argparse.Namespace) -> dict:
+    """An epoch whose link drops mid-way: the re-planning job against fixed plans."""
+    before, after = args.link_change.split(":")
+    freeze = args.freezes.split(",")[-1]
+    base = {**_job_options(args, freeze), "chunk_size": max(4, args.chunk_size // 2)}
+    stage.set_rate(after)
+    for_after = stage.trainer({**base, "plan_only": True})
+    stage.set_rate(before)
+    for_before = stage.trainer({**base, "plan_only": True})
+    assert for_after is not None and for_before is not None
+
+    def option(plan: dict) -> list[float]:
+        return [plan["plan"]["cut"], plan["plan"]["share"]]
+
+    runs: dict[str, list[float]] = {}
+    for _ in range(args.repeats):
+        for label, job in (
+            ("auto (re-plans)", {"auto": True, "options": []}),
+            (f"plan for {before}", {"options": [option(for_before)]}),
+            (f"plan for {after}", {"options": [option(for_after)]}),
+        ):
+            stage.set_rate(before)
+
+            def on_line(line: str) -> None:
+                if line == "CHANGE":
+                    stage.set_rate(after)
+
+            result = stage.trainer({**base, **job, "change_at": 0.5}, on_line=on_line)
+            assert result is not None
+            runs.setdefault(label, []).append(result["runs"][0]["epoch_s"])
+            if label.startswith("auto"):
+                runs.setdefault("auto changes", []).append(result["runs"][0]["changes"])
+    stage.set_rate(args.rates.split(",")[0])
+    return {"from": before, "to": after, "freeze": freeze, "runs": runs}
+
+
+def _worker(spec: dict) -> None:
+    """In the trainer's process: plan, or run each option (and the auto job) for real."""
+    import torch
+
+    from hapi.client import TransferJob
+
+    torch.set_num_threads(1)
+    if spec.get("ping"):
+        from hapi.client import connect
+
+        connect(spec["address"], timeout=2).stats()
+        print(json.dumps({"ok": True}))
+        return
+    common = {
+        "freeze": spec["freeze"],
+        "image_size": spec.get("image_size", 112),
+        "batch_size": spec.get("batch_size", 32),
+        "chunk_size": spec.get("chunk_size", 16),
+        "prefetch": spec.get("prefetch", 3),
+        "retry_budget_s": 10,
+    }
+    model = {"name": spec.get("model", "resnet18"), "num_classes": spec.get("classes", 4)}
+    if spec.get("plan_only"):
+        job = TransferJob(model, "train", spec["address"], replan=False, **common)
+        assert job.plan is not None
+        print(json.dumps({"plan": job.plan.to_dict()}))
+        return
+    runs = []
+    jobs = [(f"{c}:{s}", {"cut": int(c), "local_share": s}) for c, s in spec["options"]]
+    if spec.get("auto"):
+        jobs.append(("auto", {}))
+    for label, options in jobs:
+        job = TransferJob(model, "train", spec["address"], **common, **options)
+        planned = job.plan.to_dict() if job.plan is not None else None
+        epochs = spec.get("epochs", 2)
+        progress = _signal_change(job, epochs, spec["change_at"]) if "change_at" in spec else None
+        job.fit(epochs, lr=0.01, progress=progress)
+        last = job.history.epochs[-1]
+        runs.append(
+            {
+                "label": label,
+                "cut": last.cut,
+                "share": last.share,
+                "epoch_s": last.seconds,
+                "server_s": last.server_s,
+                "transfer_s": last.transfer_s,
+                "trainer_s": last.trainer_s,
+                "binding": last.binding,
+                "bytes": last.bytes_received,
+                "wait_s": last.wait_s,
+                "chunks_local": last.chunks_local,
+                "changes": [e.message for e in job.history.plan_changes],
+                "plan": planned,
+            }
+        )
+    print(json.dumps({"runs": runs}))
+
+
+def _signal_change(job, epochs: int, at: float):  # type: ignore[no-untyped-def]
+    """A progress callback that tells the parent to change the link, once, mid-epoch."""
+    step_at = max(1, int(job.batches_per_epoch() * at))
+
+    def progress(step: int, total: int) -> None:
+        if len(job.history.epochs) == epochs - 1 and step == step_at:
+            print("CHANGE", flush=True)
+
+    return progress
+
+
+def _summary(config: dict) -> dict:
+    return {
+        "rate": config["rate"],
+        "freeze": config["freeze"],
+        "plan": [config["plan"]["cut"], config["plan"]["share"]],
+        "medians": {k: round(_median(v), 3) for k, v in config["runs"].items()},
+    }
+
+
+def _median(runs: list[dict]) -> float:
+    return statistics.median(r["epoch_s"] for r in runs)
+
+
+def _spread(runs: list[dict]) -> float:
+    times = [r["epoch_s"] for r in runs]
+    return (max(times) - min(times)) / statistics.median(times)
+
+
+def _report(configs: list[dict], change: dict | None, args: argparse.Namespace) -> str:
+    lines = [
+        "## The planner against brute force",
+        "",
+        f"`python benchmarks/plan.py --results` on {_machine()}; {args.model} at "
+        f"{args.image_size} px, {args.images} photo-like JPEGs of ~100 KB ({args.stored_size} "
+        f"px, quality 90), batch {args.batch_size}, chunks of {args.chunk_size}, "
+        f"{args.prefetch} in flight; server and trainer two processes pinned to one core "
+        f"each, the link {'tc tbf on a veth between two network namespaces' if args.shaping == 'netns' else 'the server egress limit'}; "  # noqa: E501
+        f"epoch {args.epochs} of {args.epochs} measured, median of {args.repeats} "
+        "interleaved repeats (spread = (max - min) / median of the plan's runs). `auto` is a "
+        'job with `cut="auto"` planning and re-planning itself; `best` the fastest option '
+        "measured. Data in `out/plan.json`.",
+        "",
+        "| link | freeze | plan (auto) | auto s | spread | best option | best s | regret "
+        "| vs RAW | vs freeze cut | best hybrid / best pure |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    within = regrets = 0.0
+    for c in configs:
+        runs = c["runs"]
+        auto = _median(runs["auto"])
+        fixed = {k: _median(v) for k, v in runs.items() if k != "auto"}
+        best_label = min(fixed, key=fixed.__getitem__)
+        best = min(fixed[best_label], auto)
+        regret = auto / best - 1
+        within += regret <= 0.05
+        regrets += max(regret, 0.0)
+        raw = fixed.get("-1:0.0")
+        freeze_cut = max(int(k.split(":")[0]) for k in fixed if k.endswith(":0.0"))
+        at_freeze = fixed.get(f"{freeze_cut}:0.0")
+        hybrids = [v for k, v in fixed.items() if not k.endswith(":0.0")]
+        pures = [v for k, v in fixed.items() if k.endswith(":0.0")]
+        auto_plan = runs["auto"][0]["plan"]
+        lines.append(
+            f"| {c['rate']} | {c['freeze']} | {_label(auto_plan['cut'], auto_plan['share'])} "
+            f"| {auto:.2f} | {_spread(runs['auto']):.0%} | {_label_key(best_label)} "
+            f"| {fixed[best_label]:.2f} | {regret:+.1%} "
+            f"| {raw / auto if raw else float('nan'):.2f}x "
+            f"| {at_freeze / auto if at_freeze else float('nan'):.2f}x "
+            f"| {min(pures) / min(hybrids) if hybrids else float('nan'):.2f}x |"
+        )
+    n = len(configs)
+    lines += [
+        "",
+        f"Plans within 5% of the best measured option: **{within / n:.0%}** ({int(within)} of "
+        f"{n}); mean regret **{regrets / n:.1%}** (negative regrets, where `auto` beat every "
+        "fixed option, counted as 0).",
+    ]
+    if change is not None:
+        runs = change["runs"]
+        lines += [
+            "",
+            f"Link change mid-epoch ({change['from']} -> {change['to']} at half of the "
+            f"measured epoch, freeze `{change['freeze']}`), median epoch s: "
+            + ", ".join(
+                f"{k} {statistics.median(v):.2f}" for k, v in runs.items() if k != "auto changes"
+            )
+            + ". Re-plans of the `auto` runs: "
+            + "; ".join(" / ".join(c) or "none" for c in runs.get("auto changes", [])),
+        ]
+    lines += ["", "![predicted vs measured epoch per option](out/plan.png)"]
+    return "\n".join(lines)
+
+
+def _label(cut: int, share: float) -> str:
+    base = {-1: "RAW", 0: "INPUT"}.get(cut, f"cut {cut}")
+    return f"{base} + {share:.0%} local" if share else base
+
+
+def _label_key(key: str) -> str:
+    cut, share = key.split(":")
+    return _label(int(cut), float(share))
+
+
+def _plot(configs: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(configs), figsize=(3.2 * len(configs), 3.4), squeeze=False)
+    for ax, c in zip(axes[0], configs, strict=True):
+        predicted = {(r["cut"], r["share"]): r["epoch_s"] for r in c["plan"]["options"]}
+        for label, runs in c["runs"].items():
+            if label == "auto":
+                continue
+            cut, share = label.split(":")
+            x = predicted.get((int(cut), float(share)))
+            if x is None:
+                continue
+            ax.scatter(x, _median(runs), s=14, color="tab:orange" if float(share) else "tab:blue")
+        auto = _median(c["runs"]["auto"])
+        ax.axhline(auto, color="tab:red", linewidth=1, label="auto (measured)")
+        top = max([*predicted.values(), auto]) * 1.1
+        ax.plot([0, top], [0, top], color="gray", linestyle="--", linewidth=0.8)
+        ax.set_title(f"{c['rate']}, freeze {c['freeze']}", fontsize=8)
+        ax.set_xlabel("predicted s", fontsize=8)
+        ax.set_ylabel("measured s", fontsize=8)
+        ax.tick_params(labelsize=7)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("options: predicted vs measured epoch (blue pure, orange hybrid)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _make_dataset(root: str, args: argparse.Namespace) -> None:
+    from hapi.data import open_store, synth_dataset
+
+    per_class = max(1, args.images // args.classes)
+    synth_dataset(
+        open_store(root), "train", classes=args.classes, per_class=per_class,
+        size=args.stored_size, seed=0, quality=90,
+    )  # fmt: skip
+
+
+def _pin(core: int) -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) > 1:
+        os.sched_setaffinity(0, {cores[core % len(cores)]})
+
+
+def _machine() -> str:
+    return f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, CPU only"
+
+
+if __name__ == "__main__":
+    main()
