@@ -2,6 +2,7 @@
 
 from hapi.graph._exported import model_output
 from hapi.graph.cut_point import INPUT, RAW, CutPoint
+from hapi.graph.export import HeadArtifact, export_head, load_head
 from hapi.graph.layout import standard_layout
 from hapi.graph.model_graph import ModelGraph, trace
 from hapi.graph.profile import profile_rows
@@ -11,10 +12,13 @@ __all__ = [
     "INPUT",
     "RAW",
     "CutPoint",
+    "HeadArtifact",
     "ModelGraph",
     "ModelSpec",
     "build_model",
+    "export_head",
     "known_models",
+    "load_head",
     "model_output",
     "profile_rows",
     "standard_layout",

@@ -65,7 +65,7 @@ def export_program(model: nn.Module, x: torch.Tensor) -> ExportedProgram:
     Raises:
         Exception: whatever torch.export raises for a model it cannot export.
     """
-    dims = {"x": {0: torch.export.Dim.AUTO}}
+    dims = ({0: torch.export.Dim.AUTO},)
     return torch.export.export(_Output(model), (x,), dynamic_shapes=dims, strict=False)
 
 

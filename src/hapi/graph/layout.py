@@ -25,12 +25,20 @@ __all__ = [
 
 
 def standard_strides(shape: tuple[int, ...] | torch.Size) -> tuple[int, ...]:
-    """The strides of a C-contiguous tensor of `shape`, as torch computes them."""
+    """The strides of a C-contiguous tensor of `shape`, as torch computes them.
+
+    The first dimension's size is never read, so a symbolic batch size (under
+    torch.export) stays symbolic.
+    """
+    dims = tuple(shape)
+    if not dims:
+        return ()
     strides = []
     step = 1
-    for size in reversed(tuple(shape)):
+    for size in reversed(dims[1:]):
         strides.append(step)
         step *= max(int(size), 1)
+    strides.append(step)
     return tuple(reversed(strides))
 
 
