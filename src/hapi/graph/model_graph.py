@@ -143,6 +143,12 @@ class ModelGraph:
         at = next(n for n in head.graph.nodes if n.name == nodes[start - 1].name)
         return split(head, at, head=False)
 
+    def _traced_graph(self) -> tuple[fx.GraphModule | None, tuple[fx.Node, ...]]:
+        """The graph the cut points are nodes of (in eval mode), or None for the fallback."""
+        if self._source is not None:
+            return self._source.first.gm, self._source.first.cuts.nodes
+        return self._gm, self._nodes
+
     def head_parameters(self, cut: int) -> Iterator[tuple[str, nn.Parameter]]:
         """The model's (qualified name, parameter) pairs the head up to `cut` uses."""
         self._check_range(cut, allow_input=True)
@@ -273,7 +279,7 @@ def trace(model: nn.Module, input_shape: tuple[int, ...] = (3, 224, 224)) -> Mod
             gm, note = trace_scoped(model)
         except Exception as exc:  # fx raises many types for untraceable code
             return _exported(model, shape, _reason(exc))
-        _propagate_shapes(gm, _probe(model, shape, batch=1))
+        _propagate_shapes(gm, probe(model, shape, batch=1))
         cuts = find_cuts(model, gm)
         if note:
             log.warning("%s", note)
@@ -294,7 +300,7 @@ def _reason(exc: BaseException) -> str:
 def _exported(model: nn.Module, shape: tuple[int, ...], fx_reason: str) -> ModelGraph:
     def export() -> fx.GraphModule:
         # A fresh probe each time: the model may have moved to another device since.
-        return export_scoped(model, _probe(model, shape, batch=2))
+        return export_scoped(model, probe(model, shape, batch=2))
 
     try:
         source = ExportSource(model, export)
@@ -316,7 +322,7 @@ def _exported(model: nn.Module, shape: tuple[int, ...], fx_reason: str) -> Model
     )
 
 
-def _probe(model: nn.Module, shape: tuple[int, ...], *, batch: int) -> torch.Tensor:
+def probe(model: nn.Module, shape: tuple[int, ...], *, batch: int) -> torch.Tensor:
     """A seeded input batch on the model's device and in its float dtype."""
     first: torch.Tensor | None = next(model.parameters(), None)
     if first is None:
@@ -347,7 +353,7 @@ def _propagate_shapes(gm: fx.GraphModule, x: torch.Tensor) -> None:
 
 def _fallback(model: nn.Module, shape: tuple[int, ...], reason: str) -> ModelGraph:
     children = list(model.named_children())
-    x = _probe(model, shape, batch=2)
+    x = probe(model, shape, batch=2)
     with torch.no_grad():
         try:
             expected = model(x)

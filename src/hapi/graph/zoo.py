@@ -1,13 +1,20 @@
 """Named models that both sides of the wire build identically.
 
 A session names its model by a `ModelSpec`, and the server and the trainer each build it:
-the same name, weights and seed give bit-identical parameters in every process. Nothing is
-downloaded: `weights=None` is a seeded random init, and the only real pre-trained weights
-are the ones that ship inside a package (EfficientNet-Lite0's ImageNet weights).
+the same name, weights, options and seed give bit-identical parameters in every process.
+Nothing is downloaded: `weights=None` is a seeded random init, and the only real
+pre-trained weights are the ones that ship inside a package (EfficientNet-Lite0's).
+
+Names: a torchvision classification model (`resnet18`), `efficientnet_lite0`, a timm model
+(`timm:vit_tiny_patch16_224`, when timm is installed) or a Hugging Face image classifier
+built from its config (`hf:ViTConfig`, `hf:ViTForImageClassification` or `hf:vit`, when
+transformers is installed). `config` holds the builder's options: torchvision's and timm's
+keyword arguments, or the Hugging Face config's fields.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -19,6 +26,7 @@ from hapi.errors import InvalidRequest, UnknownModel
 __all__ = ["ModelSpec", "build_model", "known_models"]
 
 _LITE0 = "efficientnet_lite0"
+_TIMM, _HF = "timm:", "hf:"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,13 +34,15 @@ class ModelSpec:
     """Which model to build, and with which weights."""
 
     name: str
-    """A torchvision model name (`resnet18`, `vit_b_16`, ...) or `efficientnet_lite0`."""
+    """`resnet18` (torchvision), `efficientnet_lite0`, `timm:NAME` or `hf:CONFIG_OR_CLASS`."""
     weights: str | None = None
     """None: random init seeded by `seed`; `imagenet`: pre-trained (efficientnet_lite0)."""
     seed: int = 0
     """Seed of the random init and of a replaced classifier."""
     num_classes: int | None = None
     """Replace the final classifier with a fresh one of this many outputs."""
+    config: dict[str, Any] | None = None
+    """The builder's options as JSON values (`{"drop_path_rate": 0.1}`, a HF config's fields)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -47,6 +57,8 @@ class ModelSpec:
             raise InvalidRequest(
                 f"num_classes must be an int >= 1 or None, got {self.num_classes!r}"
             )
+        if self.config is not None:
+            _check_config(self.config)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe form."""
@@ -72,6 +84,20 @@ class ModelSpec:
         return cls(**data)
 
 
+def _check_config(config: object) -> None:
+    # The spec crosses the wire as JSON: its options must survive the trip unchanged.
+    if not isinstance(config, dict) or not all(isinstance(k, str) for k in config):
+        raise InvalidRequest(f"config must be a dict with str keys, got {config!r}")
+    try:
+        same = json.loads(json.dumps(config, allow_nan=False)) == config
+    except (TypeError, ValueError):
+        same = False
+    if not same:
+        raise InvalidRequest(
+            f"config must hold JSON values (numbers, strings, lists, dicts), got {config!r}"
+        )
+
+
 def _is_int(value: object) -> bool:
     # bool is an int to Python, but `seed=True` in a request is a mistake.
     return isinstance(value, int) and not isinstance(value, bool)
@@ -92,7 +118,16 @@ def build_model(spec: ModelSpec) -> nn.Module:
     """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
-        model = _lite0(spec.weights == "imagenet") if spec.name == _LITE0 else _torchvision(spec)
+        if spec.name == _LITE0:
+            if spec.config:
+                raise UnknownModel(f"{_LITE0} takes no config options, got {spec.config!r}")
+            model = _lite0(spec.weights == "imagenet")
+        elif spec.name.startswith(_TIMM):
+            model = _timm(spec)
+        elif spec.name.startswith(_HF):
+            model = _hugging_face(spec)
+        else:
+            model = _torchvision(spec)
         if spec.num_classes is not None:
             _replace_classifier(model, spec.num_classes)
     return model.eval()
@@ -106,15 +141,65 @@ def _torchvision(spec: ModelSpec) -> nn.Module:
         close = [n for n in names if n.startswith(spec.name[:4])][:6] or names[:6]
         raise UnknownModel(
             f"unknown model {spec.name!r}: use a torchvision classification model name "
-            f"(e.g. {', '.join(close)}) or {_LITE0!r}"
+            f"(e.g. {', '.join(close)}), {_LITE0!r}, 'timm:NAME' or 'hf:CONFIG'"
         )
+    _no_weights(spec)
+    return models.get_model(spec.name, weights=None, **(spec.config or {}))
+
+
+def _no_weights(spec: ModelSpec) -> None:
     if spec.weights is not None:
         raise UnknownModel(
             f"no {spec.weights} weights for {spec.name!r} here: weights cannot be downloaded "
             f"at run time; use weights=None (seeded random init), {_LITE0!r} with "
-            "weights='imagenet', or a model from the repository"
+            "weights='imagenet', a model from the repository, or your own module"
         )
-    return models.get_model(spec.name, weights=None)
+
+
+def _timm(spec: ModelSpec) -> nn.Module:
+    name = spec.name[len(_TIMM) :]
+    try:
+        import timm
+    except ImportError as exc:
+        raise UnknownModel(f"{spec.name!r} needs timm: pip install timm") from exc
+    _no_weights(spec)
+    if not timm.is_model(name):
+        close = timm.list_models(f"{name[:4]}*")[:6]
+        raise UnknownModel(
+            f"unknown timm model {name!r}" + (f": e.g. {', '.join(close)}" if close else "")
+        )
+    try:
+        return timm.create_model(name, pretrained=False, **(spec.config or {}))
+    except TypeError as exc:
+        raise UnknownModel(f"timm cannot build {name!r} with {spec.config!r}: {exc}") from exc
+
+
+def _hugging_face(spec: ModelSpec) -> nn.Module:
+    name = spec.name[len(_HF) :]
+    try:
+        import transformers
+    except ImportError as exc:
+        raise UnknownModel(f"{spec.name!r} needs transformers: pip install transformers") from exc
+    _no_weights(spec)
+    options = dict(spec.config or {})
+    found = getattr(transformers, name, None) if name.isidentifier() else None
+    try:
+        # Built from a config alone: nothing is downloaded, the weights are a seeded init.
+        if isinstance(found, type) and issubclass(found, transformers.PreTrainedConfig):
+            config = found(**options)
+        elif isinstance(found, type) and issubclass(found, transformers.PreTrainedModel):
+            config_class: Any = found.config_class
+            return found(config_class(**options))
+        else:
+            config = transformers.AutoConfig.for_model(name, **options)
+        return transformers.AutoModelForImageClassification.from_config(config)
+    except (ValueError, TypeError, KeyError) as exc:
+        reason = str(exc).split(". ")[0][:200]
+        raise UnknownModel(
+            f"cannot build a Hugging Face image classifier from {name!r}: {reason}; name a "
+            "config class (ViTConfig), a model class (ViTForImageClassification) or a "
+            "model type (vit)"
+        ) from exc
 
 
 def _lite0(pretrained: bool) -> nn.Module:
