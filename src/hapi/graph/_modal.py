@@ -15,6 +15,7 @@ and the model itself. (A module running on both sides of the cut follows the tai
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,13 +23,15 @@ from typing import Any
 
 from torch import fx, nn
 
-from hapi.errors import InvalidCut
+from hapi.errors import InvalidCut, InvalidRequest
 from hapi.graph._cuts import Cuts, find_cuts
 from hapi.graph._split import split
 
 __all__ = ["ExportSource", "ModalPart"]
 
 Modes = tuple[bool, ...]
+
+log = logging.getLogger("hapi.graph")
 
 
 @dataclass(frozen=True)
@@ -56,19 +59,24 @@ class ExportSource:
         first = _variant(model, export())
         modes = [m.training for m in model.modules()]
         model.train()
+        trained: Variant | None = None
         try:
             trained = _variant(model, export())
+        except Exception as exc:  # torch.export raises many types
+            # Heads still work; a tail in train mode says why it cannot run when called.
+            log.warning("cannot export %s in train mode: %s", type(model).__name__, exc)
         finally:
             for m, mode in zip(model.modules(), modes, strict=True):
                 m.training = mode
-        scopes = {s for v in (first, trained) for n in v.gm.graph.nodes for s in _scopes(n)}
+        self._located = (first,) if trained is None else (first, trained)
+        scopes = {s for v in self._located for n in v.gm.graph.nodes for s in _scopes(n)}
         # Modules that run no operation in either mode: their flags change nothing.
         self._relevant = [model, *(m for name, m in model.named_modules() if name in scopes)]
-        self._located = (first, trained)
         self.first_modes = self.modes()
         """The modes the model was exported in first (all eval, when `trace` did it)."""
         self.first = self._variants.setdefault(self.first_modes, first)
-        self._variants.setdefault(tuple(True for _ in self._relevant), trained)
+        if trained is not None:
+            self._variants.setdefault(tuple(True for _ in self._relevant), trained)
 
     def modes(self) -> Modes:
         """The `training` flags of the model and of its modules that run operations."""
@@ -80,7 +88,13 @@ class ExportSource:
         with self._lock:
             found = self._variants.get(modes)
         if found is None:
-            found = _variant(self.model, self._export())
+            try:
+                found = _variant(self.model, self._export())
+            except Exception as exc:  # torch.export raises many types
+                raise InvalidRequest(
+                    f"cannot export {type(self.model).__name__} in its current train/eval "
+                    f"modes: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
+                ) from exc
             with self._lock:
                 found = self._variants.setdefault(modes, found)
         return modes, found
@@ -92,6 +106,8 @@ class ExportSource:
         for variant in self._located:
             nodes = list(variant.gm.graph.nodes)
             node = variant.by_name.get(cut_name) if cut_name is not None else None
+            if cut_name is not None and node is None:
+                continue  # not a cut point in this variant: it says nothing of this cut
             at = nodes.index(node) if node is not None else -1  # INPUT: all is after
             for i, n in enumerate(nodes):
                 (before if i <= at else after).update(_scopes(n))

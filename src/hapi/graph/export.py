@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,75 +32,13 @@ import torch
 from torch import fx, nn
 
 from hapi.errors import CorruptObject, IntegrityError, InvalidCut, InvalidRequest
+from hapi.graph._program_check import TENSOR_NAME, check_program
 from hapi.graph.model_graph import ModelGraph
 
 __all__ = ["HeadArtifact", "export_head", "load_head"]
 
 _FORMAT = "hapi-head-v1"
 _STATE, _CONST = "state_dict/", "constants/"
-_NAME = re.compile(r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$")
-_ATEN = re.compile(r"^torch\.ops\.aten\.([A-Za-z0-9_]+)\.([A-Za-z0-9_]+)$")
-# ATen operators with effects beyond their tensors (files, printing, storage swaps).
-_REFUSED_ATEN = {"from_file", "_print", "save", "load", "set_", "record_stream"}
-_SYM_OPS = {
-    *(f"_operator.{op}" for op in ("getitem", "add", "sub", "mul", "floordiv", "truediv")),
-    *(f"_operator.{op}" for op in ("mod", "neg", "pow", "eq", "ne", "lt", "le", "gt", "ge")),
-    *(f"torch.sym_{op}" for op in ("float", "int", "max", "min", "not", "sqrt", "ite")),
-    "math.ceil",
-    "math.floor",
-    "math.trunc",
-}
-# What a shape expression may contain once its quoted symbol names are taken out: the
-# names below, numbers and arithmetic. sympy evaluates these strings.
-_QUOTED_SYMBOL = re.compile(r"'[a-z]{1,3}\d+'")
-_EXPR_CHARS = re.compile(r"^[A-Za-z0-9_+\-*/%(),.=<>!&| ]*$")
-_EXPR_NAMES = {
-    "Symbol",
-    "Add",
-    "Mul",
-    "Pow",
-    "floor",
-    "ceiling",
-    "Integer",
-    "Rational",
-    "Float",
-    "True",
-    "False",
-    "positive",
-    "negative",
-    "nonnegative",
-    "integer",
-    "real",
-    "finite",
-    "oo",
-    "int_oo",
-    "Max",
-    "Min",
-    "Eq",
-    "Ne",
-    "Ge",
-    "Gt",
-    "Le",
-    "Lt",
-    "And",
-    "Or",
-    "Not",
-    "Abs",
-    "FloorDiv",
-    "ModularIndexing",
-    "Where",
-    "PythonMod",
-    "Mod",
-    "CleanDiv",
-    "CeilToInt",
-    "FloorToInt",
-    "CeilDiv",
-    "TruncToInt",
-    "IntTrueDiv",
-    "FloatTrueDiv",
-    "ToFloat",
-    "PowByNatural",
-}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -184,7 +121,7 @@ def load_head(artifact: HeadArtifact) -> fx.GraphModule:
         data = json.loads(artifact.program.decode("utf-8"))
     except Exception as exc:
         raise CorruptObject(f"a head artifact that cannot be read: {exc}") from exc
-    parameters = _check_program(data)
+    parameters = check_program(data)
     state: dict[str, torch.Tensor] = {}
     for key, value in tensors.items():
         if key.startswith(_STATE):
@@ -263,7 +200,7 @@ def _artifact(ep: Any, input_shape: tuple[int, ...], what: str) -> HeadArtifact:
         ).exported_program
     except Exception as exc:
         raise InvalidRequest(f"{what} cannot be serialized: {type(exc).__name__}: {exc}") from exc
-    _check_program(json.loads(program.decode("utf-8")))
+    check_program(json.loads(program.decode("utf-8")))
     weights = save_tensors(tensors, metadata={"format": _FORMAT})
     return HeadArtifact(program=program, weights=weights, input_shape=tuple(input_shape))
 
@@ -271,73 +208,6 @@ def _artifact(ep: Any, input_shape: tuple[int, ...], what: str) -> HeadArtifact:
 def _plain(t: torch.Tensor) -> torch.Tensor:
     # Its own contiguous CPU memory: safetensors refuses views and shared storage.
     return t.detach().to("cpu").contiguous().clone()
-
-
-def _check_program(data: Any) -> set[str]:
-    """Refuse what hapi does not run, before torch's deserializer reads any of it.
-
-    Returns:
-        The names of the program's parameters.
-    """
-    if not isinstance(data, dict) or "graph_module" not in data:
-        raise InvalidRequest("a head program must be torch.export's JSON of a program")
-    if data.get("guards_code"):
-        raise InvalidRequest("a head program must not carry guard code")
-    gm = data["graph_module"]
-    graph = gm.get("graph", {})
-    if graph.get("custom_obj_values"):
-        raise InvalidRequest("a head program must not hold custom objects")
-    for node in graph.get("nodes", []):
-        _check_target(str(node.get("target")))
-        node["metadata"] = {}
-    gm["metadata"] = {}
-    parameters: set[str] = set()
-    for spec in gm.get("signature", {}).get("input_specs", []):
-        kind, body = next(iter(spec.items()))
-        if kind == "parameter":
-            parameters.add(str(body.get("parameter_name")))
-        if kind not in ("user_input", "parameter", "buffer", "tensor_constant"):
-            raise InvalidRequest(f"a head program must not take a {kind} input")
-        for key in ("parameter_name", "buffer_name", "tensor_constant_name"):
-            if key in body and not _NAME.match(str(body[key])):
-                raise InvalidRequest(f"a head program names a tensor {body[key]!r}")
-    for name in data.get("range_constraints", {}):
-        if not re.fullmatch(r"[a-z]{1,3}\d+", str(name)):
-            raise InvalidRequest(f"a head program has a malformed shape symbol {name!r}")
-    _check_values(data)
-    return parameters
-
-
-def _check_target(target: str) -> None:
-    match = _ATEN.match(target)
-    if match is not None and match.group(1) not in _REFUSED_ATEN:
-        return
-    if target in _SYM_OPS:
-        return
-    raise InvalidRequest(
-        f"a head program calls {target!r}: hapi runs ATen operators and shape arithmetic only"
-    )
-
-
-def _check_values(value: Any) -> None:
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if key in ("as_graph", "as_custom_obj", "as_custom_objs", "as_operator"):
-                raise InvalidRequest(f"a head program must not hold {key[3:]} arguments")
-            if key == "expr_str":
-                _check_expr(str(item))
-            _check_values(item)
-    elif isinstance(value, list):
-        for item in value:
-            _check_values(item)
-
-
-def _check_expr(expr: str) -> None:
-    bare = _QUOTED_SYMBOL.sub("S", expr)
-    names = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", bare)) - {"S"}
-    bad = names - _EXPR_NAMES
-    if not _EXPR_CHARS.match(bare) or "__" in bare or bad:
-        raise InvalidRequest(f"a head program has a shape expression hapi does not read: {expr!r}")
 
 
 def _check_input(x: torch.Tensor, shape: tuple[int, ...]) -> None:
@@ -364,7 +234,7 @@ def _runnable(ep: Any, input_shape: tuple[int, ...]) -> fx.GraphModule:
                 graph.call_function(_check_input, (env[n], tuple(input_shape)))
                 continue
             target = str(spec.target)
-            if not _NAME.match(target):
+            if not TENSOR_NAME.match(target):
                 raise InvalidRequest(f"a head program names a tensor {target!r}")
             # Non-persistent buffers travel with the constants, as torch.export keeps them.
             value = ep.state_dict.get(target, ep.constants.get(target))

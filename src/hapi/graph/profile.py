@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from hapi.graph._flops import head_flops
-from hapi.graph.model_graph import ModelGraph, probe
+from hapi.graph.model_graph import ModelGraph
+from hapi.graph.tracing import probe
 
 __all__ = ["profile_rows"]
 
