@@ -134,6 +134,19 @@ class DropoutNet(nn.Module):
         return self.fc(F.dropout(x, p=0.5, training=self.training))
 
 
+class TupleNet(nn.Module):
+    """Returns (logits, features), as models with an auxiliary output do: logits are trained."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pooled = self.features(x).mean(dim=(2, 3))
+        return self.fc(F.dropout(pooled, p=0.2, training=self.training)), pooled
+
+
 CASES: dict[str, Case] = {
     # torchvision: thirteen families (vgg below is slow)
     "resnet18": Case(_tv("resnet18"), 32, ("layer1.0", "layer1", "layer4", "avgpool+flatten")),
@@ -233,6 +246,7 @@ CASES: dict[str, Case] = {
     "user_skip": Case(SkipNet, 16, ("stem", "blocks.0+add", "blocks.2+add")),
     "user_shape_flow": Case(ShapeFlow, 16, ("stem", "mix"), "export"),
     "user_dropout": Case(DropoutNet, 16, ("features", "features+flatten")),
+    "user_tuple_output": Case(TupleNet, 16, ("features", "features+mean", "fc")),
 }
 SLOW = {
     "vgg11": Case(_tv("vgg11"), 32, ("features.3", "classifier.3"))

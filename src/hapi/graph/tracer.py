@@ -53,7 +53,8 @@ def trace_scoped(model: nn.Module) -> tuple[fx.GraphModule, str | None]:
     """Trace `model` into a GraphModule whose nodes carry their module scopes.
 
     The forward's first argument is the input; the others keep their defaults (an
-    optional `attn_mask=None` is a constant, not a second input).
+    optional `attn_mask=None` is a constant, not a second input). A model that returns a
+    tuple or a dict computes its first element or its `logits` in the graph.
 
     Returns:
         The graph module, and a note when the root's forward branches on `self.training`
@@ -79,7 +80,9 @@ def trace_scoped(model: nn.Module) -> tuple[fx.GraphModule, str | None]:
             f"branch is traced in {mode} mode ({type(dynamic_exc).__name__})"
         )
     _drop_constant_inputs(graph)
-    return fx.GraphModule(tracer.root, graph, type(model).__name__), note
+    gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
+    _one_output(gm)
+    return gm, note
 
 
 def _defaults_after_first(model: nn.Module) -> dict[str, Any]:
@@ -112,6 +115,23 @@ def _drop_constant_inputs(graph: fx.Graph) -> None:
                     reached.remove(n)
                     erased = True
                     break
+
+
+def _one_output(gm: fx.GraphModule) -> None:
+    # The output tensor a model stands for, as `hapi.graph.model_output` picks it: a dict's
+    # `logits`, or a tuple's first element. What only the rest needed is dropped.
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    value = output.args[0]
+    if isinstance(value, dict) and isinstance(value.get("logits"), fx.Node):
+        picked = value["logits"]
+    elif isinstance(value, (tuple, list)) and value and isinstance(value[0], fx.Node):
+        picked = value[0]
+    else:
+        return
+    output.args = (picked,)
+    gm.graph.eliminate_dead_code()
+    gm.delete_all_unused_submodules()
+    gm.recompile()
 
 
 def is_container(module: nn.Module) -> bool:

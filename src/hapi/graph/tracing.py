@@ -19,7 +19,7 @@ from torch import fx, nn
 
 from hapi.errors import InvalidRequest
 from hapi.graph._cuts import find_cuts
-from hapi.graph._exported import export_scoped
+from hapi.graph._exported import export_scoped, model_output
 from hapi.graph._modal import ExportSource
 from hapi.graph.cut_point import CutPoint
 from hapi.graph.model_graph import ModelGraph
@@ -33,9 +33,13 @@ log = logging.getLogger("hapi.graph")
 def trace(model: nn.Module, input_shape: tuple[int, ...] = (3, 224, 224)) -> ModelGraph:
     """Trace `model` into its cut points, with shapes for one sample of `input_shape`.
 
-    A model torch.fx cannot trace falls back to its top-level children run in order
-    (`traced=False`, with the reason); when those do not compute the model's forward, it
-    has no cut points, and only RAW and INPUT are left. The model's train/eval mode and
+    The graph computes the model's output tensor (`model_output`): the output itself, or
+    the `logits` of a Hugging Face `ModelOutput` or a dict, or the first element of a tuple.
+
+    A model torch.fx cannot trace is traced with torch.export (`method == "export"`, with a
+    note saying why). One neither can trace falls back to its top-level children run in
+    order (`traced=False`, with the reason); when those do not compute the model's forward,
+    it has no cut points, and only RAW and INPUT are left. The model's train/eval mode and
     `requires_grad` flags are left as they were.
 
     Raises:
@@ -146,7 +150,7 @@ def _fallback(model: nn.Module, shape: tuple[int, ...], reason: str) -> ModelGra
                         seen.add(id(p))
                         params += p.numel()
                 points.append(CutPoint(i, name, tuple(x.shape[1:]), params_before=params))
-            same = isinstance(expected, torch.Tensor) and torch.equal(x, expected)
+            same = torch.equal(x, model_output(expected))
         except Exception:  # children that do not chain: no cut points, said below
             same = False
     if not same:
