@@ -156,10 +156,37 @@ class ModalPart(fx.GraphModule):
             module.training = mode
         return self
 
+    def _apply(self, fn: Any, recurse: bool = True) -> ModalPart:
+        # `.to(device)` moves the model too, and the part reads the model's tensors again:
+        # batch-norm statistics the tail updates are the model's, wherever it runs.
+        super()._apply(fn, recurse)
+        self._source.model._apply(fn, recurse)
+        for n in self.graph.nodes:
+            if n.op == "get_attr":
+                self._link(str(n.target), None)
+        return self
+
+    def _link(self, target: str, part: fx.GraphModule | None) -> None:
+        """Point attribute `target` at the model's tensor of that name (else `part`'s)."""
+        model = self._source.model
+        for get in (model.get_parameter, model.get_buffer):
+            try:
+                value = get(target)
+                break
+            except AttributeError:
+                continue
+        else:
+            if part is None or _has(self, target):
+                return
+            value = _fetch(part, target)
+        fx.graph_module._assign_attr(value, self, target)
+
     def _adopt(self, part: fx.GraphModule) -> None:
         for n in part.graph.nodes:
             target = str(n.target)
-            if n.op in ("get_attr", "call_module") and not _has(self, target):
+            if n.op == "get_attr":
+                self._link(target, part)
+            elif n.op == "call_module" and not _has(self, target):
                 fx.graph_module._assign_attr(_fetch(part, target), self, target)
         graph = fx.Graph()
         out = graph.graph_copy(part.graph, {})
