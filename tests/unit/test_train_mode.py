@@ -167,3 +167,23 @@ def test_a_root_branching_on_training_is_traced_in_eval_mode_and_says_so() -> No
     x = torch.randn(3, 4)
     with torch.no_grad():
         assert torch.equal(graph.tail(0).train()(x), model.eval()(x))
+
+
+def test_an_exported_tail_moved_with_to_updates_the_models_own_statistics() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.ResNetConfig(
+        embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=3
+    )
+    model = transformers.ResNetForImageClassification(config)
+    graph = trace(model, (3, 32, 32))
+    assert graph.method == "export"
+    tail = graph.tail(1).to(torch.float64)  # as a trainer moves its tail to its device
+    name = next(n for n, _ in model.named_buffers() if "stages.1" in n and "running_mean" in n)
+    assert model.get_buffer(name).dtype == torch.float64
+    assert tail.get_buffer(name) is model.get_buffer(name)
+    features = graph.head(1).eval()(torch.randn(4, 3, 32, 32, dtype=torch.float64))
+    before = {n: b.clone() for n, b in model.named_buffers() if n.endswith("running_mean")}
+    with torch.no_grad():
+        tail.train()(features.detach())
+    changed = [n for n, b in before.items() if not torch.equal(model.get_buffer(n), b)]
+    assert changed and all(n.startswith("resnet.encoder.stages.1") for n in changed)
