@@ -15,6 +15,7 @@ keep it live instead:
 from __future__ import annotations
 
 import contextlib
+import inspect
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -32,7 +33,9 @@ def reads_training(module: nn.Module) -> bool:
     cls = type(module)
     if cls.forward is nn.Module.forward:
         return False
-    return _code_reads(cls, cls.forward.__code__, set(), 0)
+    forward = inspect.unwrap(cls.forward)  # a decorated forward: the function it wraps
+    code = getattr(forward, "__code__", None)
+    return code is not None and _code_reads(cls, code, set(), 0)
 
 
 def _code_reads(cls: type, code: types.CodeType, seen: set[types.CodeType], depth: int) -> bool:
