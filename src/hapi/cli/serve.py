@@ -67,8 +67,11 @@ def serve(
 ) -> None:
     """Serve features computed next to the data over Arrow Flight, until Ctrl-C."""
     from hapi.cli._stores import existing_repo, existing_store, store_options
+    from hapi.server.budget import bound_allocator, format_bytes
+
+    # Before torch and the server start their threads: see `bound_allocator`.
+    bound_allocator()
     from hapi.server import HapiServer, ServerConfig
-    from hapi.server.budget import format_bytes
     from hapi.server.tenants import reload_on_sighup
 
     if token is not None and os.environ.get("HAPI_TOKEN") != token:
