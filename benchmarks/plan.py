@@ -100,7 +100,11 @@ class _Stage:
     def __enter__(self) -> _Stage:
         host = self.link.__enter__().storage_ip if self.link else "127.0.0.1"
         self.address = f"grpc://{host}:{PORT}"
-        self._start()
+        try:
+            self._start()
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def _start(self) -> None:
@@ -158,6 +162,8 @@ class _Stage:
         return json.loads(last) if last else None
 
     def _stop(self) -> None:
+        if getattr(self, "proc", None) is None:
+            return
         self.proc.terminate()
         try:
             self.proc.wait(10)

@@ -65,7 +65,7 @@ def test_an_automatic_plan_is_a_valid_choice_and_trains(server: HapiServer) -> N
     (epoch,) = job.fit(1, lr=0.05).epochs
     assert epoch.samples == 24 and epoch.chunks_local + epoch.chunks_pushed == 5
     assert (epoch.cut, epoch.share) == (plan.cut, plan.share)
-    assert epoch.server_s > 0 and epoch.trainer_s > 0 and epoch.transfer_s > 0
+    assert epoch.server_s > 0 and epoch.trainer_s > 0 and epoch.transfer_s >= 0
     assert epoch.binding in ("server", "link", "trainer")
     assert all(torch.isfinite(torch.tensor(job.history.losses)))
 

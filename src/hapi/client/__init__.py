@@ -2,7 +2,8 @@
 
 from hapi.client.config import JobConfig
 from hapi.client.connection import ChunkResult, Connection, connect
-from hapi.client.job import EpochStats, EvalResult, History, TransferJob
+from hapi.client.history import EpochStats, Event, History
+from hapi.client.job import EvalResult, TransferJob
 from hapi.client.loader import FeatureLoader, LoaderStats
 
 __all__ = [
@@ -10,6 +11,7 @@ __all__ = [
     "Connection",
     "EpochStats",
     "EvalResult",
+    "Event",
     "FeatureLoader",
     "History",
     "JobConfig",

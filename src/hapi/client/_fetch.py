@@ -70,14 +70,28 @@ class Flow:
         self.skipped: list[SkippedKey] = []
 
     @property
+    def stream_s(self) -> float:
+        """The chunk's stream time while it had the link, less backoff."""
+        return 0.0 if self.turn is None else max(0.0, self.read_end - self.turn - self.backoff_s)
+
+    @property
     def transfer_s(self) -> float:
         """The link's busy time on this chunk: its stream's time while it had the link,
-        less backoff and the server's compute still left when its turn came."""
+        less the server's compute still left when its turn came."""
         if self.turn is None:
             return 0.0
-        ahead = self.turn - self.issued
-        waiting = max(0.0, (self.server_s or 0.0) + self.queue_s - ahead)
-        return max(0.0, self.read_end - self.turn - self.backoff_s - waiting)
+        waiting = max(0.0, (self.server_s or 0.0) + self.queue_s - (self.turn - self.issued))
+        return max(0.0, self.stream_s - waiting)
+
+    @property
+    def link_s(self) -> float | None:
+        """`transfer_s` when the stream shows the link's rate, else None: a stream that
+        spent most of its time waiting for the server (or whose server does not report
+        its time) says how fast the server was, not the link."""
+        if self.server_s is None and not self.route.local:
+            return None
+        transfer = self.transfer_s
+        return transfer if transfer > 0.5 * self.stream_s else None
 
 
 class Fetcher:

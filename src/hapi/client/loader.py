@@ -300,7 +300,7 @@ class _Epoch:
             samples=flow.samples,
             bytes=flow.bytes,
             server_s=flow.server_s,
-            transfer_s=flow.transfer_s,
+            transfer_s=flow.link_s,
             trainer_s=flow.local_s + flow.train_s,
         )
         self.stats.records.append(record)

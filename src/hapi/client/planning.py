@@ -154,7 +154,7 @@ def measure_job(
         # What RAW carries per sample on the wire, as the probe saw it.
         server = dataclasses.replace(profiled, raw_bytes=raw.nbytes / max(raw.samples, 1))
     else:
-        server = measure_server(
+        server = _probe_server(
             connection, request, keys, labels, graph, freeze, raw=raw, trainer=trainer,
             wire_dtype=wire_dtype,
         )  # fmt: skip
@@ -172,7 +172,7 @@ def _profile_action(connection: Connection, session: str, keys: list[str]) -> Se
     return ServerProfile.from_dict(ProfileReply.model_validate_json(reply).server_profile())
 
 
-def measure_server(
+def _probe_server(
     connection: Connection,
     request: Callable[[int], SessionRequest],
     keys: list[str],
@@ -184,7 +184,8 @@ def measure_server(
     trainer: TrainerProfile,
     wire_dtype: str,
 ) -> ServerProfile:
-    """The server's profile from a probe chunk at the freeze cut (and the RAW probe)."""
+    """The server's profile from a probe chunk at the freeze cut (and the RAW probe), for
+    a server without the `profile` action."""
     n = raw.samples
     read_s = raw.server.read_s / n
     raw_bytes = raw.nbytes / n

@@ -47,7 +47,8 @@ class ChunkRecord:
     bytes: int
     server_s: float | None
     """The server's compute on it as it reported; None: it reported none."""
-    transfer_s: float
+    transfer_s: float | None
+    """The link's time on it; None: its stream showed the server's pace, not the link's."""
     trainer_s: float
 
 
@@ -157,18 +158,16 @@ class Router:
     def _measurement(self, record: ChunkRecord) -> ChunkMeasurement:
         route = record.route
         server_s, transfer_s = record.server_s, record.transfer_s
+        assert self.replanner is not None  # the caller checks
+        plan = self.replanner.plan
+        # What was not measured is taken at the plan's word: no drift rather than a false
+        # one (a server that does not report its time; a stream held by the server).
         if server_s is None:
-            # A server that does not report its time: take the profile's word for it, so
-            # the server's rate shows no drift rather than a false one. A pushed-down
-            # stream's time then mixes the server's compute with the link's, so only a
-            # raw stream (the server just reads) measures the link.
-            assert self.replanner is not None  # the caller checks
-            plan = self.replanner.plan
             server_s = record.samples * plan.server.compute_s(route.wire_cut)
-            if not route.local:
-                workload = plan.workload
-                latency = plan.link.latency_s / min(workload.prefetch, workload.chunks)
-                transfer_s = record.bytes / plan.link.bytes_per_s + latency
+        if transfer_s is None:
+            workload = plan.workload
+            latency = plan.link.latency_s / min(workload.prefetch, workload.chunks)
+            transfer_s = record.bytes / plan.link.bytes_per_s + latency
         return ChunkMeasurement(
             samples=record.samples,
             bytes=record.bytes,

@@ -77,6 +77,11 @@ class ReplanConfig:
     the rates it is re-planned from)."""
     weight: float = 0.3
     """Weight of the newest chunk in each stage's moving average."""
+    min_stage_share: float = 0.1
+    """A stage whose measured time is below this share of the busiest stage's keeps its
+    profiled rate: a link that carries a few bytes per chunk, or a trainer that trains one
+    layer, measures mostly fixed costs, and scaling its per-sample costs by that would
+    mislead every option that leans on it."""
     planner: PlannerConfig = field(default_factory=PlannerConfig)
     """How re-plans choose."""
 
@@ -85,6 +90,8 @@ class ReplanConfig:
             raise ValueError(f"threshold must be > 0, got {self.threshold}")
         if self.min_chunks < 1:
             raise ValueError(f"min_chunks must be >= 1, got {self.min_chunks}")
+        if not 0.0 <= self.min_stage_share < 1.0:
+            raise ValueError(f"min_stage_share must be in [0, 1), got {self.min_stage_share}")
         if not 0.0 < self.weight <= 1.0:
             raise ValueError(f"weight must be in (0, 1], got {self.weight}")
 
@@ -132,9 +139,14 @@ class Replanner:
         self._drifting = 0
 
     def scales(self) -> dict[str, float]:
-        """Per stage: measured time / the first plan's profiled time (1 before any data)."""
+        """Per stage: measured time / the first plan's profiled time (1 before any data,
+        and for a stage too idle to tell: below `min_stage_share` of the busiest)."""
+        busiest = max(self._measured.values())
         return {
-            s: self._measured[s] / self._profiled[s] if self._profiled[s] > 1e-12 else 1.0
+            s: self._measured[s] / self._profiled[s]
+            if self._profiled[s] > 1e-12
+            and self._measured[s] >= self.config.min_stage_share * busiest
+            else 1.0
             for s in STAGES
         }
 
