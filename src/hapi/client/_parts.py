@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from hapi._tracing import TRACING
 from hapi.graph import INPUT, ModelGraph
 
 __all__ = ["ModelParts"]
@@ -22,10 +23,13 @@ class ModelParts:
         graph: the model, traced.
         freeze: the freeze point: the head up to it is frozen (no gradients, eval mode).
         device: where the trainer runs them.
+        exact: run the frozen segments per sample, as an exact job's server runs its head.
     """
 
-    def __init__(self, graph: ModelGraph, freeze: int, device: torch.device) -> None:
-        self.graph, self.freeze, self.device = graph, freeze, device
+    def __init__(
+        self, graph: ModelGraph, freeze: int, device: torch.device, *, exact: bool = False
+    ) -> None:
+        self.graph, self.freeze, self.device, self.exact = graph, freeze, device, exact
         self.frozen = list(graph.head(freeze).modules()) if freeze > INPUT else []
         """The frozen part's modules."""
         for module in self.frozen:
@@ -53,8 +57,13 @@ class ModelParts:
         """Carry features from cut `start` to `end` through the frozen layers between."""
         if (start, end) not in self._segments:
             self._segments[(start, end)] = self.graph.segment(start, end).to(self.device)
-        with torch.no_grad():
-            out = self._segments[(start, end)](features.to(self.device, torch.float32))
+        segment = self._segments[(start, end)]
+        x = features.to(self.device, torch.float32)
+        with torch.no_grad(), TRACING.shared():
+            if self.exact and len(x) > 1:
+                out = torch.cat([segment(x[i : i + 1]) for i in range(len(x))])
+            else:
+                out = segment(x)
         return out.to("cpu")
 
     def train(self, mode: bool, cut: int) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from torch import nn
+
 from hapi.data import StoreOptions, Transforms
 from hapi.errors import InvalidRequest, shorten
 from hapi.graph import RAW, ModelSpec
@@ -22,9 +24,10 @@ class JobConfig:
         InvalidRequest: a value out of range or of the wrong kind, saying what to pass.
     """
 
-    model: ModelSpec | str
-    """The pre-trained model: a spec both sides build, or a repository reference
-    (`repo://name@3`, `name@3`) both sides load from the model repository."""
+    model: ModelSpec | str | nn.Module
+    """The pre-trained model: a spec both sides build, a repository reference
+    (`repo://name@3`, `name@3`) both sides load from the model repository, or a module of
+    your own (its frozen head is exported with torch.export and uploaded to the server)."""
     dataset: str
     """The training set's prefix in the server's store (ImageFolder layout)."""
     server: str
@@ -77,6 +80,9 @@ class JobConfig:
     """Seeds the epoch order, the augmentations and the trainable layers' randomness."""
     on_error: OnError = "raise"
     """A bad object fails the epoch (`raise`), or is skipped and reported (`skip`)."""
+    exact: bool = False
+    """Run the frozen head per sample wherever it runs (server, trainer), so every plan
+    gives bit-identical features and losses; slower. False: batched, equal to tolerance."""
     token: str | None = None
     """The server's bearer token (your tenant's), if it has one."""
     tls_ca: str | None = None
@@ -118,6 +124,16 @@ class JobConfig:
             raise InvalidRequest(
                 f"model {shorten(repr(self.model))} is a repository reference: pass "
                 "repo=<the repository URI>"
+            )
+        if self.num_classes is not None and isinstance(self.model, nn.Module):
+            raise InvalidRequest(
+                "num_classes replaces the classifier of a named model; give your own module "
+                "the classifier you want before passing it"
+            )
+        if self.exact and self.wire_dtype != "fp32":
+            raise InvalidRequest(
+                f"exact=True needs wire_dtype='fp32' (got {shorten(repr(self.wire_dtype))}): "
+                "features rounded on the wire differ from the trainer's own"
             )
         if self.num_classes is not None and self.num_classes < 1:
             raise InvalidRequest(

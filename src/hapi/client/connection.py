@@ -13,7 +13,8 @@ import pyarrow.flight as flight
 
 from hapi.client._tls import flight_tls_options, tls_address
 from hapi.data import DatasetManifest
-from hapi.errors import HapiError, ServerUnavailable, shorten
+from hapi.errors import HapiError, InvalidRequest, ServerUnavailable, shorten
+from hapi.graph.export import HeadArtifact
 from hapi.wire import (
     ActionType,
     ChunkReport,
@@ -29,6 +30,9 @@ from hapi.wire import (
     decode_batch,
     decode_error,
 )
+from hapi.wire.heads import head_batches, head_descriptor, head_schema
+from hapi.wire.messages import HasHeadRequest
+from hapi.wire.replies import HasHeadReply
 
 __all__ = ["ChunkPart", "ChunkResult", "ChunkStream", "Connection", "connect"]
 
@@ -152,6 +156,40 @@ class Connection:
     def stats(self) -> ServerStats:
         """The server's settings and counters."""
         return ServerStats.model_validate_json(self.action(ActionType.STATS))
+
+    def has_head(self, digest: str) -> HasHeadReply:
+        """Whether the server holds the uploaded head with `digest`, and its size limit."""
+        body = HasHeadRequest(digest=digest).to_bytes()
+        return HasHeadReply.model_validate_json(self.action(ActionType.HAS_HEAD, body))
+
+    def put_head(self, artifact: HeadArtifact) -> None:
+        """Upload a head (`hapi.graph.export_head`) unless the server has it already.
+
+        Raises:
+            IntegrityError: the server received other bytes than the digest names.
+            InvalidRequest: the artifact is larger than the server accepts.
+        """
+        status = self.has_head(artifact.digest)
+        if status.present:
+            return
+        size = len(artifact.program) + len(artifact.weights)
+        if status.max_bytes and size > status.max_bytes:
+            raise InvalidRequest(
+                f"this head is {size} bytes, more than the {status.max_bytes} bytes server "
+                f"{self.address} accepts for an uploaded head: cut earlier (a smaller head), "
+                "or ask its operator to raise the limit"
+            )
+        try:
+            writer, _ = self.client.do_put(
+                head_descriptor(artifact.digest),
+                head_schema(artifact.input_shape),
+                self._options(),
+            )
+            with writer:
+                for batch in head_batches(artifact):
+                    writer.write_batch(batch)
+        except flight.FlightError as exc:
+            raise decode_error(exc, self.address) from None
 
     def fetch(self, ticket: ChunkTicket) -> ChunkResult:
         """Run one chunk and read it whole.

@@ -12,11 +12,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from hapi._tracing import TRACING
 from hapi.client._decode import RawDecoder
 from hapi.client._from_repo import build_from_repo
 from hapi.client._parts import ModelParts
 from hapi.client.config import JobConfig
 from hapi.client.connection import Connection, connect
+from hapi.client.export import UploadedHeads
 from hapi.client.history import EpochStats, Event, History
 from hapi.client.loader import FeatureLoader
 from hapi.client.local import LocalCompute
@@ -29,6 +31,7 @@ from hapi.graph import INPUT, RAW, ModelGraph, ModelSpec, build_model, trace
 from hapi.plan import Plan, ReplanConfig, Replanner, Workload, choose_freeze
 from hapi.repo.refs import is_repo_ref
 from hapi.wire import SessionRequest
+from hapi.wire.messages import UploadedHead
 
 if TYPE_CHECKING:
     from hapi.repo import ModelRepo, ModelVersion, PushedVersion
@@ -57,7 +60,16 @@ class TransferJob:
     trainer (`cut="auto"`, the default; `job.plan` says what and why) and re-chosen while
     training when the measured rates drift. An explicit `cut` (and `local_share`) fixes
     it; `mode="local"` is the baseline, where the server only sends the objects' bytes.
-    Every plan gives the same samples in the same batches, so they train the same model.
+    Every plan gives the same samples in the same batches, so they train the same model:
+    equal to fp32 tolerance (the server's head runs at other batch sizes than the
+    trainer's), or bit for bit with `exact=True`.
+
+    The model is a name (`resnet18`, `timm:NAME`, `hf:ViTConfig`), a `ModelSpec`, a
+    repository reference, or a module of your own with your weights. A module's frozen
+    head runs on the server as a torch.export program the job exports and uploads (the
+    server never runs your Python): the head up to the cut must be exportable at the
+    input shape (no Python branch on tensor values, no data-dependent shapes, ATen
+    operators only). The job checks this when it is built.
 
     Example:
         >>> job = TransferJob(model="resnet18", dataset="train", server=server.address,
@@ -67,13 +79,14 @@ class TransferJob:
         >>> job.evaluate().accuracy
 
     Raises:
-        InvalidRequest: a bad option.
+        InvalidRequest: a bad option, or a module whose head cannot be exported (naming
+            the line of its code that cannot be).
         InvalidCut: a cut past the freeze point, or a freeze that leaves nothing to train.
     """
 
     def __init__(
         self,
-        model: ModelSpec | str | dict[str, Any],
+        model: ModelSpec | str | dict[str, Any] | nn.Module,
         dataset: str,
         server: str | Connection,
         **options: Any,
@@ -105,14 +118,20 @@ class TransferJob:
         )
         self.device = torch.device(self.config.device)
         size = self.config.image_size
-        self.graph: ModelGraph = trace(self.model, input_shape=(3, size, size))
+        # Exclusive: tracing patches nn.Module for every thread (a server in this process).
+        with TRACING.exclusive():
+            self.graph: ModelGraph = trace(self.model, input_shape=(3, size, size))
         choice = choose_freeze(self.graph, self.config.freeze)
         self.freeze = choice.freeze
         """The last frozen cut point."""
         self.freeze_reason = choice.reason
         """Why this freeze point (the job's summary says it)."""
-        self._parts = ModelParts(self.graph, self.freeze, self.device)
+        self._parts = ModelParts(self.graph, self.freeze, self.device, exact=self.config.exact)
         self._fixed = self._fixed_plan()
+        self._uploads: UploadedHeads | None = None
+        if isinstance(model, nn.Module):
+            self._uploads = UploadedHeads(self.graph, self.connection)
+            self._check_exportable()
         self._placement = self._fixed
         self._plan: Plan | None = None
         self._router: Router | None = None
@@ -168,9 +187,9 @@ class TransferJob:
     def summary(self) -> str:
         """What the job trains and how its data travels, in a few lines."""
         trained = sum(p.numel() for p in self.trainable_parameters)
+        name = self.spec.name if self.spec is not None else type(self.model).__name__
         lines = [
-            f"{self.spec.name if self.base is None else self.base.ref}: "
-            f"{trained:,} parameters train",
+            f"{name if self.base is None else self.base.ref}: {trained:,} parameters train",
             self.freeze_reason,
         ]
         if self.config.mode == "local":
@@ -263,7 +282,7 @@ class TransferJob:
                 for step, batch in enumerate(loader.batches(epoch), 1):
                     t1 = time.thread_time()
                     x, y = self._to_device(batch.features, batch.labels)
-                    out = self._parts.tail(batch.cut)(x)
+                    out = self._output(x, batch.cut)
                     loss = loss_fn(out, y)
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
@@ -306,7 +325,7 @@ class TransferJob:
         with self._loop(prefix, self.config.test_transforms, False) as loader:
             for step, batch in enumerate(loader.batches(0), 1):
                 x, y = self._to_device(batch.features, batch.labels)
-                out = self._parts.tail(batch.cut)(x)
+                out = self._output(x, batch.cut)
                 total_loss += loss_fn(out, y).item()
                 correct += (out.argmax(1) == y).sum().item()
                 seen += len(y)
@@ -373,9 +392,12 @@ class TransferJob:
 
     # Internals -----------------------------------------------------------------------------
 
-    def _build(self, model: ModelSpec | str) -> tuple[ModelSpec, nn.Module]:
-        """The job's spec and model, with the base's weights when it comes from the repo."""
+    def _build(self, model: ModelSpec | str | nn.Module) -> tuple[ModelSpec | None, nn.Module]:
+        """The job's spec and model, with the base's weights when it comes from the repo;
+        a module of the user's own has no spec."""
         classes = self.config.num_classes
+        if isinstance(model, nn.Module):
+            return None, model
         if isinstance(model, ModelSpec):
             spec = model if classes is None else dataclasses.replace(model, num_classes=classes)
             return spec, build_model(spec)
@@ -451,7 +473,9 @@ class TransferJob:
             shuffle=train,
             retry_budget_s=config.retry_budget_s,
             router=router,
-            local=LocalCompute(decoder, self.graph.head, config.wire_dtype, self.device),
+            local=LocalCompute(
+                decoder, self.graph.head, config.wire_dtype, self.device, exact=config.exact
+            ),
             convert=self._parts.convert,
             record=self._record,
         )
@@ -470,7 +494,7 @@ class TransferJob:
     def _request(self, cut: int, transforms: Transforms) -> SessionRequest:
         config = self.config
         return SessionRequest(
-            model=self._wire_model(),
+            model=self._wire_model(cut),
             cut=cut,
             freeze=self.freeze,
             transforms=transforms.to_dict(),
@@ -478,13 +502,40 @@ class TransferJob:
             wire_dtype=config.wire_dtype,
             seed=config.seed,
             on_error=config.on_error,
+            exact=config.exact,
         )
 
-    def _wire_model(self) -> dict[str, Any] | str:
-        """How a session names the model: the base version pinned by id, or the spec."""
+    def _wire_model(self, cut: int) -> dict[str, Any] | str | UploadedHead:
+        """How a session at `cut` names the model: the base version pinned by id, the
+        spec, or the uploaded head of the user's own module (uploaded now if need be)."""
+        if self._uploads is not None:
+            return self._uploads.model(cut)
         if self.base is not None:
             return f"repo://{self.base.name}@{self.base.id}"
+        assert self.spec is not None  # a job without a module has one
         return self.spec.to_dict()
+
+    def _check_exportable(self) -> None:
+        """Export the user's module's head now, so a module whose head cannot run on the
+        server fails at build time, naming its line. With `cut="auto"` the head to the
+        freeze point is checked: the heads to earlier cuts are parts of it."""
+        if self._uploads is None or self.config.mode == "local":
+            return
+        cut = self._fixed[0] if self._fixed is not None else self.freeze
+        if cut > INPUT:
+            self._uploads.artifact(cut)
+
+    def _output(self, x: torch.Tensor, cut: int) -> torch.Tensor:
+        """The model's output from features at `cut` (the tail, and for an exact job the
+        frozen part before it per sample, as the server runs it)."""
+        cut = max(cut, INPUT)
+        if self.config.exact and cut < self.freeze:
+            x = self._parts.convert(x, cut, self.freeze).to(self.device)
+            cut = self.freeze
+        tail = self._parts.tail(cut)
+        # Shared with the server's heads in this process and with exports of heads.
+        with TRACING.shared():
+            return tail(x)
 
     def _record(self, event: Event) -> None:
         self.history.events.append(event)

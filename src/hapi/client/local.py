@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from hapi._tracing import TRACING
 from hapi.client._decode import RawDecoder
 from hapi.graph import INPUT
 from hapi.wire import FeatureBatch, SkippedKey
@@ -33,12 +34,14 @@ class LocalCompute:
         wire_dtype: features are rounded through it, so a local sample equals a pushed-
             down one exactly.
         device: where the head runs; features come back on the CPU, like the wire's.
+        exact: run the head per sample, as an exact job's server does.
     """
 
     decoder: RawDecoder
     head: Callable[[int], nn.Module]
     wire_dtype: str = "fp32"
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    exact: bool = False
     _heads: dict[int, nn.Module] = field(default_factory=dict, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
@@ -54,9 +57,10 @@ class LocalCompute:
         if cut <= INPUT or not len(decoded):
             return decoded, skipped
         head = self._head(cut)
-        with torch.inference_mode():
+        with torch.inference_mode(), TRACING.shared():
             x = decoded.features.to(self.device)  # type: ignore[union-attr]
-            y = head(x).to(torch_dtype(self.wire_dtype))  # type: ignore[arg-type]
+            y = _per_sample(head, x) if self.exact else head(x)
+            y = y.to(torch_dtype(self.wire_dtype))  # type: ignore[arg-type]
         # Outside inference mode: a clone is an ordinary tensor, which the tail's autograd
         # may save for its backward pass.
         features = y.to("cpu").clone()
@@ -68,3 +72,8 @@ class LocalCompute:
                 # Eval mode touches only modules before the cut: frozen, in eval already.
                 self._heads[cut] = self.head(cut).eval()
             return self._heads[cut]
+
+
+def _per_sample(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    # Slices as the server's exact sessions take them, so the kernels see the same tensors.
+    return torch.cat([module(x[i : i + 1]) for i in range(len(x))])

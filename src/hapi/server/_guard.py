@@ -44,13 +44,15 @@ _UNUSED = {
     flight.FlightMethod.LIST_FLIGHTS: "list_flights",
     flight.FlightMethod.GET_FLIGHT_INFO: "get_flight_info",
     flight.FlightMethod.GET_SCHEMA: "get_schema",
-    flight.FlightMethod.DO_PUT: "do_put",
     flight.FlightMethod.DO_EXCHANGE: "do_exchange",
 }
 
 
 class UnusedCallsRefusal(flight.ServerMiddlewareFactory):
     """Refuses the Flight calls hapi does not use, before they reach the server.
+
+    `do_put` is used, for uploading heads only: the server's handler refuses any other
+    descriptor (this middleware does not see descriptors).
 
     Refused in a handler, pyarrow would answer with its own traceback (for `get_schema`
     even a hapi error gets one, naming the server's files); refused here, the caller gets

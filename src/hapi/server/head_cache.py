@@ -176,18 +176,38 @@ class HeadCache:
                     head = loaded.graph.head(cut).eval().to(self.device)
                 return head.requires_grad_(False)
 
-        with self._key_lock(key):
-            with self._lock:
-                entry = self._heads.get(key)
-                if entry is not None:
-                    entry.holders += 1
-                    self._heads.move_to_end(key)
-                    return HeadLease(key, entry.value)
-            # Built outside the cache's lock: a slow load must not stall other sessions.
-            head = build()
-            self._add(self._heads, key, head, holders=1, what=f"the head up to cut {cut}")
-        self._trim()
-        return HeadLease(key, head)
+        return self._hold(key, build, f"the head up to cut {cut}")
+
+    def acquire_uploaded(
+        self, digest: str, load: Callable[[], nn.Module], nbytes: int = 0
+    ) -> HeadLease:
+        """The head a trainer uploaded with `digest` (built by `load` on first use), frozen,
+        in eval mode on the cache's device, held until `release`.
+
+        Keyed by digest alone: sessions of every job whose head has this content share one
+        module, and its tensors are counted once in the budget, like any head's.
+
+        Args:
+            digest: the artifact's digest.
+            load: reads and loads the artifact (`hapi.graph.load_head`).
+            nbytes: the artifact's size, held in the budget while it loads (its bytes and
+                the tensors made from them exist together for a moment).
+
+        Raises:
+            OverBudget: its weights do not fit in the server's memory budget.
+        """
+        key = json.dumps(["uploaded", digest])
+
+        def build() -> nn.Module:
+            if nbytes and self.scheduler is not None:
+                self.scheduler.reserve(nbytes, f"loading uploaded head {digest[:12]}")
+            try:
+                return load().eval().to(self.device).requires_grad_(False)
+            finally:
+                if nbytes and self.scheduler is not None:
+                    self.scheduler.release(nbytes)
+
+        return self._hold(key, build, f"uploaded head {digest[:12]}")
 
     def head_key(self, loaded: LoadedModel, cut: int) -> str:
         """What identifies the head of `loaded` up to `cut` among the cache's heads: for a
@@ -266,6 +286,21 @@ class HeadCache:
         return freed
 
     # Internals ---------------------------------------------------------------------------
+
+    def _hold(self, key: str, build: Callable[[], nn.Module], what: str) -> HeadLease:
+        """The head cached under `key`, built now if it is not, with one more holder."""
+        with self._key_lock(key):
+            with self._lock:
+                entry = self._heads.get(key)
+                if entry is not None:
+                    entry.holders += 1
+                    self._heads.move_to_end(key)
+                    return HeadLease(key, entry.value)
+            # Built outside the cache's lock: a slow load must not stall other sessions.
+            head = build()
+            self._add(self._heads, key, head, holders=1, what=what)
+        self._trim()
+        return HeadLease(key, head)
 
     def _cached_model(self, key: str, load: Callable[[], LoadedModel], what: str) -> LoadedModel:
         with self._lock:

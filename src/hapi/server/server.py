@@ -16,15 +16,23 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import torch
 
+from hapi._tracing import TRACING
 from hapi.data import DatasetManifest, ObjectStore, StoreOptions, Transforms, open_store
-from hapi.errors import HapiError, InternalError, InvalidRequest, SessionNotFound, shorten
-from hapi.graph import INPUT, RAW, ModelGraph
+from hapi.errors import (
+    HapiError,
+    InternalError,
+    InvalidCut,
+    InvalidRequest,
+    SessionNotFound,
+    shorten,
+)
+from hapi.graph import INPUT, RAW, ModelGraph, load_head
 from hapi.server._guard import errors_to_wire
 from hapi.server._listen import Listener, serve_metrics
 from hapi.server.auth import caller
 from hapi.server.budget import MemoryModel, default_budget, parse_bytes
 from hapi.server.config import ServerConfig
-from hapi.server.head_cache import HeadCache, HeadLease
+from hapi.server.head_cache import HeadCache, HeadLease, LoadedModel
 from hapi.server.memory import session_memory, tensor_bytes
 from hapi.server.metrics import Metrics
 from hapi.server.profiler import Profiler
@@ -33,6 +41,7 @@ from hapi.server.session import RAW_BATCH_BYTES, Session
 from hapi.server.shaping import TokenBucket, parse_rate
 from hapi.server.tenants import Tenant, reload_on_sighup
 from hapi.server.tls import flight_location
+from hapi.server.uploads import MAX_HEAD_BYTES, HeadUploads, head_graph
 from hapi.wire import (
     ActionType,
     ChunkTicket,
@@ -47,8 +56,9 @@ from hapi.wire import (
     parse,
     raw_schema,
 )
-from hapi.wire.messages import ProfileRequest
-from hapi.wire.replies import ProfileReply
+from hapi.wire.heads import head_digest_of
+from hapi.wire.messages import HasHeadRequest, ProfileRequest, UploadedHead
+from hapi.wire.replies import HasHeadReply, ProfileReply
 
 if TYPE_CHECKING:
     from hapi.repo import ModelRepo
@@ -78,6 +88,8 @@ class HapiServer(flight.FlightServerBase):
         store: the store to serve instead of opening `config.store` (an embedding
             program's own, or a test's fake).
         clock: monotonic seconds, for session idle times (tests pass a fake clock).
+        max_head_bytes: the largest head artifact a trainer may upload (program and
+            weights); a larger upload is refused as it arrives.
     """
 
     def __init__(
@@ -86,6 +98,7 @@ class HapiServer(flight.FlightServerBase):
         *,
         store: ObjectStore | None = None,
         clock: Callable[[], float] = time.monotonic,
+        max_head_bytes: int = MAX_HEAD_BYTES,
     ) -> None:
         self.metrics = Metrics()
         listener = Listener.from_config(config)
@@ -117,6 +130,8 @@ class HapiServer(flight.FlightServerBase):
             config.device, repo=self.repo, idle=config.idle_heads, scheduler=self.scheduler
         )
         self.scheduler.reclaimer = self.heads
+        self.uploads = HeadUploads(max_head_bytes)
+        """Heads trainers uploaded for models of their own, by digest."""
         self.shaper = TokenBucket(parse_rate(config.egress_limit)) if config.egress_limit else None
         self._clock = clock
         self._read_ahead = (config.store_options or StoreOptions()).concurrency
@@ -152,6 +167,7 @@ class HapiServer(flight.FlightServerBase):
         """Stop serving Flight calls and the metrics endpoint."""
         super().shutdown()
         self.metrics.close()
+        self.uploads.close()
 
     # Flight handlers -------------------------------------------------------------------
 
@@ -180,10 +196,27 @@ class HapiServer(flight.FlightServerBase):
             return self.stats(tenant=tenant).to_bytes()
         if name == ActionType.PROFILE:
             return self.profile(parse(ProfileRequest, body), tenant=tenant).to_bytes()
+        if name == ActionType.HAS_HEAD:
+            present = self.uploads.has(parse(HasHeadRequest, body).digest)
+            return HasHeadReply(present=present, max_bytes=self.uploads.max_bytes).to_bytes()
         raise InvalidRequest(
             f"unknown action {shorten(repr(name), 100)}: known actions are "
             f"{[a.value for a in ActionType]}"
         )
+
+    def do_put(
+        self,
+        context: flight.ServerCallContext,
+        descriptor: flight.FlightDescriptor,
+        reader: flight.MetadataRecordBatchReader,
+        writer: flight.FlightMetadataWriter,
+    ) -> None:
+        """Take an uploaded head (`hapi.wire.heads`); hapi takes no other puts."""
+        with self._guard("do_put", context) as tenant:
+            digest = head_digest_of(descriptor)
+            batches = (chunk.data for chunk in reader if chunk.data is not None)
+            if self.uploads.receive(digest, reader.schema, batches):
+                log.info("tenant %s uploaded head %s", tenant.name, digest)
 
     def do_get(
         self, context: flight.ServerCallContext, ticket: flight.Ticket
@@ -228,22 +261,16 @@ class HapiServer(flight.FlightServerBase):
         """Load (or reuse) the head a request needs and register a session for `tenant`."""
         self._close_abandoned()
         transforms = Transforms.from_dict(request.transforms)
-        loaded = self.heads.model(request.model, request.image_size)
-        graph = loaded.graph
-        freeze = graph.resolve_freeze(request.freeze) if request.freeze is not None else None
-        if freeze is None:
-            freeze = graph.num_cuts
-        if request.cut != RAW:
-            graph.check_cut(request.cut, freeze)
-        if request.cut == RAW:
-            schema, shape, per_sample, head, lease = raw_schema(), [], 0, None, None
+        if isinstance(request.model, UploadedHead):
+            graph, freeze, shape, lease = self._uploaded_head(request, request.model)
+            num_cuts = freeze  # as far as the server knows the trainer's model
         else:
-            if request.cut == INPUT:
-                shape = list(graph.input_shape)
-            else:
-                shape = list(graph.cut_points[request.cut - 1].shape)
-            lease = self.heads.acquire(loaded, request.cut) if request.cut > INPUT else None
-            head = lease.module if lease is not None else None
+            graph, freeze, shape, lease = self._named_head(request, request.model)
+            num_cuts = graph.num_cuts
+        head = lease.module if lease is not None else None
+        if request.cut == RAW:
+            schema, per_sample = raw_schema(), 0
+        else:
             schema = feature_schema(shape, request.wire_dtype)
             per_sample = dtype_width(request.wire_dtype) * _numel(shape)
         try:
@@ -256,7 +283,7 @@ class HapiServer(flight.FlightServerBase):
             session=uuid.uuid4().hex,
             cut=request.cut,
             freeze=freeze,
-            num_cuts=graph.num_cuts,
+            num_cuts=num_cuts,
             feature_shape=shape,
             wire_dtype=request.wire_dtype,
             bytes_per_sample=per_sample,
@@ -296,6 +323,60 @@ class HapiServer(flight.FlightServerBase):
         )
         return info
 
+    def _named_head(
+        self, request: SessionRequest, model: dict[str, Any] | str
+    ) -> tuple[ModelGraph, int, list[int], HeadLease | None]:
+        """The graph, freeze point, feature shape and head of a named or repository model."""
+        loaded = self.heads.model(model, request.image_size)
+        graph = loaded.graph
+        freeze = graph.resolve_freeze(request.freeze) if request.freeze is not None else None
+        if freeze is None:
+            freeze = graph.num_cuts
+        if request.cut != RAW:
+            graph.check_cut(request.cut, freeze)
+        if request.cut == RAW:
+            return graph, freeze, [], None
+        if request.cut == INPUT:
+            return graph, freeze, list(graph.input_shape), None
+        shape = list(graph.cut_points[request.cut - 1].shape)
+        return graph, freeze, shape, self.heads.acquire(loaded, request.cut)
+
+    def _uploaded_head(
+        self, request: SessionRequest, model: UploadedHead
+    ) -> tuple[ModelGraph, int, list[int], HeadLease | None]:
+        """The same for a head the trainer uploaded: the server knows only its program, so
+        it takes the cut and freeze point as the trainer says, and finds the features'
+        shape by running the head on one sample."""
+        size = request.image_size
+        input_shape = (3, size, size)
+        freeze = request.freeze
+        if isinstance(freeze, bool) or not isinstance(freeze, int) or freeze < request.cut:
+            raise InvalidCut(
+                f"a session of an uploaded head takes its freeze point as a cut index >= its "
+                f"cut {request.cut}, got {shorten(repr(freeze))}"
+            )
+        if request.cut <= INPUT:
+            shape = [] if request.cut == RAW else list(input_shape)
+            return head_graph(torch.nn.Identity(), input_shape, ()), freeze, shape, None
+        digest = model.artifact
+        if digest is None:
+            raise InvalidRequest(
+                f"a session of {shorten(model.module, 100)} at cut {request.cut} runs the head "
+                "the trainer uploaded: name its digest in `artifact` (upload it with do_put)"
+            )
+        lease = self.heads.acquire_uploaded(
+            digest, lambda: load_head(self.uploads.get(digest)), self.uploads.size(digest)
+        )
+        try:
+            # One sample: the features' shape, and a refusal of a head made for other inputs.
+            with TRACING.shared(), torch.inference_mode():
+                x = torch.zeros(1, *input_shape, device=self.heads.device)
+                out = tuple(lease.module(x).shape[1:])
+        except BaseException:
+            self.heads.release(lease)
+            raise
+        return head_graph(lease.module, input_shape, out), freeze, list(out), lease
+
     def close_session(self, session_id: str, *, tenant: Tenant) -> SessionStats:
         """Forget a session of `tenant`; return its final stats.
 
@@ -330,7 +411,21 @@ class HapiServer(flight.FlightServerBase):
         session = self._session(request.session, tenant)
         for key in request.keys:
             tenant.check_key(key)
-        loaded = self.heads.model(session.request.model, session.request.image_size)
+        model, size = session.request.model, session.request.image_size
+        if isinstance(model, UploadedHead):
+            # The server holds an uploaded model's head for one cut at most, so it times
+            # reading and decoding (cut 0); the trainer estimates the cuts from a chunk at
+            # its freeze cut and its own per-cut times (`hapi.client.planning`).
+            if any(cut > INPUT for cut in request.cuts or ()):
+                raise InvalidCut(
+                    "a session of an uploaded head is profiled at the input (cut 0) only: "
+                    "the server has no head for the other cuts"
+                )
+            graph = head_graph(torch.nn.Identity(), (3, size, size), ())
+            loaded = LoadedModel(graph=graph, key=json.dumps(["uploaded-input", size]))
+            request = request.model_copy(update={"cuts": [INPUT]})
+        else:
+            loaded = self.heads.model(model, size)
         return self.profiler.profile(session, loaded, request)
 
     def _memory(
@@ -440,6 +535,7 @@ def serve(
     config: ServerConfig | None = None,
     *,
     clock: Callable[[], float] = time.monotonic,
+    max_head_bytes: int = MAX_HEAD_BYTES,
     **options: Any,
 ) -> Iterator[HapiServer]:
     """Run a server in a background thread for the duration of a `with` block.
@@ -447,8 +543,11 @@ def serve(
     Args:
         config: the server's settings; or give them as keyword arguments (`store=...`).
         clock: monotonic seconds, for session idle times (tests pass a fake clock).
+        max_head_bytes: the largest head artifact a trainer may upload.
     """
-    server = HapiServer(config or ServerConfig(**options), clock=clock)
+    server = HapiServer(
+        config or ServerConfig(**options), clock=clock, max_head_bytes=max_head_bytes
+    )
     # Python lets only the main thread install signal handlers; elsewhere, call
     # `server.tenants.reload()` to re-read the tenants file.
     reloads = (

@@ -337,7 +337,12 @@ class Session:
         if self.head is not None:
             # Shared with other heads, exclusive of tracing (see `hapi._tracing`).
             with TRACING.shared(), torch.inference_mode():
-                x = self.head(x)
+                if self.request.exact:
+                    # Per sample: kernels' results depend on the batch size, and the trainer
+                    # computes local features per sample too (`TransferJob(exact=True)`).
+                    x = torch.cat([self.head(x[i : i + 1]) for i in range(len(x))])
+                else:
+                    x = self.head(x)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.stats.add(head_s=time.perf_counter() - t0)

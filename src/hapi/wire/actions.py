@@ -15,6 +15,7 @@ class ActionType(StrEnum):
     MANIFEST = "manifest"
     STATS = "stats"
     PROFILE = "profile"
+    HAS_HEAD = "has_head"
 
     @property
     def description(self) -> str:
@@ -29,4 +30,6 @@ _DESCRIPTIONS = {
     ActionType.STATS: "The server's settings and per-session counters; returns ServerStats.",
     ActionType.PROFILE: "Measure a session's per-cut costs on some of its objects "
     "(ProfileRequest); returns ProfileReply.",
+    ActionType.HAS_HEAD: "Whether an uploaded head is here (HasHeadRequest); returns HasHeadReply. "
+    "Heads are uploaded with do_put to the descriptor path ['hapi-head', <digest>].",
 }

@@ -15,6 +15,7 @@ import pyarrow as pa
 import torch
 
 from hapi.errors import InvalidRequest
+from hapi.graph.layout import standard_layout
 from hapi.wire.dtypes import WireDtype, arrow_type, check_wire_dtype, torch_dtype
 
 __all__ = ["FeatureBatch", "decode_batch", "encode_batch", "feature_schema", "raw_schema"]
@@ -70,7 +71,10 @@ def encode_batch(
         if features is None:
             raise InvalidRequest("a feature batch needs features")
         wire_dtype = check_wire_dtype(schema.metadata[b"hapi.wire_dtype"].decode())
-        t = features.detach().to(device="cpu", dtype=torch_dtype(wire_dtype)).contiguous()
+        # Standard strides, not just `.contiguous()`: that keeps the strides of size-1
+        # dimensions (ConvNeXt's (N, 768, 1, 1) with strides (768, 1, 768, 768)), which
+        # numpy reads as a permutation that Arrow refuses to encode.
+        t = standard_layout(features.detach().to(device="cpu", dtype=torch_dtype(wire_dtype)))
         if wire_dtype == "bf16":
             t = t.view(torch.int16)
         array = t.numpy()

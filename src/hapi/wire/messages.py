@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 
 from hapi.errors import InvalidRequest, shorten
 from hapi.wire.dtypes import WireDtype
@@ -22,10 +22,12 @@ __all__ = [
     "MIN_IMAGE_SIZE",
     "ChunkTicket",
     "CloseSessionRequest",
+    "HasHeadRequest",
     "ManifestRequest",
     "OnError",
     "ProfileRequest",
     "SessionRequest",
+    "UploadedHead",
     "parse",
 ]
 
@@ -56,11 +58,46 @@ class _Request(BaseModel):
         return self.model_dump_json().encode()
 
 
+DIGEST_PATTERN = r"^[0-9a-f]{64}$"
+"""A head artifact's digest: SHA-256 in lower-case hex."""
+
+
+class UploadedHead(_Request):
+    """A user's own model, as a session names it: the head the trainer exported for the
+    session's cut and uploaded (`hapi.wire.heads`). The server runs that program only."""
+
+    module: str = Field(
+        min_length=1, max_length=200, description="The model's class name, for logs and errors."
+    )
+    artifact: str | None = Field(
+        default=None,
+        pattern=DIGEST_PATTERN,
+        description="Digest of the uploaded head up to the session's cut; None at RAW and "
+        "INPUT, where no head runs.",
+    )
+
+
+def _model_kind(value: Any) -> str:
+    if isinstance(value, UploadedHead) or (isinstance(value, dict) and "module" in value):
+        return "uploaded"
+    return "reference" if isinstance(value, str) else "spec"
+
+
+# Tagged, so that a malformed upload's reference is refused as one, not read as a spec.
+SessionModel = Annotated[
+    Annotated[UploadedHead, Tag("uploaded")]
+    | Annotated[dict[str, Any], Tag("spec")]
+    | Annotated[str, Tag("reference")],
+    Discriminator(_model_kind),
+]
+
+
 class SessionRequest(_Request):
     """`open_session`: what a job asks a server to run for it."""
 
-    model: dict[str, Any] | str = Field(
-        description="A `ModelSpec` as a dict, or a model repository reference (`repo://name`)."
+    model: SessionModel = Field(
+        description="A `ModelSpec` as a dict, a model repository reference (`repo://name`), "
+        "or a head the trainer uploaded (`UploadedHead`: a dict with `module`)."
     )
     cut: int = Field(ge=-1, description="RAW (-1), INPUT (0) or a cut point 1..freeze.")
     freeze: int | str | None = Field(
@@ -73,6 +110,17 @@ class SessionRequest(_Request):
     wire_dtype: WireDtype = "fp32"
     seed: int = Field(default=0, description="The job seed; sample seeds derive from it.")
     on_error: OnError = "raise"
+    exact: bool = Field(
+        default=False,
+        description="Run the head per sample (batch 1), so its features are bit for bit "
+        "what the trainer computes per sample, whatever batch sizes the server runs.",
+    )
+
+
+class HasHeadRequest(_Request):
+    """`has_head`: whether the server holds the uploaded head with this digest."""
+
+    digest: str = Field(pattern=DIGEST_PATTERN)
 
 
 class CloseSessionRequest(_Request):

@@ -15,6 +15,7 @@ from hapi.wire.dtypes import WireDtype
 
 __all__ = [
     "ChunkReport",
+    "HasHeadReply",
     "ProfileKeyInfo",
     "ProfileReply",
     "ServerStats",
@@ -61,6 +62,15 @@ class SessionInfo(_Reply):
     head_bytes: int = Field(
         default=0, description="Bytes of the head's weights (shared with other sessions)."
     )
+
+
+class HasHeadReply(_Reply):
+    """The reply to `has_head`."""
+
+    present: bool
+    """Whether the server holds the head: if so, there is nothing to upload."""
+    max_bytes: int = 0
+    """The largest head artifact (program and weights) the server accepts."""
 
 
 class SessionStats(_Reply):
