@@ -11,7 +11,9 @@ and dropout. For each:
   original model does from the same RNG state: outputs, gradients and batch-norm statistics,
   at the input cut and at a cut in the middle.
 
-Each model is built and traced once per module (the `traced` fixture) at 32-64 px.
+Each model is built and traced once per module (the `traced` fixture) at 32-64 px. The
+fast tier (`-m "not slow"`) keeps one model of each kind - a torchvision CNN and ViT, a timm
+model, a Hugging Face model, and every user module - and the full matrix runs in CI.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ class Case:
     blocks: tuple[str, ...]
     """Some of the cut points it must have: its blocks."""
     method: str = "fx"
+    fast: bool = False
+    """In the fast tier: one model of each kind is, the rest are marked slow."""
 
 
 def _tv(name: str, **kwargs: object) -> Callable[[], nn.Module]:
@@ -148,15 +152,17 @@ class TupleNet(nn.Module):
 
 
 CASES: dict[str, Case] = {
-    # torchvision: thirteen families (vgg below is slow)
-    "resnet18": Case(_tv("resnet18"), 32, ("layer1.0", "layer1", "layer4", "avgpool+flatten")),
+    # torchvision: fourteen families (vgg11 last: 133M parameters to initialise)
+    "resnet18": Case(
+        _tv("resnet18"), 32, ("layer1.0", "layer1", "layer4", "avgpool+flatten"), fast=True
+    ),
     "mobilenet_v2": Case(_tv("mobilenet_v2"), 32, ("features.1", "features.17", "features")),
     "mobilenet_v3_small": Case(_tv("mobilenet_v3_small"), 32, ("features.1", "features.11")),
     "efficientnet_b0": Case(_tv("efficientnet_b0"), 32, ("features.1", "features.7", "avgpool")),
     "regnet_x_400mf": Case(_tv("regnet_x_400mf"), 32, ("stem", "trunk_output.block1")),
     "convnext_tiny": Case(_tv("convnext_tiny"), 32, ("features.1.0", "features.6", "avgpool")),
     "swin_t": Case(_tv("swin_t"), 32, ("features.1", "features.5.3", "avgpool")),
-    "vit": Case(_tv_vit, 32, ("encoder.layers.encoder_layer_0", "encoder+getitem")),
+    "vit": Case(_tv_vit, 32, ("encoder.layers.encoder_layer_0", "encoder+getitem"), fast=True),
     "shufflenet_v2_x0_5": Case(_tv("shufflenet_v2_x0_5"), 32, ("stage2.0", "stage4")),
     "squeezenet1_1": Case(_tv("squeezenet1_1"), 32, ("features.3", "features")),
     "mnasnet0_5": Case(_tv("mnasnet0_5"), 32, ("layers.8", "layers+mean")),
@@ -176,6 +182,7 @@ CASES: dict[str, Case] = {
         ),
         32,
         ("blocks.0", "blocks.1", "blocks"),
+        fast=True,
     ),
     "timm_convnext_atto": Case(
         _timm("convnext_atto", drop_path_rate=0.2), 64, ("stages.0", "stages.2.blocks.0")
@@ -212,6 +219,7 @@ CASES: dict[str, Case] = {
         32,
         ("resnet.encoder.stages.0", "resnet.encoder.stages.1"),
         "export",
+        fast=True,
     ),
     "hf_convnext": Case(
         _hf(
@@ -243,14 +251,12 @@ CASES: dict[str, Case] = {
         "export",
     ),
     # user modules
-    "user_skip": Case(SkipNet, 16, ("stem", "blocks.0+add", "blocks.2+add")),
-    "user_shape_flow": Case(ShapeFlow, 16, ("stem", "mix"), "export"),
-    "user_dropout": Case(DropoutNet, 16, ("features", "features+flatten")),
-    "user_tuple_output": Case(TupleNet, 16, ("features", "features+mean", "fc")),
+    "user_skip": Case(SkipNet, 16, ("stem", "blocks.0+add", "blocks.2+add"), fast=True),
+    "user_shape_flow": Case(ShapeFlow, 16, ("stem", "mix"), "export", fast=True),
+    "user_dropout": Case(DropoutNet, 16, ("features", "features+flatten"), fast=True),
+    "user_tuple_output": Case(TupleNet, 16, ("features", "features+mean", "fc"), fast=True),
+    "vgg11": Case(_tv("vgg11"), 32, ("features.3", "classifier.3")),
 }
-SLOW = {
-    "vgg11": Case(_tv("vgg11"), 32, ("features.3", "classifier.3"))
-}  # 133M parameters to initialise
 
 
 @pytest.fixture(scope="module")
@@ -259,7 +265,7 @@ def traced() -> Iterator[Callable[[str], tuple[nn.Module, ModelGraph]]]:
 
     def get(name: str) -> tuple[nn.Module, ModelGraph]:
         if name not in cache:
-            case = CASES.get(name) or SLOW[name]
+            case = CASES[name]
             torch.manual_seed(0)
             model = case.build().eval()
             cache[name] = (model, trace(model, (3, case.size, case.size)))
@@ -269,7 +275,10 @@ def traced() -> Iterator[Callable[[str], tuple[nn.Module, ModelGraph]]]:
     cache.clear()
 
 
-NAMES = [*CASES, *(pytest.param(n, marks=pytest.mark.slow) for n in SLOW)]
+NAMES = [
+    name if case.fast else pytest.param(name, marks=pytest.mark.slow)
+    for name, case in CASES.items()
+]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -277,7 +286,7 @@ def test_cut_points_are_found(
     traced: Callable[[str], tuple[nn.Module, ModelGraph]], name: str
 ) -> None:
     _, graph = traced(name)
-    case = CASES.get(name) or SLOW[name]
+    case = CASES[name]
     assert graph.traced and graph.method == case.method, graph.notes
     assert set(case.blocks) <= set(graph.names()), graph.names()
     assert len(set(graph.names())) == graph.num_cuts

@@ -58,6 +58,7 @@ def test_profile_command_prints_json_and_a_table() -> None:
     assert "296.1M" in out and "11.2M" in out  # the head's FLOPs and parameters at fc
 
 
+@pytest.mark.slow  # imports transformers, traces with torch.export
 def test_profile_takes_timm_and_hugging_face_models_with_options() -> None:
     pytest.importorskip("timm")
     options = '{"img_size": 32, "patch_size": 8, "depth": 2}'

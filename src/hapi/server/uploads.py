@@ -38,6 +38,9 @@ MAX_HEAD_BYTES = 2 << 30
 """The largest artifact a server accepts by default: a ViT-L/16 head in fp32 fits."""
 KEEP_FACTOR = 4
 """The directory keeps up to this many largest artifacts' bytes by default."""
+RECEIVING = 2
+"""Uploads assembled at once: each holds up to `max_bytes` in memory until its digest is
+checked, so this bounds what uploads take outside the memory budget."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,7 @@ class HeadUploads:
         self.root.mkdir(parents=True, exist_ok=True)
         self._stored: OrderedDict[str, _Stored] = OrderedDict()
         self._lock = threading.Lock()
+        self._receiving = threading.BoundedSemaphore(RECEIVING)
 
     def has(self, digest: str) -> bool:
         """Whether the head with `digest` is here (a later upload of it is not needed)."""
@@ -94,9 +98,10 @@ class HeadUploads:
             IntegrityError: the content does not match `digest`.
         """
         receiver = HeadReceiver(digest, schema, self.max_bytes)
-        for batch in batches:
-            receiver.add(batch)
-        artifact = receiver.artifact()  # checks the digest
+        with self._receiving:
+            for batch in batches:
+                receiver.add(batch)
+            artifact = receiver.artifact()  # checks the digest
         if self.has(digest):
             return False
         self._write(artifact)
