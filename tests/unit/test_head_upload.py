@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from hapi.errors import IntegrityError, InvalidRequest, UnknownModel
-from hapi.graph import export_head, trace
+from hapi.graph import export_head, load_head, trace
 from hapi.graph.export import HeadArtifact
-from hapi.server.uploads import HeadUploads
+from hapi.server.uploads import HeadUploads, on_device
 from hapi.wire import SessionRequest, parse
 from hapi.wire.heads import (
     PIECE_BYTES,
@@ -119,3 +119,32 @@ def test_a_session_names_an_uploaded_head_by_digest() -> None:
         parse(SessionRequest, body % b"not-a-digest")
     spec = parse(SessionRequest, b'{"model": {"name": "resnet18"}, "cut": 3, "transforms": {}}')
     assert spec.model == {"name": "resnet18"} and not spec.exact
+
+
+class _MakesTensors(nn.Module):
+    """Makes a tensor in its forward: torch.export records the trainer's device in the op."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv(x) + torch.arange(x.shape[-1]).float()
+        return self.fc(x.mean((2, 3)))
+
+
+def test_a_head_exported_on_one_device_runs_on_the_servers() -> None:
+    graph = trace(_MakesTensors().eval(), (3, 8, 8))
+    artifact = export_head(graph, graph.num_cuts - 1)
+    x = torch.randn(2, 3, 8, 8)
+    with pytest.raises(RuntimeError, match="device"):
+        load_head(artifact).to("meta")(x.to("meta"))  # arange stays on the CPU
+    # The meta device stands in for a GPU: shapes flow, and nothing stays on the CPU.
+    moved = on_device(load_head(artifact), torch.device("meta"))
+    assert moved(x.to("meta")).shape == (2, 4)
+    with torch.no_grad():
+        assert torch.equal(
+            on_device(load_head(artifact), torch.device("cpu"))(x),
+            graph.head(graph.num_cuts - 1)(x),
+        )

@@ -41,7 +41,7 @@ from hapi.server.session import RAW_BATCH_BYTES, Session
 from hapi.server.shaping import TokenBucket, parse_rate
 from hapi.server.tenants import Tenant, reload_on_sighup
 from hapi.server.tls import flight_location
-from hapi.server.uploads import MAX_HEAD_BYTES, HeadUploads, head_graph
+from hapi.server.uploads import MAX_HEAD_BYTES, HeadUploads, head_graph, on_device
 from hapi.wire import (
     ActionType,
     ChunkTicket,
@@ -365,7 +365,9 @@ class HapiServer(flight.FlightServerBase):
                 "the trainer uploaded: name its digest in `artifact` (upload it with do_put)"
             )
         lease = self.heads.acquire_uploaded(
-            digest, lambda: load_head(self.uploads.get(digest)), self.uploads.size(digest)
+            digest,
+            lambda: on_device(load_head(self.uploads.get(digest)), self.heads.device),
+            self.uploads.size(digest),
         )
         try:
             # One sample: the features' shape, and a refusal of a head made for other inputs.

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
-from torch import nn
+import torch
+from torch import fx, nn
 
 from hapi.errors import InvalidRequest, UnknownModel
 from hapi.graph import ModelGraph
@@ -32,7 +33,7 @@ from hapi.graph.cut_point import CutPoint
 from hapi.graph.export import HeadArtifact
 from hapi.wire.heads import HeadReceiver
 
-__all__ = ["MAX_HEAD_BYTES", "HeadUploads", "head_graph"]
+__all__ = ["MAX_HEAD_BYTES", "HeadUploads", "head_graph", "on_device"]
 
 MAX_HEAD_BYTES = 2 << 30
 """The largest artifact a server accepts by default: a ViT-L/16 head in fp32 fits."""
@@ -175,8 +176,8 @@ class HeadUploads:
 
 def head_graph(head: nn.Module, input_shape: tuple[int, ...], shape: tuple[int, ...]) -> ModelGraph:
     """An uploaded head as a model whose one cut point is its output (the server knows no
-    other), for what sizes a session's memory from a graph. With `head` None-like
-    (nn.Identity and no output shape) it has no cut point: a session at RAW or INPUT."""
+    other), for what sizes a session's memory from a graph. Without an output `shape` it
+    has no cut point: what a session at RAW or INPUT runs (`head` is then an identity)."""
     params = sum(p.numel() for p in head.parameters())
     points = (CutPoint(1, "head", shape, params_before=params),) if shape else ()
     return ModelGraph(
@@ -187,3 +188,17 @@ def head_graph(head: nn.Module, input_shape: tuple[int, ...], shape: tuple[int, 
         fallback_reason="an uploaded head: the server runs its program, and its output is "
         "the only cut point it knows",
     )
+
+
+def on_device(head: fx.GraphModule, device: torch.device) -> fx.GraphModule:
+    """`head` running on `device`: its tensors moved, and the device its operators were
+    exported with (`aten.arange(..., device=cpu)` on a trainer's CPU) replaced by this
+    server's, so a head exported on one device runs on another."""
+    changed = False
+    for node in head.graph.nodes:
+        if node.op == "call_function" and isinstance(node.kwargs.get("device"), torch.device):
+            node.kwargs = {**node.kwargs, "device": device}
+            changed = True
+    if changed:
+        head.recompile()
+    return head.to(device)
