@@ -154,7 +154,15 @@ def test_wire_dtypes_know_their_width() -> None:
 
 
 def test_action_names_are_the_documented_ones() -> None:
-    assert [a.value for a in ActionType] == ["open_session", "close_session", "manifest", "stats"]
+    # A golden list: renaming an action breaks every client already deployed.
+    assert [a.value for a in ActionType] == [
+        "open_session",
+        "close_session",
+        "manifest",
+        "stats",
+        "profile",
+        "has_head",
+    ]
     assert all(a.description for a in ActionType)
 
 
