@@ -467,10 +467,17 @@ class HapiServer(flight.FlightServerBase):
             manifest = manifest.subset(allowed)
         return manifest.to_dict()
 
-    def stats(self, *, tenant: Tenant) -> ServerStats:
-        """Counters of `tenant`'s open and closed sessions, and the server's settings."""
+    def stats(self, *, tenant: Tenant | None = None) -> ServerStats:
+        """Counters of `tenant`'s open and closed sessions, and the server's settings.
+
+        Args:
+            tenant: whose sessions to show; None (the operator, calling the library in the
+                server's own process) shows every tenant's.
+        """
         with self._lock:
-            mine = {sid for sid, owner in self._owners.items() if owner == tenant.name}
+            mine = {
+                sid for sid, owner in self._owners.items() if tenant is None or owner == tenant.name
+            }
             sessions = {sid: s.stats.snapshot() for sid, s in self._sessions.items() if sid in mine}
             closed = {sid: s for sid, s in self._closed.items() if sid in mine}
         budget = self.scheduler.stats()
