@@ -29,6 +29,7 @@ SIZE = 64
 SPEC = ModelSpec(name="resnet18", num_classes=2)
 LEAK = "datasets/a/train/class_0/leak.jpg"
 LINKED = "datasets/a/linked/secret.jpg"
+ACROSS = "datasets/a/train/class_1/across.jpg"
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -53,6 +54,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Site:
     # A link to a file and a link to a directory, both out of the store's root.
     os.symlink(outside / "secret.jpg", root / LEAK)
     os.symlink(outside, root / "datasets" / "a" / "linked")
+    # A link inside the root, from team-a's prefix to one of team-b's objects.
+    os.symlink(root / "datasets/b/train/class_0/00000.jpg", root / ACROSS)
     tenants = base / "tenants.toml"
     tenants.write_text(
         f"""
@@ -193,6 +196,14 @@ def test_symlinks_out_of_the_store_are_refused(a: Connection, key: str) -> None:
     info = a.open_session(request(RAW))
     with pytest.raises(Forbidden, match="symlink leaves the store's root"):
         a.fetch(ticket(info.session, [key]))
+    a.close_session(info.session)
+
+
+def test_a_symlink_into_another_tenants_prefix_is_refused(a: Connection) -> None:
+    info = a.open_session(request(RAW))
+    with pytest.raises(Forbidden, match="symlink on its path leads outside") as refused:
+        a.fetch(ticket(info.session, [ACROSS]))
+    assert "datasets/b" not in str(refused.value)  # the target is not named
     a.close_session(info.session)
 
 

@@ -359,6 +359,24 @@ class Store:
             if not isinstance(err, ObjectNotFound):
                 raise err from exc
 
+    def real_key(self, key: str) -> str:
+        """The key a local store's symlinks lead `key` to (the key itself elsewhere).
+
+        A link inside the root that points into another folder of the root reads that
+        folder's object: whoever may read only some prefixes must be checked against
+        where the link leads too, not just its name.
+
+        Raises:
+            InvalidRequest: the key is malformed.
+            Forbidden: the key's path leads outside the store's root.
+        """
+        self._inside(key)
+        root = self._real_root()
+        if root is None:
+            return key
+        real = os.path.realpath(os.path.join(root, key))
+        return os.path.relpath(real, root).replace(os.sep, "/")
+
     def _real_root(self) -> str | None:
         """A local store's root as `os.path.realpath` gives it, with a trailing separator;
         None for other stores."""

@@ -17,8 +17,9 @@ import pyarrow.flight as flight
 import torch
 
 from hapi._tracing import TRACING
-from hapi.data import DatasetManifest, ObjectStore, StoreOptions, Transforms, open_store
+from hapi.data import DatasetManifest, ObjectStore, Store, StoreOptions, Transforms, open_store
 from hapi.errors import (
+    Forbidden,
     HapiError,
     InternalError,
     InvalidCut,
@@ -226,8 +227,7 @@ class HapiServer(flight.FlightServerBase):
             chunk = parse(ChunkTicket, ticket.ticket)
             session = self._session(chunk.session, tenant)
             # Every key before any read: a refusal says nothing of what exists.
-            for key in chunk.keys:
-                tenant.check_key(key)
+            self._check_keys(tenant, chunk.keys)
         stream = self._stream(session, chunk, tenant, started)
         return flight.GeneratorStream(session.schema, stream)
 
@@ -411,8 +411,7 @@ class HapiServer(flight.FlightServerBase):
             Forbidden: a key outside the tenant's prefixes.
         """
         session = self._session(request.session, tenant)
-        for key in request.keys:
-            tenant.check_key(key)
+        self._check_keys(tenant, request.keys)
         model, size = session.request.model, session.request.image_size
         if isinstance(model, UploadedHead):
             # The server holds an uploaded model's head for one cut at most, so it times
@@ -462,10 +461,36 @@ class HapiServer(flight.FlightServerBase):
         manifest = DatasetManifest.from_store(self.store, tenant.check_prefix(prefix))
         # check_prefix allows whole segments only; keep a store whose listing matches by
         # characters (`a` listing `ab/...`) from showing keys beyond them.
-        allowed = [i for i, key in enumerate(manifest.keys) if tenant.allows(key)]
+        allowed = [i for i, key in enumerate(manifest.keys) if self._may_read(tenant, key)]
         if len(allowed) < len(manifest):
             manifest = manifest.subset(allowed)
         return manifest.to_dict()
+
+    def _check_keys(self, tenant: Tenant, keys: list[str]) -> None:
+        """Refuse keys outside `tenant`'s prefixes, by name and by where a local store's
+        symlinks lead (a link in its own prefix to another tenant's objects).
+
+        Raises:
+            Forbidden: a key, or its link's target, outside the tenant's prefixes.
+        """
+        for key in keys:
+            tenant.check_key(key)
+        for key in keys:
+            if not self._may_read(tenant, key):
+                # The target is not named: it is another tenant's key.
+                raise Forbidden(
+                    f"key {shorten(repr(key))} is refused: a symlink on its path leads "
+                    f"outside the prefixes of tenant {tenant.name!r}"
+                )
+
+    def _may_read(self, tenant: Tenant, key: str) -> bool:
+        """Whether `key`, and where a local store's symlinks lead it, are the tenant's."""
+        if not tenant.allows(key):
+            return False
+        if tenant.reads_all or not isinstance(self.store, Store):
+            return True
+        real = self.store.real_key(key)
+        return real == key or tenant.allows(real)
 
     def stats(self, *, tenant: Tenant | None = None) -> ServerStats:
         """Counters of `tenant`'s open and closed sessions, and the server's settings.
