@@ -119,6 +119,8 @@ class _Share:
     """Its batches running or waiting."""
     rate: float = 0.0
     """Seconds per sample of its recent batches (the charge estimated at a grant)."""
+    removed: bool = False
+    """Its session is closed: forget the share when nothing of it runs or waits."""
 
 
 @dataclass(eq=False)
@@ -180,11 +182,13 @@ class Scheduler:
             self._shares.setdefault(session, _Share(weight=weight))
 
     def remove_session(self, session: str) -> None:
-        """Forget a closed session's share (its running batches finish normally)."""
+        """Forget a closed session's share once its running batches have finished."""
         with self._cond:
             share = self._shares.get(session)
-            if share is not None and not share.active:
-                del self._shares[session]
+            if share is not None:
+                share.removed = True
+                if not share.active:
+                    del self._shares[session]
 
     # Memory that is not a batch (heads) --------------------------------------------------
 
@@ -296,7 +300,10 @@ class Scheduler:
             granted = place.grant is not None
             if not granted:
                 self._waiting.remove(place)
-                self._shares[place.session].active -= 1
+                share = self._shares[place.session]
+                share.active -= 1
+                if share.removed and not share.active:
+                    del self._shares[place.session]
                 self._cond.notify_all()
         if place.grant is not None:
             self._finish(place, place.grant)
@@ -412,6 +419,8 @@ class Scheduler:
                 self._running -= 1
             share = self._shares[waiter.session]
             share.active -= 1
+            if share.removed and not share.active:
+                del self._shares[waiter.session]
             spent = max(self._clock() - grant.started, 0.0)
             share.vtime += (spent - waiter.charged) / share.weight
             per_sample = spent / max(grant.batch, 1)

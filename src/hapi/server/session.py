@@ -6,8 +6,8 @@ import contextlib
 import dataclasses
 import threading
 import time
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, fields
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import torch
@@ -25,6 +25,7 @@ from hapi.data.samples import (
 )
 from hapi.errors import InvalidRequest, OverBudget, shorten
 from hapi.graph import RAW
+from hapi.server._counters import SessionCounters, TimedReads
 from hapi.server._outbox import Outbox
 from hapi.server.budget import MemoryModel
 from hapi.server.memory import MARGIN, decode_bytes
@@ -34,7 +35,6 @@ from hapi.wire import (
     ChunkTicket,
     SessionInfo,
     SessionRequest,
-    SessionStats,
     SkippedKey,
     encode_batch,
 )
@@ -47,37 +47,6 @@ _Out = Outbox[tuple[pa.RecordBatch, bytes | None]]
 AHEAD_BATCHES = 2
 """Batches a chunk computes ahead of its stream: enough to overlap computing and sending,
 few enough that a chunk held up by a slow link holds little."""
-
-
-@dataclass
-class SessionCounters:
-    """What a session has cost the server so far; `snapshot` is its `SessionStats`."""
-
-    chunks: int = 0
-    samples: int = 0
-    skipped: int = 0
-    bytes_read: int = 0
-    bytes_sent: int = 0
-    read_s: float = 0.0
-    transform_s: float = 0.0
-    head_s: float = 0.0
-    encode_s: float = 0.0
-    shaping_wait_s: float = 0.0
-    cpu_s: float = 0.0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def add(self, **deltas: float) -> None:
-        """Add to counters by name; chunks of a session run concurrently."""
-        with self._lock:
-            for name, delta in deltas.items():
-                setattr(self, name, getattr(self, name) + delta)
-
-    def snapshot(self) -> SessionStats:
-        """The counters now, as the wire reports them."""
-        with self._lock:
-            return SessionStats(
-                **{f.name: getattr(self, f.name) for f in fields(self) if f.name != "_lock"}
-            )
 
 
 @dataclass
@@ -147,9 +116,9 @@ class Session:
         try:
             yield from out
         finally:
-            # The stream is done or cut off: stop the worker (after its current batch).
+            # Done, or cut off: a worker still at work stops after its current batch (or
+            # once granted the next, if it waits for one), on its own.
             out.close()
-            worker.join()
 
     def _produce(
         self,
@@ -168,7 +137,7 @@ class Session:
                 store, ticket.keys, ahead=self.read_ahead, max_bytes=self.read_ahead << 18
             )
             with contextlib.closing(read):
-                reads = _TimedReads(read)
+                reads = TimedReads(read)
                 try:
                     if self.request.cut == RAW:
                         self._raw_batches(ticket, reads, skipped, clock, out)
@@ -207,7 +176,7 @@ class Session:
     def _raw_batches(
         self,
         ticket: ChunkTicket,
-        reads: _TimedReads,
+        reads: TimedReads,
         skipped: list[SkippedKey],
         clock: _ChunkClock,
         out: _Out,
@@ -242,7 +211,7 @@ class Session:
     def _feature_batches(
         self,
         ticket: ChunkTicket,
-        reads: _TimedReads,
+        reads: TimedReads,
         skipped: list[SkippedKey],
         clock: _ChunkClock,
         out: _Out,
@@ -363,23 +332,3 @@ class _Item:
     label: int
     data: bytes | BaseException
     decode: int
-
-
-class _TimedReads:
-    """The objects of a chunk, counting the time spent waiting for them and their bytes."""
-
-    def __init__(self, objects: Iterable[bytes | BaseException]) -> None:
-        self._objects = iter(objects)
-        self.waited = 0.0
-        self.nbytes = 0
-
-    def __iter__(self) -> Iterator[bytes | BaseException]:
-        while True:
-            t0 = time.perf_counter()
-            data = next(self._objects, None)
-            self.waited += time.perf_counter() - t0
-            if data is None:
-                return
-            if isinstance(data, bytes):
-                self.nbytes += len(data)
-            yield data
