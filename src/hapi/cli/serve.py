@@ -37,6 +37,9 @@ def serve(
     compute_slots: int = typer.Option(
         None, help="Batches computed at once (default: one per core this process may use)."
     ),
+    max_head_bytes: str = typer.Option(
+        "2GiB", help="Largest head a trainer may upload (its own model, exported)."
+    ),
     token: str = typer.Option(
         None,
         envvar="HAPI_TOKEN",
@@ -91,6 +94,7 @@ def serve(
         threads=threads,
         memory_budget=memory_budget,
         compute_slots=compute_slots,
+        max_head_bytes=max_head_bytes,
         token=token,
         tenants=tenants,
         tls_cert=tls_cert,

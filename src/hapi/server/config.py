@@ -57,14 +57,18 @@ class ServerConfig:
     idle_heads: int = 4
     """Heads no open session uses that stay loaded for the next session (each job opens
     one per epoch); older ones are dropped to bound the server's memory."""
-    session_idle_s: float = 3600.0
-    """A session no chunk has used for this long is closed (its job died without closing
-    it), freeing its head."""
+    session_idle_s: float = 60.0
+    """A session no chunk or keepalive has used for this long is closed (its job died
+    without closing it), freeing its head; a job's open loader renews it every third of
+    this (`hapi.client.sessions.KEEPALIVE_S`), so keep it above a minute."""
     repo: str | None = None
     """URI of a model repository for `repo://` model references; None: named models only."""
     memory_budget: int | str | None = None
     """Bytes heads and running batches may hold together (`4GiB`, or a number); None: half
     of the available memory (or of the memory cgroup's limit), or on a GPU its free memory."""
+    max_head_bytes: int | str = "2GiB"
+    """The largest head a trainer may upload (a user's own model, exported: program and
+    weights); larger uploads are refused before they are held in memory."""
     compute_slots: int | None = None
     """Batches computed at once; None: the cores this process may run on (a 1-core server
     runs one batch at a time, so the first chunk's bytes leave first)."""
@@ -87,7 +91,7 @@ class ServerConfig:
         if not self.session_idle_s > 0:
             raise InvalidRequest(
                 f"session_idle_s must be > 0 seconds, got {self.session_idle_s}: it is how "
-                "long an unused session is kept (default 3600)"
+                "long an unused session is kept (default 60)"
             )
         if self.idle_heads < 0:
             raise InvalidRequest(
@@ -98,6 +102,9 @@ class ServerConfig:
             from hapi.server.budget import parse_bytes
 
             parse_bytes(self.memory_budget)  # refuse a bad size before binding a port
+        from hapi.server.budget import parse_bytes
+
+        parse_bytes(self.max_head_bytes)
         if self.compute_slots is not None and (
             isinstance(self.compute_slots, bool)
             or not isinstance(self.compute_slots, int)

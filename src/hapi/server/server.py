@@ -42,7 +42,7 @@ from hapi.server.session import RAW_BATCH_BYTES, Session
 from hapi.server.shaping import TokenBucket, parse_rate
 from hapi.server.tenants import Tenant, reload_on_sighup
 from hapi.server.tls import flight_location
-from hapi.server.uploads import MAX_HEAD_BYTES, HeadUploads, head_graph, on_device
+from hapi.server.uploads import HeadUploads, head_graph, on_device
 from hapi.wire import (
     ActionType,
     ChunkTicket,
@@ -89,8 +89,6 @@ class HapiServer(flight.FlightServerBase):
         store: the store to serve instead of opening `config.store` (an embedding
             program's own, or a test's fake).
         clock: monotonic seconds, for session idle times (tests pass a fake clock).
-        max_head_bytes: the largest head artifact a trainer may upload (program and
-            weights); a larger upload is refused as it arrives.
     """
 
     def __init__(
@@ -99,7 +97,6 @@ class HapiServer(flight.FlightServerBase):
         *,
         store: ObjectStore | None = None,
         clock: Callable[[], float] = time.monotonic,
-        max_head_bytes: int = MAX_HEAD_BYTES,
     ) -> None:
         self.metrics = Metrics()
         listener = Listener.from_config(config)
@@ -131,7 +128,7 @@ class HapiServer(flight.FlightServerBase):
             config.device, repo=self.repo, idle=config.idle_heads, scheduler=self.scheduler
         )
         self.scheduler.reclaimer = self.heads
-        self.uploads = HeadUploads(max_head_bytes)
+        self.uploads = HeadUploads(parse_bytes(config.max_head_bytes))
         """Heads trainers uploaded for models of their own, by digest."""
         self.shaper = TokenBucket(parse_rate(config.egress_limit)) if config.egress_limit else None
         self._clock = clock
@@ -569,7 +566,6 @@ def serve(
     config: ServerConfig | None = None,
     *,
     clock: Callable[[], float] = time.monotonic,
-    max_head_bytes: int = MAX_HEAD_BYTES,
     **options: Any,
 ) -> Iterator[HapiServer]:
     """Run a server in a background thread for the duration of a `with` block.
@@ -577,11 +573,8 @@ def serve(
     Args:
         config: the server's settings; or give them as keyword arguments (`store=...`).
         clock: monotonic seconds, for session idle times (tests pass a fake clock).
-        max_head_bytes: the largest head artifact a trainer may upload.
     """
-    server = HapiServer(
-        config or ServerConfig(**options), clock=clock, max_head_bytes=max_head_bytes
-    )
+    server = HapiServer(config or ServerConfig(**options), clock=clock)
     # Python lets only the main thread install signal handlers; elsewhere, call
     # `server.tenants.reload()` to re-read the tenants file.
     reloads = (
