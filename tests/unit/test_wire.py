@@ -162,6 +162,7 @@ def test_action_names_are_the_documented_ones() -> None:
         "stats",
         "profile",
         "has_head",
+        "keepalive",
     ]
     assert all(a.description for a in ActionType)
 

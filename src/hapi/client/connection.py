@@ -31,7 +31,7 @@ from hapi.wire import (
     decode_error,
 )
 from hapi.wire.heads import head_batches, head_descriptor, head_schema
-from hapi.wire.messages import HasHeadRequest
+from hapi.wire.messages import HasHeadRequest, KeepaliveRequest
 from hapi.wire.replies import HasHeadReply
 
 __all__ = ["ChunkPart", "ChunkResult", "ChunkStream", "Connection", "connect"]
@@ -147,6 +147,14 @@ class Connection:
         """Close a session; returns the server's stats for it."""
         body = CloseSessionRequest(session=session).to_bytes()
         return SessionStats.model_validate_json(self.action(ActionType.CLOSE_SESSION, body))
+
+    def keepalive(self, session: str) -> None:
+        """Renew a session's lease, so the server does not close it as abandoned.
+
+        Raises:
+            SessionNotFound: the server does not hold it (closed, or the server restarted).
+        """
+        self.action(ActionType.KEEPALIVE, KeepaliveRequest(session=session).to_bytes())
 
     def manifest(self, prefix: str = "") -> DatasetManifest:
         """The dataset under `prefix` in the server's store."""

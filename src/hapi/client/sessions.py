@@ -10,7 +10,11 @@ from hapi.client.connection import Connection
 from hapi.errors import HapiError, SessionNotFound
 from hapi.wire import SessionRequest
 
-__all__ = ["Sessions"]
+__all__ = ["KEEPALIVE_S", "Sessions"]
+
+KEEPALIVE_S = 20.0
+"""Seconds between a loop's keepalives: a third of the server's default `session_idle_s`,
+so two may be lost before the server closes a session of a job that is alive."""
 
 # (cut, the lost session's id, the new one's): for the job's history.
 OnReopen = Callable[[int, str, str], None]
@@ -29,6 +33,9 @@ class Sessions:
         request: the session request for a cut; None for a fixed session that cannot be
             re-opened (a loader given a session id).
         on_reopen: called after a lost session was opened again.
+        keepalive_s: seconds between keepalives while the sessions are open (`with`), so
+            a job that is alive but between chunks (evaluating, or a slow step of its
+            own) keeps its sessions; None: none are sent.
     """
 
     def __init__(
@@ -37,6 +44,7 @@ class Sessions:
         request: Callable[[int], SessionRequest] | None,
         *,
         on_reopen: OnReopen | None = None,
+        keepalive_s: float | None = KEEPALIVE_S,
     ) -> None:
         self.connection = connection
         self._request = request
@@ -45,6 +53,9 @@ class Sessions:
         self._lock = threading.Lock()
         self.opened: list[str] = []
         """Every session id this object opened, re-opened ones included."""
+        self.keepalive_s = keepalive_s
+        self._stop = threading.Event()
+        self._keeper: threading.Thread | None = None
 
     @classmethod
     def fixed(cls, connection: Connection, session: str, cut: int) -> Sessions:
@@ -109,8 +120,34 @@ class Sessions:
         self.opened.append(session)
         return session
 
+    def _keep_alive(self) -> None:
+        assert self.keepalive_s is not None  # __enter__ starts this thread only then
+        while not self._stop.wait(self.keepalive_s):
+            with self._lock:
+                held = list(self._ids.items())
+            for cut, session in held:
+                try:
+                    self.connection.keepalive(session)
+                except SessionNotFound:
+                    # A restarted server, or one that closed it while this process was
+                    # suspended: open it again now, not when the next chunk fails.
+                    with contextlib.suppress(HapiError):
+                        self.reopen(cut, session)
+                except HapiError:
+                    pass  # unreachable for now: the next keepalive or chunk retries
+
     def __enter__(self) -> Sessions:
+        if self._request is not None and self.keepalive_s is not None:
+            self._stop.clear()
+            self._keeper = threading.Thread(
+                target=self._keep_alive, name="hapi-keepalive", daemon=True
+            )
+            self._keeper.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._keeper is not None:
+            self._keeper.join(timeout=10)
+            self._keeper = None
         self.close()

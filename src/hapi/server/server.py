@@ -58,7 +58,7 @@ from hapi.wire import (
     raw_schema,
 )
 from hapi.wire.heads import head_digest_of
-from hapi.wire.messages import HasHeadRequest, ProfileRequest, UploadedHead
+from hapi.wire.messages import HasHeadRequest, KeepaliveRequest, ProfileRequest, UploadedHead
 from hapi.wire.replies import HasHeadReply, ProfileReply
 
 if TYPE_CHECKING:
@@ -140,6 +140,8 @@ class HapiServer(flight.FlightServerBase):
         self._owners: dict[str, str] = {}
         """Tenant name of every session, open or closed (as long as `_closed` keeps it)."""
         self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        """Set by `shutdown`: ends the reaper thread `serve` starts."""
         if config.threads:
             torch.set_num_threads(config.threads)
         # Read at each scrape: heads loaded or evicted anywhere, and the scheduler's
@@ -161,8 +163,22 @@ class HapiServer(flight.FlightServerBase):
         """The `grpc://host:port` (`grpc+tls://` with TLS) clients connect to."""
         return flight_location(self.config.host, self.port, tls=self.tls is not None)
 
+    def serve(self) -> None:
+        """Serve until `shutdown`, closing abandoned sessions every few seconds meanwhile.
+
+        Every call closes them too; the reaper frees the heads of a server no call reaches.
+        """
+        reaper = threading.Thread(target=self._reap, name="hapi-reaper", daemon=True)
+        reaper.start()
+        try:
+            super().serve()
+        finally:
+            self._stopped.set()
+            reaper.join(timeout=10)
+
     def shutdown(self) -> None:
         """Stop serving Flight calls and the metrics endpoint."""
+        self._stopped.set()
         super().shutdown()
         self.metrics.close()
         self.uploads.close()
@@ -176,6 +192,7 @@ class HapiServer(flight.FlightServerBase):
     def do_action(
         self, context: flight.ServerCallContext, action: flight.Action
     ) -> Iterator[bytes]:
+        self._close_abandoned()
         with self._guard(f"action {shorten(repr(action.type), 100)}", context) as tenant:
             body = action.body.to_pybytes() if action.body is not None else b""
             result = self._action(action.type, body, tenant)
@@ -197,6 +214,9 @@ class HapiServer(flight.FlightServerBase):
         if name == ActionType.HAS_HEAD:
             present = self.uploads.has(parse(HasHeadRequest, body).digest)
             return HasHeadReply(present=present, max_bytes=self.uploads.max_bytes).to_bytes()
+        if name == ActionType.KEEPALIVE:
+            self._session(parse(KeepaliveRequest, body).session, tenant)  # renews its lease
+            return b"{}"
         raise InvalidRequest(
             f"unknown action {shorten(repr(name), 100)}: known actions are "
             f"{[a.value for a in ActionType]}"
@@ -220,6 +240,7 @@ class HapiServer(flight.FlightServerBase):
         self, context: flight.ServerCallContext, ticket: flight.Ticket
     ) -> flight.FlightDataStream:
         started = time.perf_counter()
+        self._close_abandoned()
         with self._guard("do_get", context) as tenant:
             chunk = parse(ChunkTicket, ticket.ticket)
             session = self._session(chunk.session, tenant)
@@ -239,6 +260,8 @@ class HapiServer(flight.FlightServerBase):
                 if self.shaper is not None:
                     session.stats.add(shaping_wait_s=self.shaper.consume(nbytes))
                 session.stats.add(bytes_sent=nbytes)
+                # A chunk streaming longer than the idle time is use, not abandonment.
+                session.last_used = self._clock()
                 samples, sent = samples + batch.num_rows, sent + nbytes
                 if session.request.cut != RAW and batch.num_rows:
                     # A feature session sends each batch its head ran as one wire batch.
@@ -549,9 +572,18 @@ class HapiServer(flight.FlightServerBase):
                 self.metrics.error(tenant.name, InternalError.__name__)
                 raise
 
+    def _reap(self) -> None:
+        # A tenth of the idle time, at most 5 s: a session is closed within 10% of it.
+        period = min(5.0, self.config.session_idle_s / 10)
+        while not self._stopped.wait(period):
+            try:
+                self._close_abandoned()
+            except Exception:  # the reaper must outlive any one failed close
+                log.exception("closing abandoned sessions failed")
+
     def _close_abandoned(self) -> None:
-        """Close sessions unused for `session_idle_s`: their jobs died without closing
-        them, and they hold heads in memory."""
+        """Close sessions neither a chunk nor a keepalive used for `session_idle_s`: their
+        jobs died without closing them, and they hold heads in memory."""
         cutoff = self._clock() - self.config.session_idle_s
         with self._lock:
             abandoned = [sid for sid, s in self._sessions.items() if s.last_used < cutoff]

@@ -16,6 +16,7 @@ class ActionType(StrEnum):
     STATS = "stats"
     PROFILE = "profile"
     HAS_HEAD = "has_head"
+    KEEPALIVE = "keepalive"
 
     @property
     def description(self) -> str:
@@ -32,4 +33,6 @@ _DESCRIPTIONS = {
     "(ProfileRequest); returns ProfileReply.",
     ActionType.HAS_HEAD: "Whether an uploaded head is here (HasHeadRequest); returns HasHeadReply. "
     "Heads are uploaded with do_put to the descriptor path ['hapi-head', <digest>].",
+    ActionType.KEEPALIVE: "Renew an open session's lease (KeepaliveRequest) so it is not closed "
+    "as abandoned; returns {}, or SessionNotFound when the server does not hold it.",
 }

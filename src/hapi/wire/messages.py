@@ -23,6 +23,7 @@ __all__ = [
     "ChunkTicket",
     "CloseSessionRequest",
     "HasHeadRequest",
+    "KeepaliveRequest",
     "ManifestRequest",
     "OnError",
     "ProfileRequest",
@@ -125,6 +126,13 @@ class HasHeadRequest(_Request):
 
 class CloseSessionRequest(_Request):
     """`close_session`: forget a session; the reply is its `SessionStats`."""
+
+    session: str = Field(max_length=64)
+
+
+class KeepaliveRequest(_Request):
+    """`keepalive`: the job that opened this session is alive; keep it open (a session
+    neither a chunk nor a keepalive used for the server's `session_idle_s` is closed)."""
 
     session: str = Field(max_length=64)
 
