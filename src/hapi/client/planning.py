@@ -4,9 +4,11 @@ The link, the objects' size and the trainer's decoding come from a probe chunk o
 job's own objects in a RAW session: its bytes over the stream's time, less the server's
 wait for its store (the session's own counters, `stats`) and the request's round trip.
 The server measures its side itself when it answers the `profile` action: reading,
-decoding and the head to every cut, on the same objects. An older server is probed
-instead with a chunk at the freeze cut (decoding per sample and the head to the freeze
-point, from the session's counters), and the head to the other cuts is the trainer's
+decoding and the head to every cut, on the same objects, each cut on a small batch. A
+probe chunk at the freeze cut then sets their level: it runs the path every chunk runs,
+at the server's own batch size, and the session's counters give its decoding and head
+time per sample (the profile timed the head several times slower than chunks run it).
+An older server gets the probe alone, and the head to the other cuts is the trainer's
 measured head scaled by the server/trainer ratio at the freeze point: the layers'
 relative costs are the model's, the ratio is the machines'. Each probe chunk runs twice
 and the second is measured, so a cold store or a first kernel call does not count.
@@ -150,15 +152,45 @@ def measure_job(
         decode_s=measure_decode(raw.blobs, transforms, seed=seed),
         batch_size=batch_size,
     )
-    if profiled is not None and profiled.last_cut >= freeze:
-        # What RAW carries per sample on the wire, as the probe saw it.
-        server = dataclasses.replace(profiled, raw_bytes=raw.nbytes / max(raw.samples, 1))
+    if profiled is not None and profiled.last_cut < freeze:
+        profiled = None
+    at_freeze = None
+    if profiled is None or freeze > INPUT:
+        session = connection.open_session(request(freeze)).session
+        try:
+            at_freeze = _probe(connection, session, keys, labels)
+        finally:
+            connection.close_session(session)
+    if profiled is None:
+        assert at_freeze is not None  # probed just now
+        server = _scaled_trainer(graph, freeze, raw=raw, at_freeze=at_freeze, trainer=trainer,
+                                 wire_dtype=wire_dtype)  # fmt: skip
     else:
-        server = _probe_server(
-            connection, request, keys, labels, graph, freeze, raw=raw, trainer=trainer,
-            wire_dtype=wire_dtype,
-        )  # fmt: skip
+        server = _calibrated(profiled, raw=raw, at_freeze=at_freeze, freeze=freeze)
     return Profiles(server=server, trainer=trainer, link=link)
+
+
+def _calibrated(
+    profiled: ServerProfile, *, raw: _Probe, at_freeze: _Probe | None, freeze: int
+) -> ServerProfile:
+    """The server's own profile, its head and decoding rescaled to a real chunk's.
+
+    The profile times each cut's head on a small batch of its own; the probe chunk at the
+    freeze cut runs the path every chunk runs, at the server's own batch size. The
+    profile gives the cuts' relative costs, the probe their level.
+    """
+    raw_bytes = raw.nbytes / max(raw.samples, 1)  # what RAW carries per sample, as seen
+    if at_freeze is None or not at_freeze.samples:
+        return dataclasses.replace(profiled, raw_bytes=raw_bytes)
+    m = at_freeze.samples
+    head = at_freeze.server.head_s / m
+    ratio = head / profiled.head_s[freeze] if profiled.head_s[freeze] > 0 else 1.0
+    return dataclasses.replace(
+        profiled,
+        raw_bytes=raw_bytes,
+        decode_s=at_freeze.server.transform_s / m,
+        head_s=tuple(t * ratio for t in profiled.head_s),
+    )
 
 
 def _profile_action(connection: Connection, session: str, keys: list[str]) -> ServerProfile | None:
@@ -172,30 +204,19 @@ def _profile_action(connection: Connection, session: str, keys: list[str]) -> Se
     return ServerProfile.from_dict(ProfileReply.model_validate_json(reply).server_profile())
 
 
-def _probe_server(
-    connection: Connection,
-    request: Callable[[int], SessionRequest],
-    keys: list[str],
-    labels: list[int],
+def _scaled_trainer(
     graph: ModelGraph,
     freeze: int,
     *,
     raw: _Probe,
+    at_freeze: _Probe,
     trainer: TrainerProfile,
     wire_dtype: str,
 ) -> ServerProfile:
-    """The server's profile from a probe chunk at the freeze cut (and the RAW probe), for
-    a server without the `profile` action."""
-    n = raw.samples
-    read_s = raw.server.read_s / n
-    raw_bytes = raw.nbytes / n
-    session = connection.open_session(request(freeze)).session
-    try:
-        at_freeze = _probe(connection, session, keys, labels)
-    finally:
-        connection.close_session(session)
+    """The server's profile from the probe chunks alone (a server without the `profile`
+    action): the trainer's per-cut head times scaled to the server's at the freeze cut."""
+    n = max(raw.samples, 1)
     m = max(at_freeze.samples, 1)
-    decode_s = at_freeze.server.transform_s / m
     head_freeze = at_freeze.server.head_s / m if freeze > INPUT else 0.0
     local = trainer.head_s[freeze]
     ratio = head_freeze / local if local > 0 else 1.0
@@ -203,12 +224,12 @@ def _probe_server(
     overhead = max(0, round(at_freeze.nbytes / m) - wire_bytes(graph, freeze, wire_dtype))
     cuts = range(freeze + 1)
     return ServerProfile(
-        read_s=read_s,
-        decode_s=decode_s,
+        read_s=raw.server.read_s / n,
+        decode_s=at_freeze.server.transform_s / m,
         head_s=tuple(trainer.head_s[k] * ratio for k in cuts),
         out_bytes=tuple(wire_bytes(graph, k, wire_dtype, overhead=overhead) for k in cuts),
         memory_bytes=tuple(memory_per_sample(graph, k) for k in cuts),
-        raw_bytes=raw_bytes,
+        raw_bytes=raw.nbytes / n,
         wire_dtype=wire_dtype,
     )
 

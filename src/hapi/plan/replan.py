@@ -84,12 +84,18 @@ class ReplanConfig:
     mislead every option that leans on it."""
     planner: PlannerConfig = field(default_factory=PlannerConfig)
     """How re-plans choose."""
+    min_gain: float = 0.1
+    """A re-plan changes the cut or share only when the new choice is predicted this much
+    faster than the plan in force at the measured rates: measured rates are noisy, and a
+    change costs the chunks already issued by the old plan."""
 
     def __post_init__(self) -> None:
         if not self.threshold > 0.0:
             raise ValueError(f"threshold must be > 0, got {self.threshold}")
         if self.min_chunks < 1:
             raise ValueError(f"min_chunks must be >= 1, got {self.min_chunks}")
+        if not 0.0 <= self.min_gain < 1.0:
+            raise ValueError(f"min_gain must be in [0, 1), got {self.min_gain}")
         if not 0.0 <= self.min_stage_share < 1.0:
             raise ValueError(f"min_stage_share must be in [0, 1), got {self.min_stage_share}")
         if not 0.0 < self.weight <= 1.0:
@@ -198,6 +204,10 @@ class Replanner:
             config=self.config.planner,
             current=previous,
         )
+        now = estimate(previous.cut, previous.share, server, trainer, link, previous.workload)
+        if plan.epoch_s > now.epoch_s * (1 - self.config.min_gain):
+            # Not enough faster to be worth a change: the plan in force, re-predicted.
+            plan = plan.with_choice(previous.cut, previous.share, reason=previous.reason)
         change = PlanChange(previous=previous, plan=plan, reason=reason, chunks=self.chunks)
         self.plan = plan
         self.changes.append(change)
