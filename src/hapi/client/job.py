@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from hapi._tracing import TRACING
 from hapi.client._decode import RawDecoder
 from hapi.client._from_repo import build_from_repo
 from hapi.client._parts import ModelParts
+from hapi.client._resume import STATE_VERSION, capture_rng, read_state, restore_rng
 from hapi.client.config import JobConfig
 from hapi.client.connection import Connection, connect
 from hapi.client.export import UploadedHeads
@@ -138,6 +140,13 @@ class TransferJob:
         self._epoch: int | None = None
         self.model.to(self.device)
         self.history = History()
+        self._next_epoch = 0
+        """The epoch `fit` runs next; it may have begun (see `_position`)."""
+        self._position = 0
+        """Places of `_next_epoch`'s order trained (or skipped) so far: where it resumes."""
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._resumed: Mapping[str, Any] | None = None
+        """A loaded state whose optimizer and random states the next `fit` takes up."""
         self._manifests: dict[str, DatasetManifest] = {}
 
     # What the job will do ------------------------------------------------------------------
@@ -240,15 +249,20 @@ class TransferJob:
         *,
         lr: float = 0.01,
         progress: Callable[[int, int], None] | None = None,
+        resume_from: Mapping[str, Any] | str | os.PathLike[str] | None = None,
     ) -> History:
         """Train the tail for `epochs` epochs.
 
         Args:
-            epochs: epochs to run (continuing from earlier `fit` calls).
+            epochs: epochs to run (continuing from earlier `fit` calls); with
+                `resume_from`, the epoch the state stopped in counts as one.
             optimizer: an optimizer over `trainable_parameters`, a factory taking them,
                 or None for SGD with momentum 0.9 at `lr`.
             lr: learning rate of the default optimizer.
             progress: called with (batches done, batches per epoch) after each step.
+            resume_from: a `state_dict()`, or the path `save_state` wrote: go on from
+                there, mid-epoch included, training no key twice. Without it, an epoch
+                a failure cut short starts again.
 
         Returns:
             The job's history, with this call's epochs and events appended.
@@ -268,18 +282,33 @@ class TransferJob:
             optimizer = torch.optim.SGD(params, lr=lr, momentum=0.9)
         elif not isinstance(optimizer, torch.optim.Optimizer):
             optimizer = optimizer(params)
+        if resume_from is not None:
+            self.load_state_dict(read_state(resume_from))
+        elif self._resumed is None:
+            self._position = 0  # an epoch a failure cut short starts again
+        if self._resumed is not None and self._resumed["optimizer"] is not None:
+            optimizer.load_state_dict(self._resumed["optimizer"])
+        self._optimizer = optimizer
         loss_fn = nn.CrossEntropyLoss()
         with self._loop(self.config.dataset, self.config.train_transforms, True) as loader:
-            start = len(self.history.epochs)
+            start = self._next_epoch
             for epoch in range(start, start + epochs):
                 self._epoch = epoch
                 self._train_mode(True)
-                # Seed per epoch so dropout in the tail draws the same masks in every plan.
-                torch.manual_seed(self.config.seed * 1_000_003 + epoch)
+                offset, resumed, self._resumed = self._position, self._resumed, None
+                if resumed is not None and offset:
+                    restore_rng(resumed["rng"])  # as it was after the state's last step
+                else:
+                    # Seed per epoch so dropout in the tail draws the same masks in every plan.
+                    torch.manual_seed(self.config.seed * 1_000_003 + epoch)
+                order = loader.order(epoch)
+                keys = loader.manifest.keys
+                place = {keys[j]: i for i, j in enumerate(order)}
                 server_before = self._server_cpu(loader.sessions)
                 t0 = time.perf_counter()
                 total_loss = correct = seen = compute = 0.0
-                for step, batch in enumerate(loader.batches(epoch), 1):
+                batches = loader.batches(epoch, start=offset)
+                for step, batch in enumerate(batches, offset // self.config.batch_size + 1):
                     t1 = time.thread_time()
                     x, y = self._to_device(batch.features, batch.labels)
                     out = self._output(x, batch.cut)
@@ -292,6 +321,8 @@ class TransferJob:
                     correct += (out.argmax(1) == y).sum().item()
                     seen += len(y)
                     compute += time.thread_time() - t1
+                    # Batches arrive in epoch order: the last key's place bounds the rest.
+                    self._position = place[batch.keys[-1]] + 1
                     if progress is not None:
                         progress(step, len(loader))
                 seconds = time.perf_counter() - t0
@@ -307,7 +338,68 @@ class TransferJob:
                         compute=compute,
                     )
                 )
+                self._next_epoch, self._position = epoch + 1, 0
         return self.history
+
+    def state_dict(self) -> dict[str, Any]:
+        """What `fit(resume_from=...)` needs to go on as if never stopped.
+
+        The tail's parameters and buffers (batch norm statistics), the optimizer's state,
+        the epoch and how far into its order training got, the plan in force, the
+        per-step losses and the random states (torch, numpy, Python). Taken after a
+        step (from a `progress` callback, or after `fit` raised), a resumed job trains
+        the same batches as one never stopped. The frozen head is not in it: it is the
+        model the job was built from.
+        """
+        cut, share = self._in_force()
+        pending = self._resumed["optimizer"] if self._resumed is not None else None
+        return {
+            "version": STATE_VERSION,
+            "dataset": self.config.dataset,
+            "seed": self.config.seed,
+            "batch_size": self.config.batch_size,
+            "freeze": self.freeze,
+            "epoch": self._next_epoch,
+            "position": self._position,
+            "model": self._parts.tail(self.freeze).state_dict(),
+            "optimizer": self._optimizer.state_dict() if self._optimizer else pending,
+            "plan": {"cut": cut, "share": share},
+            "losses": list(self.history.losses),
+            "rng": capture_rng(),
+        }
+
+    def save_state(self, path: str | os.PathLike[str]) -> None:
+        """Write `state_dict()` to `path` with `torch.save` (read back weights-only)."""
+        torch.save(self.state_dict(), path)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Take up a `state_dict()`: the next `fit(resume_from=...)`, or a `fit` right
+        after this, goes on from it (the optimizer's state applies to `fit`'s optimizer).
+
+        Raises:
+            InvalidRequest: a state of another job (dataset, seed, batch size or freeze
+                point differ, so its epoch order or tail would not be this job's).
+        """
+        state = read_state(state)
+        for name, mine in (
+            ("dataset", self.config.dataset),
+            ("seed", self.config.seed),
+            ("batch_size", self.config.batch_size),
+            ("freeze", self.freeze),
+        ):
+            if state[name] != mine:
+                raise InvalidRequest(
+                    f"the state is of a job with {name}={state[name]!r}, this one has "
+                    f"{mine!r}: build the job with the options the state was saved from"
+                )
+        self._parts.tail(self.freeze).load_state_dict(state["model"])
+        plan = state["plan"]
+        self.set_plan(plan["cut"], plan["share"], reason="resumed from a saved state")
+        self.history.losses[:] = state["losses"]
+        self._next_epoch, self._position = state["epoch"], state["position"]
+        self._optimizer = None
+        self._resumed = state
+        restore_rng(state["rng"])
 
     def evaluate(
         self, dataset: str | None = None, *, progress: Callable[[int, int], None] | None = None

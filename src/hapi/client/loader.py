@@ -169,9 +169,10 @@ class FeatureLoader:
             return np.arange(n)
         return np.random.default_rng([self.seed, epoch]).permutation(n)
 
-    def chunks(self, epoch: int) -> list[tuple[list[str], list[int]]]:
-        """The epoch's chunks in order, each as (keys, labels)."""
-        order = self.order(epoch)
+    def chunks(self, epoch: int, *, start: int = 0) -> list[tuple[list[str], list[int]]]:
+        """The epoch's chunks in order, each as (keys, labels), from place `start` of its
+        order on."""
+        order = self.order(epoch)[start:]
         keys, labels = self.manifest.keys, self.manifest.labels
         return [
             (
@@ -186,8 +187,12 @@ class FeatureLoader:
         for batch in self.batches(epoch):
             yield batch.features, batch.labels
 
-    def batches(self, epoch: int) -> Iterator[Batch]:
+    def batches(self, epoch: int, *, start: int = 0) -> Iterator[Batch]:
         """Yield the epoch's training batches, each at one cut, in epoch order.
+
+        `start` resumes an epoch: its order's first `start` places are left out (they
+        were trained before an interruption). At a multiple of `batch_size` the batches
+        are those the whole epoch would have had from there on.
 
         The time the caller spends between batches is the trainer's time on them (the
         tail, the optimizer step), measured here for the plan's stage times.
@@ -199,8 +204,12 @@ class FeatureLoader:
             IncompleteEpoch: keys went missing.
             NotDecoded: raw bytes arrived for a chunk routed as pushed down.
         """
+        if not 0 <= start <= len(self.manifest):
+            raise InvalidRequest(
+                f"start must be 0..{len(self.manifest)} (the epoch's samples), got {start}"
+            )
         self.stats = LoaderStats()
-        chunks = self.chunks(epoch)
+        chunks = self.chunks(epoch, start=start)
         self.router.start(epoch, len(chunks))
         return _Epoch(self, epoch, chunks).run()
 
