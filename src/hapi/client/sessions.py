@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 
 from hapi.client.connection import Connection
@@ -54,6 +55,8 @@ class Sessions:
         self.opened: list[str] = []
         """Every session id this object opened, re-opened ones included."""
         self.keepalive_s = keepalive_s
+        self._idle_s = float("inf")
+        """The shortest idle limit of the servers' sessions this object opened."""
         self._stop = threading.Event()
         self._keeper: threading.Thread | None = None
 
@@ -116,13 +119,21 @@ class Sessions:
 
     def _open(self, cut: int) -> str:
         assert self._request is not None  # callers check
-        session = self.connection.open_session(self._request(cut)).session
-        self.opened.append(session)
-        return session
+        info = self.connection.open_session(self._request(cut))
+        # Renew well within the server's idle limit, whatever it was configured to.
+        self._idle_s = min(self._idle_s, info.idle_s)
+        self.opened.append(info.session)
+        return info.session
 
     def _keep_alive(self) -> None:
         assert self.keepalive_s is not None  # __enter__ starts this thread only then
-        while not self._stop.wait(self.keepalive_s):
+        # Wake often and renew when due: a session opened later may come from a server
+        # whose idle limit is shorter than the period this loop started with.
+        sent = time.monotonic()
+        while not self._stop.wait(min(self.keepalive_s, 1.0)):
+            if time.monotonic() - sent < min(self.keepalive_s, self._idle_s / 3):
+                continue
+            sent = time.monotonic()
             with self._lock:
                 held = list(self._ids.items())
             for cut, session in held:

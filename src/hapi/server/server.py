@@ -311,6 +311,7 @@ class HapiServer(flight.FlightServerBase):
             memory_fixed=memory.fixed,
             memory_per_sample=memory.per_sample,
             head_bytes=tensor_bytes(head) if head is not None else 0,
+            idle_s=self.config.session_idle_s,
         )
         session = Session(
             id=info.session,

@@ -62,6 +62,12 @@ class SessionInfo(_Reply):
     head_bytes: int = Field(
         default=0, description="Bytes of the head's weights (shared with other sessions)."
     )
+    idle_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Seconds without a chunk or keepalive after which the server closes the "
+        "session as abandoned: a client renews it well within that.",
+    )
 
 
 class HasHeadReply(_Reply):
