@@ -125,9 +125,12 @@ def test_keepalives_follow_the_servers_idle_limit(store_dir: Path) -> None:
     # A server with a short idle limit: the client renews within a third of it, though
     # its own keepalive period (20 s) is longer than the limit.
     config = ServerConfig(store=str(store_dir), idle_heads=0, session_idle_s=3)
-    with serve(config) as server, connect(server.address) as conn:
-        with Sessions(conn, lambda cut: _request(cut)) as sessions:
-            session = sessions.get(6)
-            opened = server._sessions[session].last_used
-            _wait_for(lambda: server._sessions[session].last_used > opened)
-            assert sessions.ids() == [session]  # renewed, not lost and re-opened
+    with (
+        serve(config) as server,
+        connect(server.address) as conn,
+        Sessions(conn, lambda cut: _request(cut)) as sessions,
+    ):
+        session = sessions.get(6)
+        opened = server._sessions[session].last_used
+        _wait_for(lambda: server._sessions[session].last_used > opened)
+        assert sessions.ids() == [session]  # renewed, not lost and re-opened
