@@ -134,6 +134,10 @@ def _run(config: DemoConfig, address: str, mode: str, report: Progress) -> DemoR
         eval_dataset="val",
         mode=mode,
         freeze=freeze,
+        # The demo shows the two ends side by side: the objects' bytes, and the frozen
+        # front's features. The planner (`cut="auto"`, `hapi plan`) would pick the
+        # faster of every option for this link, which at a fast link can be the input.
+        cut=None if mode == "pushdown" else "auto",
         image_size=config.image_size,
         transforms=Transforms.train(config.image_size),
         batch_size=config.batch_size,

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import warnings
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -383,7 +384,10 @@ class HeadCache:
         """Bytes to build `model` and trace it at `image_size`, from a meta-device copy
         (no memory); 0 when the copy cannot be made (the load then goes unchecked)."""
         try:
-            with torch.device("meta"):
+            # A loader that reads a checkpoint copies it into meta tensors, a no-op that
+            # torch warns about once per tensor.
+            with torch.device("meta"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
                 meta = self._loader(model).eval()
             with TRACING.exclusive():
                 graph = trace(meta, input_shape=(3, image_size, image_size))
