@@ -106,6 +106,17 @@ def test_refs_resolve_in_every_form(repo: ModelRepo) -> None:
     assert [v.version for v in repo.log("net")] == [2, 1]
 
 
+def test_an_id_prefix_of_digits_is_not_taken_for_a_missing_version(repo: ModelRepo) -> None:
+    # One id in ~7 starts with four digits; "net@<them>" must still find it.
+    for seed in range(200):
+        version = repo.push(small(seed), "net")
+        if version.id[:4].isdigit():
+            break
+    assert version.id[:4].isdigit()
+    assert repo.resolve(f"net@{version.id[:4]}").id == version.id
+    assert repo.resolve("net@1").version == 1
+
+
 @pytest.mark.parametrize(
     ("ref", "message"),
     [

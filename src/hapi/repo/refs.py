@@ -71,7 +71,10 @@ def parse_ref(text: str) -> Ref:
         if not _NAME.fullmatch(name) or not suffix:
             raise RefNotFound(_bad(text))
         if suffix.isdigit():
-            return Ref(text, name=name, version=int(suffix))
+            # Digits are a version number, and from four on may also be an id prefix
+            # (one id in ~16 starts with six digits): the repository tries the version first.
+            id_prefix = suffix if len(suffix) >= 4 else None
+            return Ref(text, name=name, version=int(suffix), id_prefix=id_prefix)
         if len(suffix) >= 4 and _HEX.fullmatch(suffix):
             return Ref(text, name=name, id_prefix=suffix)
         raise RefNotFound(_bad(text))

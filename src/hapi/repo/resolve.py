@@ -30,6 +30,8 @@ def lookup(store: ObjectStore, catalog: Catalog, ref: str | ModelVersion) -> Mod
     name = parsed.name
     if name is not None and parsed.version is not None:
         found = _by_version(store, catalog, name, parsed.version)
+        if found is None and parsed.id_prefix:
+            found = _by_prefix(store, catalog, parsed.id_prefix, name)
     elif name is not None and "@" in parsed.text:
         found = _by_prefix(store, catalog, parsed.id_prefix or "", name)
     else:
