@@ -269,6 +269,10 @@ class TransferJob:
     ) -> History:
         """Train the tail for `epochs` epochs.
 
+        Under torchrun every rank calls it: each trains its shard of every epoch, DDP
+        averages the gradients, and the history holds the global losses (see
+        `hapi.client.distributed`).
+
         Args:
             epochs: epochs to run (continuing from earlier `fit` calls); with
                 `resume_from`, the epoch the state stopped in counts as one.
@@ -429,7 +433,11 @@ class TransferJob:
     def evaluate(
         self, dataset: str | None = None, *, progress: Callable[[int, int], None] | None = None
     ) -> EvalResult:
-        """Accuracy of the model on `dataset` (default: the job's eval or training set)."""
+        """Accuracy of the model on `dataset` (default: the job's eval or training set).
+
+        Data-parallel, every rank calls it: each evaluates its shard, and the result is
+        the whole set's on every rank.
+        """
         self._in_force()  # plans first, outside inference mode: planning times a backward
         return self._evaluate(dataset or self.config.eval_dataset or self.config.dataset, progress)
 
