@@ -22,6 +22,11 @@ so the pieces fit together as follows:
   whatever cut each rank's plan (or re-plan) is at, and the frozen head is never in it.
 - Every step all-reduces (loss sum, correct, samples) once, so each rank's history holds
   the global loss of every step and the global epoch figures, equal on every rank.
+- A rank's resume state is its own: the steps taken (equal on every rank), its place in
+  its shard and its random states (seeded per rank, so dropout masks differ by slice).
+
+Batch norm after the freeze point normalises each rank's slice, as in any DDP run; a tail
+without it (or frozen batch norm) trains exactly as the combined batch would.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from torch.nn.parallel import DistributedDataParallel
 from hapi.client.history import EpochStats
 from hapi.errors import InvalidRequest
 
-__all__ = ["DataParallel", "Shard"]
+__all__ = ["DataParallel", "Shard", "pad"]
 
 T = TypeVar("T")
 
