@@ -75,7 +75,12 @@ class JobConfig:
     wire_dtype: WireDtype = "fp32"
     """Dtype of features on the wire."""
     device: str = "cpu"
-    """Where the tail trains: `cpu`, `cuda`, `cuda:N`."""
+    """Where the tail trains: `cpu`, `cuda`, `cuda:N` (under torchrun, `cuda` is the
+    rank's own GPU)."""
+    distributed: bool | None = None
+    """Data-parallel training with DDP: None when there are several ranks (torchrun's
+    environment, or a process group already initialised), True to require them, False to
+    train alone; `batch_size` is then per rank."""
     seed: int = 0
     """Seeds the epoch order, the augmentations and the trainable layers' randomness."""
     on_error: OnError = "raise"
@@ -114,6 +119,10 @@ class JobConfig:
             )
         if not isinstance(self.replan, bool | ReplanConfig):
             raise InvalidRequest(f"replan must be a bool or a ReplanConfig, got {self.replan!r}")
+        if not (self.distributed is None or isinstance(self.distributed, bool)):
+            raise InvalidRequest(
+                f"distributed must be None, True or False, got {shorten(repr(self.distributed))}"
+            )
         if self.probe_samples < 1:
             raise InvalidRequest(f"probe_samples must be >= 1, got {self.probe_samples}")
         if not 0.0 <= self.retry_budget_s < float("inf"):

@@ -20,11 +20,13 @@ from hapi.client._parts import ModelParts
 from hapi.client._resume import STATE_VERSION, capture_rng, read_state, restore_rng
 from hapi.client.config import JobConfig
 from hapi.client.connection import Connection, connect
+from hapi.client.distributed import DataParallel, pad
 from hapi.client.export import UploadedHeads
 from hapi.client.history import EpochStats, Event, History
 from hapi.client.loader import FeatureLoader
 from hapi.client.local import LocalCompute
 from hapi.client.planning import plan_job
+from hapi.client.rebatch import Batch
 from hapi.client.routing import Router
 from hapi.client.sessions import Sessions
 from hapi.data import DatasetManifest, Transforms
@@ -118,7 +120,9 @@ class TransferJob:
                 tls_key=self.config.tls_key,
             )
         )
-        self.device = torch.device(self.config.device)
+        self._dp = DataParallel.start(self.config.device, self.config.distributed)
+        """The data-parallel side under torchrun; None when the job trains alone."""
+        self.device = self._dp.device if self._dp is not None else torch.device(self.config.device)
         size = self.config.image_size
         # Exclusive: tracing patches nn.Module for every thread (a server in this process).
         with TRACING.exclusive():
@@ -144,6 +148,8 @@ class TransferJob:
         """The epoch `fit` runs next; it may have begun (see `_position`)."""
         self._position = 0
         """Places of `_next_epoch`'s order trained (or skipped) so far: where it resumes."""
+        self._step = 0
+        """Steps of `_next_epoch` taken so far (ranks take them together)."""
         self._optimizer: torch.optim.Optimizer | None = None
         self._resumed: Mapping[str, Any] | None = None
         """A loaded state whose optimizer and random states the next `fit` takes up."""
@@ -161,7 +167,7 @@ class TransferJob:
         if self._fixed is not None:
             return None
         if self._plan is None:
-            self._plan = self._make_plan()
+            self._plan = self._shared_plan()
             self._placement = (self._plan.cut, self._plan.share)
         if self._router is not None and self._router.plan is not None:
             return self._router.plan
@@ -187,6 +193,16 @@ class TransferJob:
     def tail(self) -> nn.Module:
         """The module the trainer runs on features at the plan's cut."""
         return self._parts.tail(max(self.cut, INPUT))
+
+    @property
+    def rank(self) -> int:
+        """This process's rank among data-parallel trainers (0 when training alone)."""
+        return self._dp.rank if self._dp is not None else 0
+
+    @property
+    def world_size(self) -> int:
+        """The number of data-parallel trainers (1 when training alone)."""
+        return self._dp.world if self._dp is not None else 1
 
     @property
     def trainable_parameters(self) -> list[nn.Parameter]:
@@ -253,6 +269,10 @@ class TransferJob:
     ) -> History:
         """Train the tail for `epochs` epochs.
 
+        Under torchrun every rank calls it: each trains its shard of every epoch, DDP
+        averages the gradients, and the history holds the global losses (see
+        `hapi.client.distributed`).
+
         Args:
             epochs: epochs to run (continuing from earlier `fit` calls); with
                 `resume_from`, the epoch the state stopped in counts as one.
@@ -285,7 +305,7 @@ class TransferJob:
         if resume_from is not None:
             self.load_state_dict(read_state(resume_from))
         elif self._resumed is None:
-            self._position = 0  # an epoch a failure cut short starts again
+            self._position = self._step = 0  # an epoch a failure cut short starts again
         if self._resumed is not None and self._resumed["optimizer"] is not None:
             optimizer.load_state_dict(self._resumed["optimizer"])
         self._optimizer = optimizer
@@ -299,30 +319,30 @@ class TransferJob:
                 if resumed is not None and offset:
                     restore_rng(resumed["rng"])  # as it was after the state's last step
                 else:
-                    # Seed per epoch so dropout in the tail draws the same masks in every plan.
-                    torch.manual_seed(self.config.seed * 1_000_003 + epoch)
+                    # Seed per epoch so dropout in the tail draws the same masks in every plan;
+                    # per rank too, or the ranks' slices would share their masks.
+                    torch.manual_seed(self.config.seed * 1_000_003 + epoch + (self.rank << 32))
                 order = loader.order(epoch)
                 keys = loader.manifest.keys
                 place = {keys[j]: i for i, j in enumerate(order)}
                 server_before = self._server_cpu(loader.sessions)
                 t0 = time.perf_counter()
                 total_loss = correct = seen = compute = 0.0
-                batches = loader.batches(epoch, start=offset)
-                for step, batch in enumerate(batches, offset // self.config.batch_size + 1):
+                batches: Iterable[Batch] = loader.batches(epoch, start=offset)
+                if self._dp is not None:  # every rank takes every step, its shard or not
+                    batches = pad(batches, len(loader) - self._step, self._empty_batch)
+                for step, batch in enumerate(batches, self._step + 1):
                     t1 = time.thread_time()
                     x, y = self._to_device(batch.features, batch.labels)
-                    out = self._output(x, batch.cut)
-                    loss = loss_fn(out, y)
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    optimizer.step()
-                    self.history.losses.append(loss.item())
-                    total_loss += loss.item() * len(y)
-                    correct += (out.argmax(1) == y).sum().item()
-                    seen += len(y)
+                    mean, right, n = self._train_step(optimizer, loss_fn, x, y, batch.cut)
+                    total_loss += mean * n
+                    correct += right
+                    seen += n
                     compute += time.thread_time() - t1
                     # Batches arrive in epoch order: the last key's place bounds the rest.
-                    self._position = place[batch.keys[-1]] + 1
+                    if batch.keys:
+                        self._position = place[batch.keys[-1]] + 1
+                    self._step = step
                     if progress is not None:
                         progress(step, len(loader))
                 seconds = time.perf_counter() - t0
@@ -338,7 +358,7 @@ class TransferJob:
                         compute=compute,
                     )
                 )
-                self._next_epoch, self._position = epoch + 1, 0
+                self._next_epoch, self._position, self._step = epoch + 1, 0, 0
         return self.history
 
     def state_dict(self) -> dict[str, Any]:
@@ -361,6 +381,9 @@ class TransferJob:
             "freeze": self.freeze,
             "epoch": self._next_epoch,
             "position": self._position,
+            "step": self._step,
+            "world_size": self.world_size,
+            "rank": self.rank,
             "model": self._parts.tail(self.freeze).state_dict(),
             "optimizer": self._optimizer.state_dict() if self._optimizer else pending,
             "plan": {"cut": cut, "share": share},
@@ -378,7 +401,9 @@ class TransferJob:
 
         Raises:
             InvalidRequest: a state of another job (dataset, seed, batch size or freeze
-                point differ, so its epoch order or tail would not be this job's).
+                point differ, so its epoch order or tail would not be this job's), or of
+                another rank or number of ranks (each rank saves its own: its shard and
+                random states are its own).
         """
         state = read_state(state)
         for name, mine in (
@@ -386,10 +411,13 @@ class TransferJob:
             ("seed", self.config.seed),
             ("batch_size", self.config.batch_size),
             ("freeze", self.freeze),
+            ("world_size", self.world_size),
+            ("rank", self.rank),
         ):
-            if state[name] != mine:
+            theirs = state.get(name, 0 if name == "rank" else 1)  # states from before DDP
+            if theirs != mine:
                 raise InvalidRequest(
-                    f"the state is of a job with {name}={state[name]!r}, this one has "
+                    f"the state is of a job with {name}={theirs!r}, this one has "
                     f"{mine!r}: build the job with the options the state was saved from"
                 )
         self._parts.tail(self.freeze).load_state_dict(state["model"])
@@ -397,6 +425,7 @@ class TransferJob:
         self.set_plan(plan["cut"], plan["share"], reason="resumed from a saved state")
         self.history.losses[:] = state["losses"]
         self._next_epoch, self._position = state["epoch"], state["position"]
+        self._step = state.get("step", self._position // self.config.batch_size)
         self._optimizer = None
         self._resumed = state
         restore_rng(state["rng"])
@@ -404,7 +433,11 @@ class TransferJob:
     def evaluate(
         self, dataset: str | None = None, *, progress: Callable[[int, int], None] | None = None
     ) -> EvalResult:
-        """Accuracy of the model on `dataset` (default: the job's eval or training set)."""
+        """Accuracy of the model on `dataset` (default: the job's eval or training set).
+
+        Data-parallel, every rank calls it: each evaluates its shard, and the result is
+        the whole set's on every rank.
+        """
         self._in_force()  # plans first, outside inference mode: planning times a backward
         return self._evaluate(dataset or self.config.eval_dataset or self.config.dataset, progress)
 
@@ -423,18 +456,23 @@ class TransferJob:
                 seen += len(y)
                 if progress is not None:
                     progress(step, len(loader))
-            nbytes = loader.stats.bytes_received
+            nbytes = float(loader.stats.bytes_received)
+        if self._dp is not None:  # each rank evaluated its shard: report the whole set
+            total_loss, correct, seen, nbytes = self._dp.sum([total_loss, correct, seen, nbytes])
         return EvalResult(
             accuracy=correct / max(seen, 1),
             loss=total_loss / max(seen, 1),
             samples=int(seen),
-            bytes_received=nbytes,
+            bytes_received=int(nbytes),
             seconds=time.perf_counter() - t0,
         )
 
     def batches_per_epoch(self) -> int:
-        """Training batches in one epoch of the training set."""
-        return -(-len(self.manifest(self.config.dataset)) // self.config.batch_size)
+        """Training batches (steps) in one epoch of the training set, on each rank."""
+        samples = len(self.manifest(self.config.dataset))
+        if self._dp is not None:
+            return self._dp.shard.steps(samples, self.config.batch_size)
+        return -(-samples // self.config.batch_size)
 
     def manifest(self, prefix: str) -> DatasetManifest:
         """The dataset under `prefix`, listed once by the server."""
@@ -529,13 +567,29 @@ class TransferJob:
             self.graph,
             self.freeze,
             transforms,
-            Workload(samples=len(manifest), chunk_size=config.chunk_size, prefetch=config.prefetch),
+            Workload(
+                samples=-(-len(manifest) // self.world_size),  # a rank's epoch is its shard
+                chunk_size=config.chunk_size,
+                prefetch=config.prefetch,
+            ),
             samples=config.probe_samples,
             batch_size=min(config.batch_size, 8),
             seed=config.seed,
             wire_dtype=config.wire_dtype,
         )
         self.history.events.append(Event("plan", None, None, plan.reason, plan.to_dict()))
+        return plan
+
+    def _shared_plan(self) -> Plan:
+        """The job's first plan. Data-parallel, rank 0 plans and every rank takes its plan:
+        the server is probed once, not by W ranks at once (each would measure a server the
+        others load). Re-plans are each rank's own, from its own chunks: DDP syncs only the
+        tail from the freeze point, so ranks may train at different cuts."""
+        if self._dp is None:
+            return self._make_plan()
+        plan = self._dp.from_rank0(self._make_plan)
+        if self.rank != 0:
+            self.history.events.append(Event("plan", None, None, plan.reason, plan.to_dict()))
         return plan
 
     @contextlib.contextmanager
@@ -570,6 +624,7 @@ class TransferJob:
             ),
             convert=self._parts.convert,
             record=self._record,
+            shard=self._dp.shard if self._dp is not None else None,
         )
         self._router = router if train else None
         try:
@@ -617,17 +672,55 @@ class TransferJob:
         if cut > INPUT:
             self._uploads.artifact(cut)
 
-    def _output(self, x: torch.Tensor, cut: int) -> torch.Tensor:
+    def _output(self, x: torch.Tensor, cut: int, *, sync: bool = False) -> torch.Tensor:
         """The model's output from features at `cut` (the tail, and for an exact job the
-        frozen part before it per sample, as the server runs it)."""
+        frozen part before it per sample, as the server runs it). `sync`: through the
+        data-parallel tail, which starts at the freeze point whatever the cut."""
         cut = max(cut, INPUT)
-        if self.config.exact and cut < self.freeze:
+        if (self.config.exact or sync) and cut < self.freeze:
             x = self._parts.convert(x, cut, self.freeze).to(self.device)
             cut = self.freeze
         tail = self._parts.tail(cut)
+        if sync and self._dp is not None:
+            tail = self._dp.wrap(tail)
         # Shared with the server's heads in this process and with exports of heads.
         with TRACING.shared():
             return tail(x)
+
+    def _train_step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: nn.Module,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        cut: int,
+    ) -> tuple[float, float, int]:
+        """One optimizer step on a batch: (mean loss, correct, samples), of the global
+        batch when data-parallel (then also in the history: equal on every rank)."""
+        optimizer.zero_grad(set_to_none=True)
+        if self._dp is None:
+            out = self._output(x, cut)
+            loss = loss_fn(out, y)
+            loss.backward()
+            optimizer.step()
+            mean, right, n = loss.item(), (out.argmax(1) == y).sum().item(), len(y)
+        else:
+            out = self._output(x, cut, sync=True)
+            loss, mean, right, n = self._dp.loss(out, y)
+            loss.backward()
+            if n == 0:  # no rank had a sample (all skipped): backward only kept DDP in step
+                return 0.0, 0.0, 0
+            optimizer.step()
+        self.history.losses.append(mean)
+        return mean, right, n
+
+    def _empty_batch(self) -> Batch:
+        """A batch of no samples at the freeze point, for a rank whose shard ran out."""
+        shape = self.graph.input_shape
+        if self.freeze > INPUT:
+            shape = self.graph.cut_point(self.freeze).shape
+        empty = torch.zeros((0, *shape))
+        return Batch(empty, torch.zeros(0, dtype=torch.long), [], self.freeze, ())
 
     def _record(self, event: Event) -> None:
         self.history.events.append(event)
@@ -677,7 +770,7 @@ class TransferJob:
     ) -> EpochStats:
         cut, share = self._in_force()
         stats = loader.stats
-        return EpochStats(
+        figures = EpochStats(
             epoch=epoch,
             loss=loss / max(seen, 1),
             accuracy=correct / max(seen, 1),
@@ -697,3 +790,4 @@ class TransferJob:
             chunks_pushed=stats.chunks - stats.chunks_local,
             retries=stats.retries,
         )
+        return figures if self._dp is None else self._dp.totals(figures)

@@ -31,6 +31,7 @@ import torch
 
 from hapi.client._fetch import DONE, Fetcher, Flow
 from hapi.client.connection import Connection
+from hapi.client.distributed import Shard
 from hapi.client.history import Event
 from hapi.client.local import LocalCompute
 from hapi.client.rebatch import Batch, Convert, Piece, Rebatcher
@@ -108,6 +109,8 @@ class FeatureLoader:
             cut changes mid-epoch.
         record: receives an `Event` for each retry.
         on_part: called in the fetching thread after each part of a chunk is handed on.
+        shard: with several data-parallel ranks, this rank's part of every epoch: the
+            loader fetches and yields only it (`batch_size` is then per rank).
 
     Raises:
         InvalidRequest: a size below 1, negative retries or budget.
@@ -132,6 +135,7 @@ class FeatureLoader:
         convert: Convert | None = None,
         record: Callable[[Event], None] | None = None,
         on_part: OnPart | None = None,
+        shard: Shard | None = None,
     ) -> None:
         for name, value in (
             ("batch_size", batch_size),
@@ -156,18 +160,24 @@ class FeatureLoader:
         self.convert = convert
         self.record = record
         self.on_part = on_part
+        self.shard = shard
         self.stats = LoaderStats()
 
     def __len__(self) -> int:
-        """Training batches per epoch (the last one may be smaller)."""
+        """Training batches per epoch (the last one may be smaller); with a shard, the
+        steps every rank takes (a rank whose shard ran out has fewer batches)."""
+        if self.shard is not None:
+            return self.shard.steps(len(self.manifest), self.batch_size)
         return -(-len(self.manifest) // self.batch_size)
 
     def order(self, epoch: int) -> np.ndarray:
-        """The epoch's order of manifest indices."""
+        """The epoch's order of manifest indices (with a shard, this rank's part of it)."""
         n = len(self.manifest)
         if not self.shuffle:
-            return np.arange(n)
-        return np.random.default_rng([self.seed, epoch]).permutation(n)
+            order = np.arange(n)
+        else:
+            order = np.random.default_rng([self.seed, epoch]).permutation(n)
+        return order if self.shard is None else self.shard.take(order, self.batch_size)
 
     def chunks(self, epoch: int, *, start: int = 0) -> list[tuple[list[str], list[int]]]:
         """The epoch's chunks in order, each as (keys, labels), from place `start` of its
@@ -204,10 +214,9 @@ class FeatureLoader:
             IncompleteEpoch: keys went missing.
             NotDecoded: raw bytes arrived for a chunk routed as pushed down.
         """
-        if not 0 <= start <= len(self.manifest):
-            raise InvalidRequest(
-                f"start must be 0..{len(self.manifest)} (the epoch's samples), got {start}"
-            )
+        samples = len(self.order(epoch))
+        if not 0 <= start <= samples:
+            raise InvalidRequest(f"start must be 0..{samples} (the epoch's samples), got {start}")
         self.stats = LoaderStats()
         chunks = self.chunks(epoch, start=start)
         self.router.start(epoch, len(chunks))
