@@ -142,7 +142,7 @@ def _measure(server: _Server, mode: str, limit: str, args: argparse.Namespace) -
     from hapi.client import connect
     from hapi.server import parse_rate
 
-    before = set(connect(server.address).stats()["closed_sessions"])
+    before = set(connect(server.address).stats().closed_sessions)
     cmd = [sys.executable, __file__, "--trainer", f"{server.address},{mode}"]
     for name in ("model", "freeze", "image_size", "epochs", "wire_dtype", "batch_size"):
         cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
@@ -150,12 +150,12 @@ def _measure(server: _Server, mode: str, limit: str, args: argparse.Namespace) -
         cmd, check=True, capture_output=True, text=True, preexec_fn=lambda: _pin(1)
     ).stdout
     trainer = json.loads(out.strip().splitlines()[-1])
-    closed = connect(server.address).stats()["closed_sessions"]
+    closed = connect(server.address).stats().closed_sessions
     # The trainer opened one session (fit); its server-side times cover all epochs.
     (stats,) = [s for sid, s in closed.items() if sid not in before]
     epochs = args.epochs
     # CPU time, not the sum of stage wall times: chunks run concurrently on one core.
-    server_s = stats["cpu_s"] / epochs
+    server_s = stats.cpu_s / epochs
     last = trainer["epochs"][-1]
     rate = parse_rate(limit)
     transfer_s = last["bytes_received"] / rate

@@ -32,13 +32,6 @@ class _Reply(BaseModel):
         """The message as compact JSON bytes."""
         return self.model_dump_json().encode()
 
-    def __getitem__(self, name: str) -> Any:
-        # Replies were plain JSON dicts before they were typed; callers written then
-        # (`stats()["heads_cached"]`) read them by name. Prefer the attributes.
-        if name not in type(self).model_fields:
-            raise KeyError(name)
-        return getattr(self, name)
-
 
 class SessionInfo(_Reply):
     """The reply to `open_session`."""
