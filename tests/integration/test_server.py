@@ -36,6 +36,7 @@ from hapi.errors import (
 )
 from hapi.graph import INPUT, RAW, ModelSpec, build_model, trace
 from hapi.server import HapiServer, ServerConfig, serve
+from hapi.server import server as server_module
 from hapi.wire import (
     MAX_ERROR_MESSAGE,
     ActionType,
@@ -292,6 +293,24 @@ def test_a_session_its_job_abandoned_is_closed_and_frees_its_head(store_dir: Pat
         assert len(server.heads) == 2  # the used session's head, and the new one's
         with pytest.raises(SessionNotFound, match="unused for too long"):
             conn.fetch(_ticket(abandoned.session, [key]))
+
+
+def test_a_long_running_server_forgets_old_closed_sessions_but_not_their_bytes(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server_module, "CLOSED_KEPT", 2)
+    with serve(ServerConfig(store=str(store_dir))) as server, connect(server.address) as conn:
+        key = conn.manifest("train").keys[0]
+        ids, sent = [], 0
+        for _ in range(4):
+            session = conn.open_session(_request(cut=RAW)).session
+            conn.fetch(_ticket(session, [key]))
+            sent += conn.close_session(session).bytes_sent
+            ids.append(session)
+        stats = conn.stats()
+        assert list(stats.closed_sessions) == ids[2:]
+        assert stats.bytes_sent == sent > 0
+        assert len(server._owners) == 2
 
 
 def test_list_actions_names_every_action(conn: Connection) -> None:

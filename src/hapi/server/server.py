@@ -68,6 +68,10 @@ __all__ = ["HapiServer", "serve"]
 
 log = logging.getLogger("hapi.server")
 
+CLOSED_KEPT = 1024
+"""Closed sessions whose counters `stats` still shows; older ones are forgotten (a server
+runs for months), their bytes kept in their tenant's total."""
+
 _READ_AHEAD_OBJECT = 256 << 10
 """Bytes of one object a chunk reads ahead, in its memory model (`Session` bounds its
 read-ahead to this much per object on average)."""
@@ -139,6 +143,8 @@ class HapiServer(flight.FlightServerBase):
         self._closed: dict[str, SessionStats] = {}
         self._owners: dict[str, str] = {}
         """Tenant name of every session, open or closed (as long as `_closed` keeps it)."""
+        self._forgotten_bytes: dict[str, int] = {}
+        """Bytes sent by each tenant's closed sessions that `_closed` no longer keeps."""
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         """Set by `shutdown`: ends the reaper thread `serve` starts."""
@@ -421,6 +427,13 @@ class HapiServer(flight.FlightServerBase):
             self._closed[session_id] = stats
             self.scheduler.remove_session(session_id)
             owner = self._owners[session_id]
+            while len(self._closed) > CLOSED_KEPT:
+                oldest = next(iter(self._closed))  # dicts keep the order of closing
+                gone = self._closed.pop(oldest)
+                tenant_name = self._owners.pop(oldest)
+                self._forgotten_bytes[tenant_name] = (
+                    self._forgotten_bytes.get(tenant_name, 0) + gone.bytes_sent
+                )
         self.metrics.session_closed(owner, session_id)
         return stats
 
@@ -526,13 +539,19 @@ class HapiServer(flight.FlightServerBase):
             }
             sessions = {sid: s.stats.snapshot() for sid, s in self._sessions.items() if sid in mine}
             closed = {sid: s for sid, s in self._closed.items() if sid in mine}
+            forgotten = sum(
+                n
+                for name, n in self._forgotten_bytes.items()
+                if tenant is None or name == tenant.name
+            )
         budget = self.scheduler.stats()
         return ServerStats(
             store=self.store.uri,
             egress_limit_bytes_per_s=self.shaper.rate if self.shaper else None,
             heads_cached=len(self.heads),
             heads_bytes=self.heads.nbytes,
-            bytes_sent=sum(s.bytes_sent for s in [*sessions.values(), *closed.values()]),
+            bytes_sent=forgotten
+            + sum(s.bytes_sent for s in [*sessions.values(), *closed.values()]),
             sessions=sessions,
             closed_sessions=closed,
             memory_budget=budget.budget,
