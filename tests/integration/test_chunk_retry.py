@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,57 +12,17 @@ from hapi.client import FeatureLoader, TransferJob, connect
 from hapi.client.history import Event
 from hapi.client.sessions import Sessions
 from hapi.data import DatasetManifest, open_store, synth_dataset
-from hapi.errors import HapiError
 from hapi.graph import INPUT
 from hapi.wire import SessionRequest
 
 from ..seaweed import free_port
-
-
-class _Server:
-    """`hapi serve` as a process of its own, so that it can die as servers do."""
-
-    def __init__(self, store: Path, port: int) -> None:
-        self.store, self.port = store, port
-        self.address = f"grpc://127.0.0.1:{port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, *options: str) -> None:
-        self.options = options or getattr(self, "options", ())
-        cmd = [sys.executable, "-m", "hapi.cli", "serve", "--store", str(self.store)]
-        cmd += ["--port", str(self.port), "--threads", "1", *self.options]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                connect(self.address, timeout=2).stats()
-                return
-            except HapiError:
-                assert self.proc is not None and self.proc.poll() is None, "server died"
-                assert time.monotonic() < deadline, "server did not start"
-                time.sleep(0.1)
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+from ..serve_process import ServeProcess
 
 
 @pytest.fixture
-def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[_Server]:
+def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ServeProcess]:
     synth_dataset(open_store(tmp_path), "train", classes=3, per_class=6, size=72, seed=21)
-    running = _Server(tmp_path, free_port())
+    running = ServeProcess(tmp_path, free_port())
     running.start(*getattr(request, "param", ("--batch-size", "3")))
     try:
         running.wait_ready()
@@ -76,7 +31,7 @@ def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[_Server]:
         running.stop()
 
 
-def _job(server: _Server) -> TransferJob:
+def _job(server: ServeProcess) -> TransferJob:
     return TransferJob(
         {"name": "resnet18", "num_classes": 3},
         "train",
@@ -95,7 +50,7 @@ def _job(server: _Server) -> TransferJob:
 
 @pytest.mark.slow
 def test_a_server_killed_mid_epoch_and_restarted_loses_and_repeats_no_key(
-    server: _Server,
+    server: ServeProcess,
 ) -> None:
     reference = _job(server)
     reference.fit(1, lr=0.05)
@@ -131,7 +86,7 @@ def test_a_server_killed_mid_epoch_and_restarted_loses_and_repeats_no_key(
     "server", [("--batch-size", "1", "--egress-limit", "800kbit")], indirect=True
 )
 def test_a_stream_cut_mid_chunk_is_asked_again_only_for_the_keys_it_had_not_delivered(
-    server: _Server,
+    server: ServeProcess,
 ) -> None:
     conn = connect(server.address)
     job = _job(server)  # for its model and transforms; its loader is built by hand below

@@ -67,6 +67,11 @@ def serve(
     metrics_host: str = typer.Option("127.0.0.1", help="Address of the metrics endpoint."),
     repo: str = typer.Option(None, envvar="HAPI_REPO", help="Model repository for repo:// refs."),
     endpoint: str = typer.Option(None, help="S3 endpoint URL (default: AWS_ENDPOINT_URL)."),
+    local_prefix: list[str] = typer.Option(
+        None,
+        help="A prefix of the store local to this server (its storage node); repeat for "
+        "several. Trainers with several servers send it the chunks under it.",
+    ),
 ) -> None:
     """Serve features computed next to the data over Arrow Flight, until Ctrl-C."""
     from hapi.cli._stores import existing_repo, existing_store, store_options
@@ -104,6 +109,7 @@ def serve(
         metrics_port=metrics_port,
         metrics_host=metrics_host,
         repo=repo,
+        local_prefixes=tuple(local_prefix or ()),
     )
     # A server reads its store and repository: refuse a mistyped directory instead of
     # making it, and an unreachable S3 endpoint now instead of at the first chunk.
@@ -116,6 +122,8 @@ def serve(
     limit = f", egress limited to {egress_limit}" if egress_limit else ""
     models = f", models from [bold]{repo}[/]" if repo else ""
     who = f", {len(server.tenants)} tenant(s) from {tenants}" if tenants else ""
+    if local_prefix:
+        who += f", local: {', '.join(local_prefix)}"
     Console().print(
         f"hapi serving [bold]{store}[/] at [bold]{server.address}[/]{limit}{models}{who}"
     )

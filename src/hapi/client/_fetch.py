@@ -4,8 +4,9 @@ Each chunk's request goes out when it is issued; its stream is read when the chu
 before it has been read (the link serves chunks in order, see `hapi.client.loader`).
 Pieces go to the chunk's queue as they arrive: features as they are, raw bytes through
 the local worker, which decodes them and runs the head in the trainer. A failed stream
-is retried for the keys it has not delivered; the error that ends the retries goes to
-the queue, for the consumer to raise.
+is retried for the keys it has not delivered - on another server when its own is
+unreachable - and the error that ends the retries goes to the queue, for the consumer to
+raise.
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ from hapi.client.connection import ChunkStream
 from hapi.client.history import Event
 from hapi.client.rebatch import Piece
 from hapi.client.routing import Route
+from hapi.client.servers import Member
 from hapi.errors import (
     DuplicateDelivery,
     IncompleteEpoch,
     NotDecoded,
     ServerUnavailable,
     SessionNotFound,
+    StoreUnavailable,
     shorten,
 )
 from hapi.wire import ChunkTicket, FeatureBatch, SkippedKey
@@ -47,9 +50,23 @@ class Flow:
     """One chunk on its way: its route, the pieces it delivered, what it cost."""
 
     def __init__(
-        self, index: int, keys: list[str], labels: list[int], route: Route, previous: Flow | None
+        self,
+        index: int,
+        keys: list[str],
+        labels: list[int],
+        route: Route,
+        previous: Flow | None,
+        member: Member,
     ) -> None:
         self.index, self.route, self.previous = index, route, previous
+        self.member = member
+        """The server it is asked of now."""
+        self.held = len(keys)
+        """Keys counted in flight on `member`."""
+        self.failed = False
+        """Some try of it failed (its stream time then says little of the server's rate)."""
+        self.moved = False
+        """Its last failed try moved it to another server: retry at once."""
         self.remaining = dict(zip(keys, labels, strict=True))
         self.queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self.read_done = threading.Event()
@@ -68,6 +85,7 @@ class Flow:
         self.finished = False
         self.observed = False
         self.skipped: list[SkippedKey] = []
+        self.samples_read = 0
 
     @property
     def stream_s(self) -> float:
@@ -108,6 +126,7 @@ class Fetcher:
         self.stop = threading.Event()
         self.clock = busy_clock()
         self.retries = 0
+        self.failovers = 0
         self._lock = threading.Lock()
         self._threads = ThreadPoolExecutor(prefetch, thread_name_prefix="hapi-fetch")
         self.worker = ThreadPoolExecutor(1, thread_name_prefix="hapi-local")
@@ -121,10 +140,14 @@ class Fetcher:
         try:
             if self.stop.is_set():
                 return
-            self.loader.retry.retrying(on_retry=self._on_retry(flow), stop=self.stop)(
-                self._attempt, flow
-            )
+            self.loader.retry.retrying(
+                on_retry=self._on_retry(flow), stop=self.stop, at_once=lambda _: flow.moved
+            )(self._attempt, flow)
             flow.read_end = time.perf_counter()
+            self.loader.servers.finished(
+                flow.member, flow.held, flow.samples_read, None if flow.failed else flow.stream_s
+            )
+            flow.held = 0
             if flow.route.local:
                 # After the chunk's last local piece: the worker runs in order.
                 self.worker.submit(flow.queue.put, DONE)
@@ -139,18 +162,23 @@ class Fetcher:
         """One try at the keys of `flow` not yet delivered."""
         if self.stop.is_set():
             raise Stopped
-        loader = self.loader
+        servers = self.loader.servers
+        flow.moved = False
+        if not servers.usable(flow.member) and servers.others_usable(flow.member):
+            self._move(flow, None)  # its server failed another chunk meanwhile
+        member = flow.member
         cut = flow.route.wire_cut
-        session = loader.sessions.get(cut)
-        ticket = ChunkTicket(
-            session=session,
-            chunk=flow.index,
-            epoch=self.epoch,
-            keys=list(flow.remaining),
-            labels=list(flow.remaining.values()),
-        )
+        session: str | None = None
         try:
-            stream = flow.stream = loader.connection.stream(ticket)
+            session = member.sessions.get(cut)
+            ticket = ChunkTicket(
+                session=session,
+                chunk=flow.index,
+                epoch=self.epoch,
+                keys=list(flow.remaining),
+                labels=list(flow.remaining.values()),
+            )
+            stream = flow.stream = member.connection.stream(ticket)
             if flow.turn is None:
                 if flow.previous is not None:
                     flow.previous.read_done.wait()
@@ -166,14 +194,27 @@ class Fetcher:
                     self._deliver(flow, part.batch)
                 if part.report is not None:
                     report = part.report
+            if report is None:
+                raise ServerUnavailable(
+                    f"the stream of chunk {flow.index} ended without its report, "
+                    f"{len(flow.remaining)} keys short: the server went away mid-chunk"
+                )
         except SessionNotFound:
-            loader.sessions.reopen(cut, session)
+            flow.failed = True
+            if session is not None:
+                member.sessions.reopen(cut, session)
             raise
-        if report is None:
-            raise ServerUnavailable(
-                f"the stream of chunk {flow.index} ended without its report, "
-                f"{len(flow.remaining)} keys short: the server went away mid-chunk"
-            )
+        except ServerUnavailable as exc:
+            # Set its server aside and give the chunk to another, if one is up; a store
+            # that is away is every server's, so StoreUnavailable stays and backs off.
+            flow.failed = True
+            servers.failed(member)
+            if servers.others_usable(member):
+                self._move(flow, exc)
+            raise
+        except StoreUnavailable:
+            flow.failed = True
+            raise
         for skipped in report.skipped:
             flow.remaining.pop(skipped.key, None)
             flow.skipped.append(skipped)
@@ -187,6 +228,39 @@ class Fetcher:
                 "them skipped"
             )
 
+    def _move(self, flow: Flow, error: BaseException | None) -> None:
+        """Give `flow`'s undelivered keys to another server (for its next try)."""
+        servers = self.loader.servers
+        old = flow.member
+        servers.release(old, flow.held)
+        new = servers.pick(list(flow.remaining), avoid=old)
+        flow.held = len(flow.remaining)
+        if new is old:
+            return
+        flow.member, flow.moved = new, error is not None
+        # Its place in the old server's order means nothing on the new one's link.
+        flow.previous = None
+        with self._lock:
+            self.failovers += 1
+        if self.loader.record is None:
+            return
+        why = type(error).__name__ if error is not None else "set aside"
+        self.loader.record(
+            Event(
+                "failover",
+                self.epoch,
+                flow.index,
+                f"chunk {flow.index}: {old.address} failed ({why}); its {len(flow.remaining)} "
+                f"keys not yet delivered go to {new.address}",
+                {
+                    "error": why,
+                    "from": old.address,
+                    "to": new.address,
+                    "keys_left": len(flow.remaining),
+                },
+            )
+        )
+
     def _deliver(self, flow: Flow, batch: FeatureBatch) -> None:
         unasked = [k for k in batch.keys if k not in flow.remaining]
         if unasked:
@@ -196,6 +270,7 @@ class Fetcher:
             )
         for key in batch.keys:
             del flow.remaining[key]
+        flow.samples_read += len(batch.keys)
         if flow.route.local:
             self.worker.submit(self._compute, flow, batch)
         else:
@@ -267,6 +342,8 @@ class Fetcher:
         """End the epoch's threads: streams are cut, backoffs end, nothing is left running."""
         self.stop.set()
         for flow in flows:
+            self.loader.servers.release(flow.member, flow.held)
+            flow.held = 0
             # Release streams waiting for their turn, and cut the ones being read.
             flow.read_done.set()
             stream = flow.stream

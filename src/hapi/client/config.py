@@ -30,8 +30,11 @@ class JobConfig:
     your own (its frozen head is exported with torch.export and uploaded to the server)."""
     dataset: str
     """The training set's prefix in the server's store (ImageFolder layout)."""
-    server: str
-    """Address of the `hapi serve` beside the store (`grpc://host:port`)."""
+    server: str | tuple[str, ...]
+    """Address of the `hapi serve` beside the store (`grpc://host:port`), or several (one
+    beside each storage node; a tuple, or one string with the addresses separated by
+    commas): chunks are spread over them by their measured rates, and move from one that
+    fails to the others."""
     repo: str | None = None
     """URI of the model repository, as the trainer reaches it: for `repo://` models and
     for `TransferJob.push`."""
@@ -99,6 +102,14 @@ class JobConfig:
     """PEM file of `tls_cert`'s private key."""
 
     def __post_init__(self) -> None:
+        servers = self.servers
+        if not servers or not all(servers):
+            raise InvalidRequest(
+                f"server must be an address such as 'grpc://127.0.0.1:8815', or several, got "
+                f"{shorten(repr(self.server))}"
+            )
+        if len(set(servers)) != len(servers):
+            raise InvalidRequest(f"a server is listed twice: {shorten(repr(servers))}")
         if self.mode not in ("pushdown", "local"):
             raise InvalidRequest(
                 f"mode must be 'pushdown' or 'local', got {shorten(repr(self.mode))}"
@@ -162,6 +173,13 @@ class JobConfig:
             raise InvalidRequest(
                 f"on_error must be 'raise' or 'skip', got {shorten(repr(self.on_error))}"
             )
+
+    @property
+    def servers(self) -> tuple[str, ...]:
+        """The servers' addresses, in the order given."""
+        if isinstance(self.server, str):
+            return tuple(a.strip() for a in self.server.split(","))
+        return tuple(self.server)
 
     @property
     def train_transforms(self) -> Transforms:

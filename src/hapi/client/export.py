@@ -3,7 +3,8 @@
 The server never runs the user's Python: for each cut a session needs, the trainer exports
 the head with torch.export (`hapi.graph.export_head`), uploads the artifact once
 (`Connection.put_head`, which asks `has_head` first, so a restarted server gets it again
-and a server that has it gets nothing), and names it by digest in the session request.
+and a server that has it gets nothing) to each server a session opens on, and names it by
+digest in the session request.
 
 Heads are exported when a cut is first used, not for every cut up front: a plan uses one
 or two cuts, and exporting each of a deep model's cut points costs seconds apiece. For
@@ -36,12 +37,10 @@ class UploadedHeads:
 
     Args:
         graph: the module, traced (its heads are exported for `graph.input_shape`).
-        connection: the server the heads are uploaded to.
     """
 
-    def __init__(self, graph: ModelGraph, connection: Connection) -> None:
+    def __init__(self, graph: ModelGraph) -> None:
         self.graph = graph
-        self.connection = connection
         self.module = type(graph.model).__name__
         self._artifacts: dict[int, HeadArtifact] = {}
         self._lock = threading.Lock()
@@ -58,9 +57,9 @@ class UploadedHeads:
                     self._artifacts[cut] = export_head(self.graph, cut)
             return self._artifacts[cut]
 
-    def model(self, cut: int) -> UploadedHead:
-        """How a session at `cut` names the model: the uploaded head's digest (uploaded
-        now if the server lacks it), or no head at RAW and INPUT.
+    def model(self, cut: int, connection: Connection) -> UploadedHead:
+        """How a session at `cut` on `connection`'s server names the model: the uploaded
+        head's digest (uploaded now if the server lacks it), or no head at RAW and INPUT.
 
         Raises:
             InvalidRequest: the head cannot be exported, or is over the server's limit.
@@ -69,5 +68,5 @@ class UploadedHeads:
         if cut <= INPUT:
             return UploadedHead(module=self.module)
         artifact = self.artifact(cut)
-        self.connection.put_head(artifact)
+        connection.put_head(artifact)
         return UploadedHead(module=self.module, artifact=artifact.digest)

@@ -16,7 +16,7 @@ from hapi.wire import SkippedKey
 
 __all__ = ["EpochStats", "Event", "EventKind", "History"]
 
-EventKind = Literal["plan", "replan", "retry", "reopen"]
+EventKind = Literal["plan", "replan", "retry", "reopen", "failover"]
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,8 @@ class Event:
 
     kind: EventKind
     """`plan` (the first choice), `replan` (a change of cut or share), `retry` (a chunk
-    asked for again), `reopen` (a session the server had lost, opened again)."""
+    asked for again), `reopen` (a session the server had lost, opened again),
+    `failover` (a chunk whose server failed, moved to another server)."""
     epoch: int | None
     """The epoch it happened in (None: before the first)."""
     chunk: int | None
@@ -71,6 +72,8 @@ class EpochStats:
     """Chunks the server computed to the cut."""
     retries: int = 0
     """Chunk retries in the epoch (`History.events` has each)."""
+    failovers: int = 0
+    """Chunks moved to another server in the epoch (`History.failovers` has each)."""
 
     @property
     def stages(self) -> dict[str, float]:
@@ -105,6 +108,11 @@ class History:
     def reopens(self) -> list[Event]:
         """Every session re-opened."""
         return self.of_kind("reopen")
+
+    @property
+    def failovers(self) -> list[Event]:
+        """Every chunk moved to another server after its own failed."""
+        return self.of_kind("failover")
 
     @property
     def plan_changes(self) -> list[Event]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -30,7 +31,7 @@ from hapi.client.rebatch import Batch
 from hapi.client.routing import Router
 from hapi.client.sessions import Sessions
 from hapi.data import DatasetManifest, Transforms
-from hapi.errors import HapiError, InvalidRequest, NothingToTrain
+from hapi.errors import HapiError, InvalidRequest, NothingToTrain, ServerUnavailable
 from hapi.graph import INPUT, RAW, ModelGraph, ModelSpec, build_model, trace
 from hapi.plan import Plan, ReplanConfig, Replanner, Workload, choose_freeze
 from hapi.repo.refs import is_repo_ref
@@ -75,6 +76,10 @@ class TransferJob:
     input shape (no Python branch on tensor values, no data-dependent shapes, ATen
     operators only). The job checks this when it is built.
 
+    `server` may name several servers (one beside each node of a storage cluster): each
+    chunk goes to one of them, by their measured rates and what each says is local to
+    it, and a chunk whose server fails moves to the others (`history.failovers`).
+
     Example:
         >>> job = TransferJob(model="resnet18", dataset="train", server=server.address,
         ...                   image_size=112)
@@ -92,14 +97,17 @@ class TransferJob:
         self,
         model: ModelSpec | str | dict[str, Any] | nn.Module,
         dataset: str,
-        server: str | Connection,
+        server: str | Connection | Sequence[str],
         **options: Any,
     ) -> None:
         if isinstance(model, str) and not is_repo_ref(model):
             model = ModelSpec(name=model)
         elif isinstance(model, dict):
             model = ModelSpec.from_dict(model)
-        address = server.address if isinstance(server, Connection) else server
+        if isinstance(server, Connection):
+            address: str | tuple[str, ...] = server.address
+        else:
+            address = server if isinstance(server, str) else tuple(server)
         self.config = JobConfig(model=model, dataset=dataset, server=address, **options)
         self.repo: ModelRepo | None = None
         if self.config.repo is not None:
@@ -109,17 +117,21 @@ class TransferJob:
         self.base: ModelVersion | None = None
         """The repository version the job started from, when it did."""
         self.spec, self.model = self._build(model)
-        self.connection = (
+        self.connections: list[Connection] = [
             server
             if isinstance(server, Connection)
             else connect(
-                address,
+                one,
                 token=self.config.token,
                 tls_ca=self.config.tls_ca,
                 tls_cert=self.config.tls_cert,
                 tls_key=self.config.tls_key,
             )
-        )
+            for one in self.config.servers
+        ]
+        """One connection per server, in the order given (connected on first use)."""
+        self.connection = self.connections[0]
+        """The first server's: it lists datasets and is measured for the plan."""
         self._dp = DataParallel.start(self.config.device, self.config.distributed)
         """The data-parallel side under torchrun; None when the job trains alone."""
         self.device = self._dp.device if self._dp is not None else torch.device(self.config.device)
@@ -136,7 +148,7 @@ class TransferJob:
         self._fixed = self._fixed_plan()
         self._uploads: UploadedHeads | None = None
         if isinstance(model, nn.Module):
-            self._uploads = UploadedHeads(self.graph, self.connection)
+            self._uploads = UploadedHeads(self.graph)
             self._check_exportable()
         self._placement = self._fixed
         self._plan: Plan | None = None
@@ -325,7 +337,7 @@ class TransferJob:
                 order = loader.order(epoch)
                 keys = loader.manifest.keys
                 place = {keys[j]: i for i, j in enumerate(order)}
-                server_before = self._server_cpu(loader.sessions)
+                server_before = self._server_cpu(loader)
                 t0 = time.perf_counter()
                 total_loss = correct = seen = compute = 0.0
                 batches: Iterable[Batch] = loader.batches(epoch, start=offset)
@@ -477,7 +489,7 @@ class TransferJob:
     def manifest(self, prefix: str) -> DatasetManifest:
         """The dataset under `prefix`, listed once by the server."""
         if prefix not in self._manifests:
-            self._manifests[prefix] = self.connection.manifest(prefix)
+            self._manifests[prefix] = self._from_any(lambda c: c.manifest(prefix))
         return self._manifests[prefix]
 
     def push(
@@ -571,6 +583,7 @@ class TransferJob:
                 samples=-(-len(manifest) // self.world_size),  # a rank's epoch is its shard
                 chunk_size=config.chunk_size,
                 prefetch=config.prefetch,
+                servers=len(self.connections),
             ),
             samples=config.probe_samples,
             batch_size=min(config.batch_size, 8),
@@ -605,9 +618,14 @@ class TransferJob:
             replanner = Replanner(plan, replan)
         router = Router(cut, share, replanner=replanner, record=self._record)
         decoder = RawDecoder(transforms, config.seed, config.on_error)
-        sessions = Sessions(
-            self.connection, lambda c: self._request(c, transforms), on_reopen=self._reopened
-        )
+        sessions = [
+            Sessions(
+                connection,
+                functools.partial(self._request, transforms=transforms, connection=connection),
+                on_reopen=self._reopened,
+            )
+            for connection in self.connections
+        ]
         loader = FeatureLoader(
             self.connection,
             sessions,
@@ -628,7 +646,7 @@ class TransferJob:
         )
         self._router = router if train else None
         try:
-            with sessions:
+            with loader.servers:
                 yield loader
         finally:
             if train:
@@ -638,10 +656,13 @@ class TransferJob:
                     self._plan = replanner.plan
             self._epoch = None
 
-    def _request(self, cut: int, transforms: Transforms) -> SessionRequest:
+    def _request(
+        self, cut: int, transforms: Transforms, connection: Connection | None = None
+    ) -> SessionRequest:
+        """A session request at `cut`, for `connection`'s server (default: the first)."""
         config = self.config
         return SessionRequest(
-            model=self._wire_model(cut),
+            model=self._wire_model(cut, connection or self.connection),
             cut=cut,
             freeze=self.freeze,
             transforms=transforms.to_dict(),
@@ -652,11 +673,12 @@ class TransferJob:
             exact=config.exact,
         )
 
-    def _wire_model(self, cut: int) -> dict[str, Any] | str | UploadedHead:
+    def _wire_model(self, cut: int, connection: Connection) -> dict[str, Any] | str | UploadedHead:
         """How a session at `cut` names the model: the base version pinned by id, the
-        spec, or the uploaded head of the user's own module (uploaded now if need be)."""
+        spec, or the uploaded head of the user's own module (uploaded to `connection`'s
+        server now if need be)."""
         if self._uploads is not None:
-            return self._uploads.model(cut)
+            return self._uploads.model(cut, connection)
         if self.base is not None:
             return f"repo://{self.base.name}@{self.base.id}"
         assert self.spec is not None  # a job without a module has one
@@ -742,18 +764,32 @@ class TransferJob:
     def _to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return x.to(self.device, torch.float32), y.to(self.device)
 
-    def _server_cpu(self, sessions: Sessions) -> dict[str, float]:
-        """The server's CPU seconds per session of ours, for servers that do not report
+    def _server_cpu(self, loader: FeatureLoader) -> dict[str, float]:
+        """The servers' CPU seconds per session of ours, for servers that do not report
         their time per chunk."""
-        with contextlib.suppress(HapiError):
-            stats = self.connection.stats()
-            return {s: stats.sessions[s].cpu_s for s in sessions.opened if s in stats.sessions}
-        return {}
+        cpu: dict[str, float] = {}
+        for member in loader.servers:
+            with contextlib.suppress(HapiError):
+                stats = member.connection.stats()
+                opened = member.sessions.opened
+                cpu.update({s: stats.sessions[s].cpu_s for s in opened if s in stats.sessions})
+        return cpu
+
+    def _from_any(self, call: Callable[[Connection], Any]) -> Any:
+        """`call` on the first server that answers (any of them has the whole store).
+
+        Raises:
+            ServerUnavailable: none answered (the last one's error).
+        """
+        for connection in self.connections[:-1]:
+            with contextlib.suppress(ServerUnavailable):
+                return call(connection)
+        return call(self.connections[-1])
 
     def _server_s(self, loader: FeatureLoader, before: dict[str, float]) -> float:
         if loader.stats.server_reported:
             return loader.stats.server_s
-        after = self._server_cpu(loader.sessions)
+        after = self._server_cpu(loader)
         return sum(cpu - before.get(s, 0.0) for s, cpu in after.items())
 
     def _epoch_stats(
@@ -789,5 +825,6 @@ class TransferJob:
             chunks_local=stats.chunks_local,
             chunks_pushed=stats.chunks - stats.chunks_local,
             retries=stats.retries,
+            failovers=stats.failovers,
         )
         return figures if self._dp is None else self._dp.totals(figures)

@@ -14,16 +14,21 @@ about when all of them do - the trainer would wait for nearly every byte of the 
 chunks before its first batch. Read in order, chunk i arrives at the link's full rate
 while the server computes chunk i+1 into its stream's flow-control window.
 
+With several servers (one beside each storage node) each chunk goes to one of them
+(`hapi.client.servers`: by their measured rates and what is local to each), K chunks in
+flight per server, and each server's link serves its own chunks in order.
+
 A stream that fails (server gone, store gone, stream cut, session lost to a restart) is
 retried with backoff up to a time budget, for the keys not yet delivered only: samples
-depend on (job seed, epoch, key), not on which request carried them. Every key is
-delivered once per epoch or the epoch fails saying which went missing or came twice.
+depend on (job seed, epoch, key), not on which request carried them, so the retry may go
+to another server. Every key is delivered once per epoch or the epoch fails saying which
+went missing or came twice.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,6 +42,7 @@ from hapi.client.local import LocalCompute
 from hapi.client.rebatch import Batch, Convert, Piece, Rebatcher
 from hapi.client.retry import RetryPolicy
 from hapi.client.routing import ChunkRecord, Router
+from hapi.client.servers import Servers
 from hapi.client.sessions import Sessions
 from hapi.data import DatasetManifest
 from hapi.errors import (
@@ -63,6 +69,8 @@ class LoaderStats:
     chunks_local: int = 0
     samples: int = 0
     retries: int = 0
+    failovers: int = 0
+    """Chunks moved to another server after theirs failed."""
     wait_s: float = 0.0
     """Time the trainer waited for data (a stall: the pipeline is not keeping up)."""
     postprocess_s: float = 0.0
@@ -92,12 +100,13 @@ class FeatureLoader:
     """Iterates an epoch's features in training batches.
 
     Args:
-        connection: the server.
-        session: the session id, or the job's `Sessions` (one per cut, re-opened when lost).
+        connection: the server (with a session id; otherwise each `Sessions` names its own).
+        session: the session id, the job's `Sessions` (one per cut, re-opened when lost),
+            or one `Sessions` per server to spread the chunks over.
         manifest: the dataset's keys and labels.
         batch_size: the training batch size (the server picks its own batch size).
         chunk_size: keys per chunk request.
-        prefetch: chunks in flight at once (K).
+        prefetch: chunks in flight at once per server (K).
         seed: the job seed; the epoch order is a permutation seeded by (seed, epoch).
         shuffle: permute the keys each epoch (off for evaluation).
         retries: at most this many retries per chunk (None: as the budget allows).
@@ -119,7 +128,7 @@ class FeatureLoader:
     def __init__(
         self,
         connection: Connection,
-        session: str | Sessions,
+        session: str | Sessions | Sequence[Sessions],
         manifest: DatasetManifest,
         *,
         batch_size: int,
@@ -146,9 +155,9 @@ class FeatureLoader:
                 raise InvalidRequest(f"{name} must be >= 1, got {value}")
         self.retry = RetryPolicy(budget_s=retry_budget_s, retries=retries)
         self.connection = connection
-        self.sessions = (
-            session if isinstance(session, Sessions) else Sessions.fixed(connection, session, cut)
-        )
+        if isinstance(session, str):
+            session = Sessions.fixed(connection, session, cut)
+        self.servers = Servers([session] if isinstance(session, Sessions) else session)
         self.manifest = manifest
         self.batch_size = batch_size
         self.chunk_size = chunk_size
@@ -162,6 +171,11 @@ class FeatureLoader:
         self.on_part = on_part
         self.shard = shard
         self.stats = LoaderStats()
+
+    @property
+    def sessions(self) -> Sessions:
+        """The first server's sessions (the only one's, with one server)."""
+        return self.servers.members[0].sessions
 
     def __len__(self) -> int:
         """Training batches per epoch (the last one may be smaller); with a shard, the
@@ -232,14 +246,15 @@ class _Epoch:
         self.loader, self.epoch, self.chunks = loader, epoch, chunks
         self.stats = loader.stats
         self.flows: list[Flow] = []
-        self.fetcher = Fetcher(loader, epoch, loader.prefetch)
+        self.prefetch = loader.prefetch * len(loader.servers)
+        self.fetcher = Fetcher(loader, epoch, self.prefetch)
         self.clock = self.fetcher.clock
 
     def run(self) -> Iterator[Batch]:
         loader = self.loader
         rebatcher = Rebatcher(loader.convert, clock=self.clock)
         delivered: set[str] = set()
-        n, k = len(self.chunks), loader.prefetch
+        n, k = len(self.chunks), self.prefetch
         try:
             for j in range(min(k, n)):
                 self._issue(j)
@@ -272,8 +287,11 @@ class _Epoch:
     def _issue(self, index: int) -> None:
         keys, labels = self.chunks[index]
         route = self.loader.router.route(index)
-        previous = self.flows[-1] if self.flows else None
-        flow = Flow(index, keys, labels, route, previous)
+        member = self.loader.servers.pick(keys)
+        # Each server's link serves its chunks in order: this one's stream is read after
+        # the last one issued to the same server.
+        previous = next((f for f in reversed(self.flows) if f.member is member), None)
+        flow = Flow(index, keys, labels, route, previous, member)
         self.flows.append(flow)
         self.fetcher.start(flow)
 
@@ -295,6 +313,7 @@ class _Epoch:
         stats = self.stats
         stats.chunks += 1
         stats.retries = self.fetcher.retries
+        stats.failovers = self.fetcher.failovers
         stats.chunks_local += flow.route.local
         stats.samples += flow.samples
         stats.bytes_received += flow.bytes

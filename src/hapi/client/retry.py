@@ -52,12 +52,15 @@ class RetryPolicy:
         *,
         on_retry: Callable[[tenacity.RetryCallState], None] | None = None,
         stop: threading.Event | None = None,
+        at_once: Callable[[BaseException | None], bool] | None = None,
     ) -> tenacity.Retrying:
         """A tenacity controller for one chunk.
 
         Args:
             on_retry: called before each backoff (to record the retry).
             stop: when set, a backoff ends early (the caller then gives up).
+            at_once: says whether a failure is retried without a backoff (the chunk
+                moved to another server: nothing to wait for).
         """
         until: tenacity.stop.stop_base = tenacity.stop_after_delay(self.budget_s)
         if self.retries is not None:
@@ -69,7 +72,9 @@ class RetryPolicy:
         def wait(state: tenacity.RetryCallState) -> float:
             # A lost session was re-opened before the retry: nothing to wait for.
             error = state.outcome.exception() if state.outcome is not None else None
-            return 0.0 if isinstance(error, SessionNotFound) else backoff(state)
+            if isinstance(error, SessionNotFound) or (at_once is not None and at_once(error)):
+                return 0.0
+            return backoff(state)
 
         def sleep(seconds: float) -> None:
             if stop is None:

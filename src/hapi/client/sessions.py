@@ -55,6 +55,8 @@ class Sessions:
         self.opened: list[str] = []
         """Every session id this object opened, re-opened ones included."""
         self.keepalive_s = keepalive_s
+        self.local_prefixes: tuple[str, ...] = ()
+        """Prefixes the server says are local to it (known once a session has opened)."""
         self._idle_s = float("inf")
         """The shortest idle limit of the servers' sessions this object opened."""
         self._stop = threading.Event()
@@ -122,6 +124,7 @@ class Sessions:
         info = self.connection.open_session(self._request(cut))
         # Renew well within the server's idle limit, whatever it was configured to.
         self._idle_s = min(self._idle_s, info.idle_s)
+        self.local_prefixes = tuple(info.local_prefixes)
         self.opened.append(info.session)
         return info.session
 

@@ -53,12 +53,15 @@ class Workload:
     """Keys per chunk request."""
     prefetch: int = 4
     """Chunks in flight at once (K)."""
+    servers: int = 1
+    """Servers the chunks are spread over, each with its own core(s) and link: the
+    server's and the link's time per chunk divide among them."""
     in_order: bool = True
     """The server finishes chunks one after another; False: it shares itself (and the
     link) among all chunks in flight, so the first chunk is done only when K are."""
 
     def __post_init__(self) -> None:
-        for name in ("samples", "chunk_size", "prefetch"):
+        for name in ("samples", "chunk_size", "prefetch", "servers"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidRequest(f"{name} must be an int >= 1, got {value!r}")
@@ -233,10 +236,11 @@ def _stage_lines(
     else:
         pushed = (server.compute_s(cut), server.wire_bytes(cut), trainer.remote_s(cut))
     local = (server.read_s, server.raw_bytes, trainer.local_s(max(cut, INPUT)))
-    server_line = (c * pushed[0], c * (local[0] - pushed[0]))
+    n = workload.servers
+    server_line = (c * pushed[0] / n, c * (local[0] - pushed[0]) / n)
     link_line = (
-        c * pushed[1] / link.bytes_per_s + per_request,
-        c * (local[1] - pushed[1]) / link.bytes_per_s,
+        c * pushed[1] / (n * link.bytes_per_s) + per_request / n,
+        c * (local[1] - pushed[1]) / (n * link.bytes_per_s),
     )
     trainer_line = (c * pushed[2], c * (local[2] - pushed[2]))
     return [server_line, link_line, trainer_line]

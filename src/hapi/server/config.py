@@ -69,6 +69,9 @@ class ServerConfig:
     max_head_bytes: int | str = "2GiB"
     """The largest head a trainer may upload (a user's own model, exported: program and
     weights); larger uploads are refused before they are held in memory."""
+    local_prefixes: tuple[str, ...] = ()
+    """Prefixes of the store local to this server (on its storage node): trainers with
+    several servers send it the chunks whose keys lie there. Empty: it says nothing."""
     compute_slots: int | None = None
     """Batches computed at once; None: the cores this process may run on (a 1-core server
     runs one batch at a time, so the first chunk's bytes leave first)."""
@@ -117,6 +120,13 @@ class ServerConfig:
         if self.threads is not None and self.threads < 1:
             raise InvalidRequest(
                 f"threads must be >= 1, got {self.threads}: leave it unset for torch's default"
+            )
+        if isinstance(self.local_prefixes, str) or not all(
+            isinstance(p, str) and p.strip("/") for p in self.local_prefixes
+        ):
+            raise InvalidRequest(
+                f"local_prefixes must be a tuple of non-empty prefixes such as "
+                f"('datasets/shard-0',), got {shorten(repr(self.local_prefixes))}"
             )
         if self.egress_limit is not None:
             from hapi.server.shaping import parse_rate

@@ -318,6 +318,7 @@ class HapiServer(flight.FlightServerBase):
             memory_per_sample=memory.per_sample,
             head_bytes=tensor_bytes(head) if head is not None else 0,
             idle_s=self.config.session_idle_s,
+            local_prefixes=[p.strip("/") for p in self.config.local_prefixes],
         )
         session = Session(
             id=info.session,

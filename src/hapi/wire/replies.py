@@ -61,6 +61,11 @@ class SessionInfo(_Reply):
         description="Seconds without a chunk or keepalive after which the server closes the "
         "session as abandoned: a client renews it well within that.",
     )
+    local_prefixes: list[str] = Field(
+        default_factory=list,
+        description="Prefixes of the store local to this server (its storage node): a "
+        "trainer with several servers sends it the chunks whose keys lie there.",
+    )
 
 
 class HasHeadReply(_Reply):
