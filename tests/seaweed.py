@@ -115,15 +115,17 @@ class SeaweedS3:
         return self.new_bucket(prefix)
 
     def start(self, timeout: float = 60.0) -> SeaweedS3:
-        """Start weed and wait until its S3 gateway reads and writes.
+        """Start weed and wait until its S3 gateway reads and writes; after a `stop`, it
+        starts again on the same ports and data (a store that came back).
 
         Raises:
             RuntimeError: no `weed` binary, or weed exited or was not ready in `timeout`.
         """
         binary = weed_binary()
         taken: set[int] = set()
-        for name in ("master", "volume", "filer", "s3", "admin"):
-            self.ports[name] = free_port(taken)
+        if not self.ports:  # a restart keeps its ports, so clients find it again
+            for name in ("master", "volume", "filer", "s3", "admin"):
+                self.ports[name] = free_port(taken)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         cmd = [
             binary, "-logtostderr", f"-config_dir={self.data_dir}",
@@ -143,7 +145,7 @@ class SeaweedS3:
             "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
             "TMPDIR": str(self.data_dir),
         }
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         try:
             self._wait_ready(timeout)

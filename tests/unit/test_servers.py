@@ -31,10 +31,15 @@ def _keys(chunk: int, n: int = 8, prefix: str = "train/a") -> list[str]:
 
 
 def test_chunks_spread_in_proportion_to_the_measured_rates() -> None:
-    servers = _servers(2)
+    clock = _Clock()
+    servers = _servers(2, clock)
     rates = {0: 30.0, 1: 10.0}  # samples/s
+    for member in servers:  # a finish of nothing starts each one's measured time
+        servers.finished(member, 0, 0, measured=True)
+    clock.now += 1.0
     for member in servers:
-        servers.finished(member, 0, int(rates[member.index]), 1.0)
+        servers.finished(member, 0, int(rates[member.index]), measured=True)
+    assert [m.rate for m in servers] == [30.0, 10.0]
     # Eight chunks of 8 keys in flight; each server works through its own in order.
     busy_until = {0: 0.0, 1: 0.0}
     running: list[tuple[float, int]] = []
@@ -49,6 +54,24 @@ def test_chunks_spread_in_proportion_to_the_measured_rates() -> None:
         busy_until[member.index] = max(now, busy_until[member.index]) + 8 / rates[member.index]
         heapq.heappush(running, (busy_until[member.index], member.index))
     assert taken[0] == pytest.approx(3 * taken[1], abs=4)
+
+
+def test_a_rate_is_samples_over_the_time_between_finishes_while_busy() -> None:
+    clock = _Clock()
+    servers = _servers(1, clock)
+    (member,) = servers.members
+    for _ in range(2):
+        servers.pick(_keys(0))  # busy from now
+    clock.now += 2.0
+    servers.finished(member, 8, 8, measured=True)
+    clock.now += 0.001  # the next chunk had arrived meanwhile: finished at once
+    servers.finished(member, 8, 8, measured=True)
+    assert member.rate == pytest.approx((0.7 * 8 + 8) / (0.7 * 2.0 + 0.001))
+    clock.now += 50.0  # idle: no work in flight, so this time does not count
+    servers.pick(_keys(1))
+    clock.now += 1.0
+    servers.finished(member, 8, 8, measured=True)
+    assert member.rate == pytest.approx((0.49 * 8 + 0.7 * 8 + 8) / (0.49 * 2 + 0.0007 + 1.0))
 
 
 def test_a_server_without_a_rate_yet_gets_chunks_as_the_others_average() -> None:
@@ -81,7 +104,7 @@ def test_a_failed_server_is_set_aside_then_tried_again() -> None:
     assert servers.pick(_keys(5)) is first  # back, and the least loaded
     # Failures in a row double the cool-down, up to its limit; a finished chunk resets it.
     assert [servers.failed(first) for _ in range(6)][-1] == MAX_COOLDOWN_S
-    servers.finished(first, 0, 0, None)
+    servers.finished(first, 0, 0, measured=False)
     assert first.failures == 0
 
 

@@ -145,7 +145,7 @@ class Fetcher:
             )(self._attempt, flow)
             flow.read_end = time.perf_counter()
             self.loader.servers.finished(
-                flow.member, flow.held, flow.samples_read, None if flow.failed else flow.stream_s
+                flow.member, flow.held, flow.samples_read, measured=not flow.failed
             )
             flow.held = 0
             if flow.route.local:
@@ -162,6 +162,8 @@ class Fetcher:
         """One try at the keys of `flow` not yet delivered."""
         if self.stop.is_set():
             raise Stopped
+        if not flow.remaining:
+            return  # every key came before its stream was cut, only the report did not
         servers = self.loader.servers
         flow.moved = False
         if not servers.usable(flow.member) and servers.others_usable(flow.member):

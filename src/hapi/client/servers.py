@@ -7,10 +7,13 @@ is preferred for chunks whose keys lie there, since it reads them without crossi
 cluster's network.
 
 A chunk goes to the server expected to finish it first: the samples that server has in
-flight plus the chunk's, over its measured rate (samples per second of its streams, a
-moving average), with the time shortened by the chunk's share of keys local to it. So
-faster servers and links take proportionally more chunks, and a server that slows down
-(shared with another tenant, a throttled link) takes fewer from then on.
+flight plus the chunk's, over its measured rate, with the time shortened by the chunk's
+share of keys local to it. So faster servers and links take proportionally more chunks,
+and a server that slows down (shared with another tenant, a throttled link) takes fewer
+from then on. A server's rate is its throughput while it has work: samples finished over
+the time between finishes (from when it got work, after an idle spell), both sums
+decayed alike. One chunk's stream time would not do: a chunk that arrived while the one
+before it was read is finished at once.
 
 A server that fails (unreachable, or its stream cut) is set aside for a cool-down that
 doubles with each failure in a row, up to `MAX_COOLDOWN_S`; chunks meant for it go to the
@@ -40,8 +43,8 @@ MAX_COOLDOWN_S = 8.0
 """Longest time a failed server is set aside before a chunk tries it again."""
 
 _FIRST_COOLDOWN_S = 0.5
-_RATE_WEIGHT = 0.3
-"""Weight of the newest chunk in a server's moving-average rate."""
+_DECAY = 0.7
+"""Weight of the past in a server's rate, at each chunk it finishes."""
 
 
 class Member:
@@ -51,7 +54,11 @@ class Member:
         self.index = index
         self.sessions = sessions
         self.rate: float | None = None
-        """Samples per second of its streams (moving average); None before its first."""
+        """Samples per second while it has work (decayed sums); None before its first."""
+        self._samples = 0.0
+        self._seconds = 0.0
+        self._since = 0.0
+        """When its last chunk finished, or it got work after none."""
         self.inflight = 0
         """Samples of chunks given to it and not yet finished or moved away."""
         self.failures = 0
@@ -126,7 +133,9 @@ class Servers:
             up = [m for m in self.members if m.down_until <= now and m is not avoid]
             if not up and avoid is not None and avoid.down_until <= now:
                 up = [avoid]
-            if up:
+            if not up:
+                chosen = min(self.members, key=lambda m: m.down_until)
+            else:
                 rates = [m.rate for m in up if m.rate is not None]
                 default = sum(rates) / len(rates) if rates else 1.0
                 # On a tie, the server the keys are local to.
@@ -134,8 +143,8 @@ class Servers:
                     up,
                     key=lambda m: (self._finish_s(m, keys, default), -m.local_share(keys)),
                 )
-            else:
-                chosen = min(self.members, key=lambda m: m.down_until)
+            if chosen.inflight == 0:
+                chosen._since = now  # its busy time starts now, not at its last finish
             chosen.inflight += len(keys)
             return chosen
 
@@ -148,23 +157,26 @@ class Servers:
         now = self._clock()
         return any(m.down_until <= now for m in self.members if m is not member)
 
-    def finished(self, member: Member, held: int, samples: int, seconds: float | None) -> None:
+    def finished(self, member: Member, held: int, samples: int, *, measured: bool) -> None:
         """A chunk finished on `member`.
 
         Args:
             held: its keys counted in flight there.
-            samples: the samples its stream brought.
-            seconds: its stream's time; None when a failure makes it say nothing of the
-                server's rate.
+            samples: the samples it brought.
+            measured: whether it counts toward the rate (not after a failure: its time
+                was the failure's).
         """
         with self._lock:
+            now = self._clock()
             member.inflight = max(0, member.inflight - held)
             member.failures = 0
             member.chunks += 1
-            if seconds is not None and seconds > 0 and samples > 0:
-                rate = samples / seconds
-                old = member.rate
-                member.rate = rate if old is None else old + _RATE_WEIGHT * (rate - old)
+            if measured and samples > 0:
+                member._samples = _DECAY * member._samples + samples
+                member._seconds = _DECAY * member._seconds + max(0.0, now - member._since)
+                if member._seconds > 0:
+                    member.rate = member._samples / member._seconds
+            member._since = now
 
     def failed(self, member: Member) -> float:
         """Set `member` aside after a failure; returns its cool-down in seconds."""
