@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from hapi.client import connect
@@ -23,10 +23,17 @@ class ServeProcess:
         store: the store it serves (a directory, or `s3://...` with `env`'s credentials).
         port: its port; a restart binds the same one.
         env: extra environment (the S3 endpoint and keys).
+        wrap: a command it runs under (`taskset -c 1` in benchmarks).
     """
 
-    def __init__(self, store: Path | str, port: int, env: Mapping[str, str] | None = None) -> None:
-        self.store, self.port = str(store), port
+    def __init__(
+        self,
+        store: Path | str,
+        port: int,
+        env: Mapping[str, str] | None = None,
+        wrap: Sequence[str] = (),
+    ) -> None:
+        self.store, self.port, self.wrap = str(store), port, list(wrap)
         self.env = {**os.environ, **(env or {})}
         self.address = f"grpc://127.0.0.1:{port}"
         self.options: tuple[str, ...] = ()
@@ -35,7 +42,7 @@ class ServeProcess:
     def start(self, *options: str) -> None:
         """Start it (with `options`, or those of the last start)."""
         self.options = options or self.options
-        cmd = [sys.executable, "-m", "hapi.cli", "serve", "--store", self.store]
+        cmd = [*self.wrap, sys.executable, "-m", "hapi.cli", "serve", "--store", self.store]
         cmd += ["--port", str(self.port), "--threads", "1", *self.options]
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env

@@ -9,9 +9,6 @@ a missing one) and train what an undisturbed run trains.
 
 from __future__ import annotations
 
-import random
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,60 +18,11 @@ import torch
 from hapi.client import TransferJob
 from hapi.data import open_store, synth_dataset
 
+from ..chaos import Chaos
 from ..seaweed import ACCESS_KEY, SECRET_KEY, SeaweedS3, free_port
 from ..serve_process import ServeProcess
 
 CLASSES, PER_CLASS = 3, 10
-
-
-class _Chaos:
-    """A thread that does `events` at random moments while the job runs, and revives
-    what it broke (a server whose store is away exits at start: it is started again)."""
-
-    def __init__(
-        self, servers: list[ServeProcess], store: SeaweedS3, seed: int, events: list[str]
-    ) -> None:
-        self.servers, self.store = servers, store
-        self.rng = random.Random(seed)
-        self.events = events
-        self.done: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="chaos", daemon=True)
-        self._down_until: dict[int, float] = {}
-
-    def _run(self) -> None:
-        pending = list(self.events)
-        next_at = time.monotonic() + self.rng.uniform(0.5, 1.5)
-        while not self._stop.wait(0.1):
-            self._revive()
-            if pending and time.monotonic() >= next_at:
-                event = pending.pop(0)
-                if event == "kill":
-                    index = self.rng.randrange(len(self.servers))
-                    if self.servers[index].running:
-                        self.servers[index].kill()
-                    self._down_until[index] = time.monotonic() + self.rng.uniform(0.2, 3.0)
-                    event = f"kill server {index}"
-                else:
-                    self.store.stop(grace=0.5)
-                    self._stop.wait(self.rng.uniform(0.5, 3.0))
-                    self.store.start()
-                    event = "store outage"
-                self.done.append(event)
-                next_at = time.monotonic() + self.rng.uniform(0.5, 2.0)
-
-    def _revive(self) -> None:
-        for index, server in enumerate(self.servers):
-            if not server.running and time.monotonic() >= self._down_until.get(index, 0.0):
-                server.start()
-
-    def __enter__(self) -> _Chaos:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=60)
 
 
 @pytest.fixture
@@ -130,7 +78,7 @@ def test_a_two_server_job_survives_kills_and_store_outages_with_every_key_once(
 
     job = _job(servers)
     events = ["kill", "store", "kill", "kill", "store", "kill"]
-    with _Chaos(servers, store, seed=23, events=events) as chaos:
+    with Chaos(servers, store, seed=23, events=events) as chaos:
         history = job.fit(3, lr=0.05)
     assert len(chaos.done) >= 3, chaos.done  # the job outlasted several failures
     samples = CLASSES * PER_CLASS

@@ -35,7 +35,7 @@ def two(tmp_path: Path) -> Iterator[list[ServeProcess]]:
             server.stop()
 
 
-def _job(server: str | list[str]) -> TransferJob:
+def _job(server: str | list[str], **options: object) -> TransferJob:
     return TransferJob(
         {"name": "resnet18", "num_classes": 3},
         "train",
@@ -48,6 +48,7 @@ def _job(server: str | list[str]) -> TransferJob:
         prefetch=2,
         seed=3,
         retry_budget_s=60,
+        **options,
     )
 
 
@@ -109,3 +110,32 @@ def test_servers_are_named_once_each() -> None:
 
     with pytest.raises(InvalidRequest, match="twice"):
         _job(["grpc://127.0.0.1:1", "grpc://127.0.0.1:1"])
+
+
+def test_with_no_server_left_chunks_are_read_from_the_store_and_computed_here(
+    two: list[ServeProcess],
+) -> None:
+    reference = _job(two[0].address)
+    reference.fit(1, lr=0.05)
+    reference.fit(1, lr=0.05)  # as the job below: a fit's optimizer starts anew
+
+    job = _job([s.address for s in two], store=two[0].store)
+
+    def kill_both(step: int, total: int) -> None:
+        if step == 2:
+            for server in two:
+                server.kill()  # and they stay dead
+
+    first = job.fit(1, lr=0.05, progress=kill_both).epochs[-1]
+    second = job.fit(1, lr=0.05).epochs[-1]
+    assert first.samples == second.samples == SAMPLES
+    assert first.fallbacks >= 1
+    assert second.fallbacks == 8  # every chunk of the epoch (24 keys, chunks of 3)
+    assert sum(e.fallbacks for e in job.history.epochs) == len(job.history.fallbacks)
+    # The trainer's own sample pipeline and head: the same losses as the servers'.
+    torch.testing.assert_close(
+        torch.tensor(job.history.losses),
+        torch.tensor(reference.history.losses),
+        rtol=1e-4,
+        atol=1e-4,
+    )

@@ -67,6 +67,8 @@ class Flow:
         """Some try of it failed (its stream time then says little of the server's rate)."""
         self.moved = False
         """Its last failed try moved it to another server: retry at once."""
+        self.fell_back = False
+        """No server answered: its keys were read from the store and computed here."""
         self.remaining = dict(zip(keys, labels, strict=True))
         self.queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self.read_done = threading.Event()
@@ -148,7 +150,7 @@ class Fetcher:
                 flow.member, flow.held, flow.samples_read, measured=not flow.failed
             )
             flow.held = 0
-            if flow.route.local:
+            if flow.route.local or flow.fell_back:
                 # After the chunk's last local piece: the worker runs in order.
                 self.worker.submit(flow.queue.put, DONE)
             else:
@@ -166,6 +168,9 @@ class Fetcher:
             return  # every key came before its stream was cut, only the report did not
         servers = self.loader.servers
         flow.moved = False
+        if self.loader.fallback is not None and not any(servers.usable(m) for m in servers):
+            self._fall_back(flow)
+            return
         if not servers.usable(flow.member) and servers.others_usable(flow.member):
             self._move(flow, None)  # its server failed another chunk meanwhile
         member = flow.member
@@ -262,6 +267,37 @@ class Fetcher:
                 },
             )
         )
+
+    def _fall_back(self, flow: Flow) -> None:
+        """Read `flow`'s undelivered keys from the store and compute them here, as a local
+        chunk is: every server is set aside. A store that is away is retried like a
+        server; a missing or corrupt object is the decoder's (`on_error`)."""
+        store = self.loader.fallback
+        assert store is not None  # the caller checks
+        keys, labels = list(flow.remaining), list(flow.remaining.values())
+        blobs = store.get_many(keys)
+        for blob in blobs:
+            if isinstance(blob, StoreUnavailable):
+                raise blob
+        if not flow.fell_back and self.loader.record is not None:
+            self.loader.record(
+                Event(
+                    "fallback",
+                    self.epoch,
+                    flow.index,
+                    f"chunk {flow.index}: no server answers; its {len(keys)} keys not yet "
+                    f"delivered were read from {store} and computed here",
+                    {"keys_left": len(keys), "store": str(store)},
+                )
+            )
+        flow.fell_back = True
+        for key in keys:
+            del flow.remaining[key]
+        flow.samples_read += len(keys)
+        flow.bytes += sum(len(b) for b in blobs if isinstance(b, bytes))
+        # The decoder takes a read's exception in place of its bytes (`load_samples`).
+        raw = FeatureBatch(keys, torch.tensor(labels, dtype=torch.int64), data=blobs)  # type: ignore[arg-type]
+        self.worker.submit(self._compute, flow, raw)
 
     def _deliver(self, flow: Flow, batch: FeatureBatch) -> None:
         unasked = [k for k in batch.keys if k not in flow.remaining]

@@ -35,6 +35,12 @@ class JobConfig:
     beside each storage node; a tuple, or one string with the addresses separated by
     commas): chunks are spread over them by their measured rates, and move from one that
     fails to the others."""
+    store: str | None = None
+    """The servers' store as this trainer reaches it (`s3://bucket/prefix`, a directory),
+    the same root the servers serve: while no server answers, chunks are read from it
+    and computed here from raw bytes. None: chunks wait for a server (`retry_budget_s`)."""
+    store_options: StoreOptions | None = None
+    """Endpoint and credentials of an S3 `store`; the AWS variables when unset."""
     repo: str | None = None
     """URI of the model repository, as the trainer reaches it: for `repo://` models and
     for `TransferJob.push`."""

@@ -16,7 +16,7 @@ from hapi.wire import SkippedKey
 
 __all__ = ["EpochStats", "Event", "EventKind", "History"]
 
-EventKind = Literal["plan", "replan", "retry", "reopen", "failover"]
+EventKind = Literal["plan", "replan", "retry", "reopen", "failover", "fallback"]
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,8 @@ class Event:
     kind: EventKind
     """`plan` (the first choice), `replan` (a change of cut or share), `retry` (a chunk
     asked for again), `reopen` (a session the server had lost, opened again),
-    `failover` (a chunk whose server failed, moved to another server)."""
+    `failover` (a chunk whose server failed, moved to another server), `fallback` (a
+    chunk read from the store and computed in the trainer: no server answered)."""
     epoch: int | None
     """The epoch it happened in (None: before the first)."""
     chunk: int | None
@@ -74,6 +75,8 @@ class EpochStats:
     """Chunk retries in the epoch (`History.events` has each)."""
     failovers: int = 0
     """Chunks moved to another server in the epoch (`History.failovers` has each)."""
+    fallbacks: int = 0
+    """Chunks computed in the trainer from the store's bytes (`History.fallbacks`)."""
 
     @property
     def stages(self) -> dict[str, float]:
@@ -113,6 +116,11 @@ class History:
     def failovers(self) -> list[Event]:
         """Every chunk moved to another server after its own failed."""
         return self.of_kind("failover")
+
+    @property
+    def fallbacks(self) -> list[Event]:
+        """Every chunk computed in the trainer from the store's bytes, no server answering."""
+        return self.of_kind("fallback")
 
     @property
     def plan_changes(self) -> list[Event]:

@@ -30,7 +30,7 @@ from hapi.client.planning import plan_job
 from hapi.client.rebatch import Batch
 from hapi.client.routing import Router
 from hapi.client.sessions import Sessions
-from hapi.data import DatasetManifest, Transforms
+from hapi.data import DatasetManifest, Transforms, open_store
 from hapi.errors import HapiError, InvalidRequest, NothingToTrain, ServerUnavailable
 from hapi.graph import INPUT, RAW, ModelGraph, ModelSpec, build_model, trace
 from hapi.plan import Plan, ReplanConfig, Replanner, Workload, choose_freeze
@@ -166,6 +166,12 @@ class TransferJob:
         self._resumed: Mapping[str, Any] | None = None
         """A loaded state whose optimizer and random states the next `fit` takes up."""
         self._manifests: dict[str, DatasetManifest] = {}
+        self._fallback = (
+            open_store(self.config.store, self.config.store_options, create=False)
+            if self.config.store is not None
+            else None
+        )
+        """The store, read directly while no server answers (`JobConfig.store`)."""
 
     # What the job will do ------------------------------------------------------------------
 
@@ -643,6 +649,7 @@ class TransferJob:
             convert=self._parts.convert,
             record=self._record,
             shard=self._dp.shard if self._dp is not None else None,
+            fallback=self._fallback,
         )
         self._router = router if train else None
         try:
@@ -826,5 +833,6 @@ class TransferJob:
             chunks_pushed=stats.chunks - stats.chunks_local,
             retries=stats.retries,
             failovers=stats.failovers,
+            fallbacks=stats.fallbacks,
         )
         return figures if self._dp is None else self._dp.totals(figures)

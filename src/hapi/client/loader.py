@@ -44,7 +44,7 @@ from hapi.client.retry import RetryPolicy
 from hapi.client.routing import ChunkRecord, Router
 from hapi.client.servers import Servers
 from hapi.client.sessions import Sessions
-from hapi.data import DatasetManifest
+from hapi.data import DatasetManifest, ObjectStore
 from hapi.errors import (
     DuplicateDelivery,
     IncompleteEpoch,
@@ -71,6 +71,8 @@ class LoaderStats:
     retries: int = 0
     failovers: int = 0
     """Chunks moved to another server after theirs failed."""
+    fallbacks: int = 0
+    """Chunks computed here from the store's bytes: no server answered."""
     wait_s: float = 0.0
     """Time the trainer waited for data (a stall: the pipeline is not keeping up)."""
     postprocess_s: float = 0.0
@@ -120,6 +122,8 @@ class FeatureLoader:
         on_part: called in the fetching thread after each part of a chunk is handed on.
         shard: with several data-parallel ranks, this rank's part of every epoch: the
             loader fetches and yields only it (`batch_size` is then per rank).
+        fallback: the store, as this trainer reaches it: while no server answers, chunks
+            are read from it and computed here by `local`. None: they wait for a server.
 
     Raises:
         InvalidRequest: a size below 1, negative retries or budget.
@@ -145,6 +149,7 @@ class FeatureLoader:
         record: Callable[[Event], None] | None = None,
         on_part: OnPart | None = None,
         shard: Shard | None = None,
+        fallback: ObjectStore | None = None,
     ) -> None:
         for name, value in (
             ("batch_size", batch_size),
@@ -170,6 +175,7 @@ class FeatureLoader:
         self.record = record
         self.on_part = on_part
         self.shard = shard
+        self.fallback = fallback
         self.stats = LoaderStats()
 
     @property
@@ -314,6 +320,7 @@ class _Epoch:
         stats.chunks += 1
         stats.retries = self.fetcher.retries
         stats.failovers = self.fetcher.failovers
+        stats.fallbacks += flow.fell_back
         stats.chunks_local += flow.route.local
         stats.samples += flow.samples
         stats.bytes_received += flow.bytes
@@ -341,7 +348,8 @@ class _Epoch:
             trainer_s=flow.local_s + flow.train_s,
         )
         self.stats.records.append(record)
-        self.loader.router.observe(record)
+        if not flow.fell_back:  # its costs are not its route's: the plan learns nothing
+            self.loader.router.observe(record)
 
     def _shutdown(self) -> None:
         self.fetcher.shutdown(self.flows)
