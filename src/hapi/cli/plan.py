@@ -22,7 +22,9 @@ def register(app: typer.Typer) -> None:
 
 def plan(
     model: str = typer.Argument(..., help="A torchvision model name or efficientnet_lite0."),
-    server: str = typer.Option(..., help="The hapi server beside the data (host:port)."),
+    server: str = typer.Option(
+        ..., help="The hapi server beside the data (host:port; several, comma-separated)."
+    ),
     dataset: str = typer.Option(..., help="The training set's prefix in the server's store."),
     freeze: str = typer.Option(None, help="Last frozen cut point (default: all but the head)."),
     image_size: int = typer.Option(224, help="The model's input side."),
