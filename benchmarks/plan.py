@@ -36,11 +36,24 @@ from _results import write_section
 HERE = Path(__file__).resolve().parent
 PORT = 18815
 
+FREEZES = {
+    "resnet18": "layer3,avgpool+flatten",
+    "resnet50": "layer3,avgpool+flatten",
+    "vgg11": "features.10,classifier.5",
+    "densenet121": "features.denseblock3,features+flatten",
+    "vit": "encoder.layers.encoder_layer_5,encoder+getitem",
+}
+"""Two freeze points per model the benchmark knows: one mid-network, one before the head."""
+
+CONFIGS = {"vit": ("vit_b_16", {"image_size": "IMAGE_SIZE"})}
+"""Models built with options: torchvision's ViT takes its input size (IMAGE_SIZE: the
+job's image size)."""
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="resnet18")
-    parser.add_argument("--freezes", default="layer3,avgpool+flatten")
+    parser.add_argument("--models", default="resnet18", help=f"of {', '.join(FREEZES)}")
+    parser.add_argument("--freezes", help="freeze points (one model); default: FREEZES")
     parser.add_argument("--rates", default="10mbit,100mbit,1gbit")
     parser.add_argument("--images", type=int, default=128)
     parser.add_argument("--classes", type=int, default=4)
@@ -69,9 +82,11 @@ def main() -> None:
         with _Stage(root, rates[0], args) as stage:
             for rate in rates:
                 stage.set_rate(rate)
-                for freeze in args.freezes.split(","):
-                    configs.append(_config(stage, rate, freeze, args))
-                    print(json.dumps(_summary(configs[-1])), flush=True)
+                for model in args.models.split(","):
+                    freezes = args.freezes or FREEZES[model]
+                    for freeze in freezes.split(","):
+                        configs.append(_config(stage, rate, model, freeze, args))
+                        print(json.dumps(_summary(configs[-1])), flush=True)
             change = None
             if args.link_change != "none":
                 change = _link_change(stage, args)
@@ -177,9 +192,9 @@ class _Stage:
             self.link.__exit__()
 
 
-def _job_options(args: argparse.Namespace, freeze: str) -> dict:
+def _job_options(args: argparse.Namespace, model: str, freeze: str) -> dict:
     return {
-        "model": args.model,
+        "model": model,
         "freeze": freeze,
         "image_size": args.image_size,
         "batch_size": args.batch_size,
@@ -190,9 +205,9 @@ def _job_options(args: argparse.Namespace, freeze: str) -> dict:
     }
 
 
-def _config(stage: _Stage, rate: str, freeze: str, args: argparse.Namespace) -> dict:
-    """One (freeze, rate): the planner's table, then every picked option in repeats."""
-    base = _job_options(args, freeze)
+def _config(stage: _Stage, rate: str, model: str, freeze: str, args: argparse.Namespace) -> dict:
+    """One (model, freeze, rate): the planner's table, then every picked option in repeats."""
+    base = _job_options(args, model, freeze)
     planned = stage.trainer({**base, "plan_only": True})
     assert planned is not None
     options = _pick(planned["plan"])
@@ -204,7 +219,9 @@ def _config(stage: _Stage, rate: str, freeze: str, args: argparse.Namespace) -> 
         assert result is not None
         for run in result["runs"]:
             runs.setdefault(run["label"], []).append(run)
-    return {"rate": rate, "freeze": freeze, "plan": planned["plan"], "runs": runs}
+    return {
+        "rate": rate, "model": model, "freeze": freeze, "plan": planned["plan"], "runs": runs,
+    }  # fmt: skip
 
 
 def _pick(plan: dict) -> list[list[float]]:
@@ -231,8 +248,9 @@ def _pick(plan: dict) -> list[list[float]]:
 def _link_change(stage: _Stage, args: argparse.Namespace) -> dict:
     """An epoch whose link drops mid-way: the re-planning job against fixed plans."""
     before, after = args.link_change.split(":")
-    freeze = args.freezes.split(",")[-1]
-    base = {**_job_options(args, freeze), "chunk_size": max(4, args.chunk_size // 2)}
+    model = args.models.split(",")[0]
+    freeze = (args.freezes or FREEZES[model]).split(",")[-1]
+    base = {**_job_options(args, model, freeze), "chunk_size": max(4, args.chunk_size // 2)}
     stage.set_rate(after)
     for_after = stage.trainer({**base, "plan_only": True})
     stage.set_rate(before)
@@ -285,7 +303,9 @@ def _worker(spec: dict) -> None:
         "prefetch": spec.get("prefetch", 3),
         "retry_budget_s": 10,
     }
-    model = {"name": spec.get("model", "resnet18"), "num_classes": spec.get("classes", 4)}
+    model = _spec(
+        spec.get("model", "resnet18"), spec.get("image_size", 112), spec.get("classes", 4)
+    )
     if spec.get("plan_only"):
         job = TransferJob(model, "train", spec["address"], replan=False, **common)
         assert job.plan is not None
@@ -322,6 +342,14 @@ def _worker(spec: dict) -> None:
     print(json.dumps({"runs": runs}))
 
 
+def _spec(model: str, image_size: int, classes: int) -> dict:
+    """The job's model: a torchvision name, or one of `CONFIGS` with its options."""
+    name, config = CONFIGS.get(model, (model, None))
+    if config is not None:
+        config = {k: image_size if v == "IMAGE_SIZE" else v for k, v in config.items()}
+    return {"name": name, "num_classes": classes, "config": config}
+
+
 def _signal_change(job, epochs: int, at: float):  # type: ignore[no-untyped-def]
     """A progress callback that tells the parent to change the link, once, mid-epoch."""
     step_at = max(1, int(job.batches_per_epoch() * at))
@@ -336,6 +364,7 @@ def _signal_change(job, epochs: int, at: float):  # type: ignore[no-untyped-def]
 def _summary(config: dict) -> dict:
     return {
         "rate": config["rate"],
+        "model": config["model"],
         "freeze": config["freeze"],
         "plan": [config["plan"]["cut"], config["plan"]["share"]],
         "medians": {k: round(_median(v), 3) for k, v in config["runs"].items()},
@@ -355,7 +384,8 @@ def _report(configs: list[dict], change: dict | None, args: argparse.Namespace) 
     lines = [
         "## The planner against brute force",
         "",
-        f"`python benchmarks/plan.py --results` on {_machine()}; {args.model} at "
+        f"`python benchmarks/plan.py --results --models {args.models}` on {_machine()}; "
+        f"models at "
         f"{args.image_size} px, {args.images} photo-like JPEGs of ~100 KB ({args.stored_size} "
         f"px, quality 90), batch {args.batch_size}, chunks of {args.chunk_size}, "
         f"{args.prefetch} in flight; server and trainer two processes pinned to one core "
@@ -365,9 +395,9 @@ def _report(configs: list[dict], change: dict | None, args: argparse.Namespace) 
         'job with `cut="auto"` planning and re-planning itself; `best` the fastest option '
         "measured. Data in `out/plan.json`.",
         "",
-        "| link | freeze | plan (auto) | auto s | spread | best option | best s | regret "
-        "| vs RAW | vs freeze cut | best hybrid / best pure |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| link | model | freeze | plan (auto) | auto s | spread | best option | best s "
+        "| regret | vs RAW | vs freeze cut | best hybrid / best pure |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     within = regrets = 0.0
     for c in configs:
@@ -386,7 +416,8 @@ def _report(configs: list[dict], change: dict | None, args: argparse.Namespace) 
         pures = [v for k, v in fixed.items() if k.endswith(":0.0")]
         auto_plan = runs["auto"][0]["plan"]
         lines.append(
-            f"| {c['rate']} | {c['freeze']} | {_label(auto_plan['cut'], auto_plan['share'])} "
+            f"| {c['rate']} | {c.get('model', '')} | {c['freeze']} "
+            f"| {_label(auto_plan['cut'], auto_plan['share'])} "
             f"| {auto:.2f} | {_spread(runs['auto']):.0%} | {_label_key(best_label)} "
             f"| {fixed[best_label]:.2f} | {regret:+.1%} "
             f"| {raw / auto if raw else float('nan'):.2f}x "
@@ -432,8 +463,12 @@ def _plot(configs: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(configs), figsize=(3.2 * len(configs), 3.4), squeeze=False)
-    for ax, c in zip(axes[0], configs, strict=True):
+    cols = min(6, len(configs))
+    rows = -(-len(configs) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.4 * rows), squeeze=False)
+    for ax in axes.flat[len(configs) :]:
+        ax.axis("off")
+    for ax, c in zip(axes.flat, configs, strict=False):
         predicted = {(r["cut"], r["share"]): r["epoch_s"] for r in c["plan"]["options"]}
         for label, runs in c["runs"].items():
             if label == "auto":
@@ -447,7 +482,7 @@ def _plot(configs: list[dict], path: Path) -> None:
         ax.axhline(auto, color="tab:red", linewidth=1, label="auto (measured)")
         top = max([*predicted.values(), auto]) * 1.1
         ax.plot([0, top], [0, top], color="gray", linestyle="--", linewidth=0.8)
-        ax.set_title(f"{c['rate']}, freeze {c['freeze']}", fontsize=8)
+        ax.set_title(f"{c['rate']}, {c.get('model', '')} to {c['freeze']}", fontsize=7)
         ax.set_xlabel("predicted s", fontsize=8)
         ax.set_ylabel("measured s", fontsize=8)
         ax.tick_params(labelsize=7)

@@ -102,6 +102,9 @@ class HapiServer(flight.FlightServerBase):
         store: ObjectStore | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._ready = threading.Event()
+        """Set when construction is done: Flight serves calls from its own constructor on,
+        and a call (a client polling a restarted server) must not see half a server."""
         self.metrics = Metrics()
         listener = Listener.from_config(config)
         self.tenants, self.tls = listener.tenants, listener.tls
@@ -113,6 +116,17 @@ class HapiServer(flight.FlightServerBase):
                 f"cannot listen on {listener.location} ({str(exc).splitlines()[0]}): the port "
                 "may be in use; pick another with --port, or 0 for any free port"
             ) from None
+        try:
+            self._build(config, store, clock)
+        except BaseException:
+            super().shutdown()  # the Flight port is bound already: free it
+            raise
+        finally:
+            self._ready.set()
+
+    def _build(
+        self, config: ServerConfig, store: ObjectStore | None, clock: Callable[[], float]
+    ) -> None:
         self.config = config
         self.store: ObjectStore = (
             store
@@ -158,11 +172,7 @@ class HapiServer(flight.FlightServerBase):
             memory=lambda: (self.scheduler.stats().used, self.scheduler.budget),
         )
         if config.metrics_port is not None:
-            try:
-                serve_metrics(self.metrics, config)
-            except InvalidRequest:
-                super().shutdown()  # the Flight port is bound already: free it
-                raise
+            serve_metrics(self.metrics, config)
 
     @property
     def address(self) -> str:
@@ -198,8 +208,8 @@ class HapiServer(flight.FlightServerBase):
     def do_action(
         self, context: flight.ServerCallContext, action: flight.Action
     ) -> Iterator[bytes]:
-        self._close_abandoned()
         with self._guard(f"action {shorten(repr(action.type), 100)}", context) as tenant:
+            self._close_abandoned()
             body = action.body.to_pybytes() if action.body is not None else b""
             result = self._action(action.type, body, tenant)
         return iter([result])
@@ -246,8 +256,8 @@ class HapiServer(flight.FlightServerBase):
         self, context: flight.ServerCallContext, ticket: flight.Ticket
     ) -> flight.FlightDataStream:
         started = time.perf_counter()
-        self._close_abandoned()
         with self._guard("do_get", context) as tenant:
+            self._close_abandoned()
             chunk = parse(ChunkTicket, ticket.ticket)
             session = self._session(chunk.session, tenant)
             # Every key before any read: a refusal says nothing of what exists.
@@ -580,6 +590,7 @@ class HapiServer(flight.FlightServerBase):
     def _guard(self, what: str, who: flight.ServerCallContext | Tenant) -> Iterator[Tenant]:
         """`errors_to_wire` for a call of `who` (its context, or its tenant once known),
         counting each error in the metrics under the tenant."""
+        self._ready.wait()
         with errors_to_wire(what):
             tenant = who if isinstance(who, Tenant) else caller(who)
             try:
