@@ -146,9 +146,12 @@ class Fetcher:
                 on_retry=self._on_retry(flow), stop=self.stop, at_once=lambda _: flow.moved
             )(self._attempt, flow)
             flow.read_end = time.perf_counter()
-            self.loader.servers.finished(
-                flow.member, flow.held, flow.samples_read, measured=not flow.failed
-            )
+            if flow.fell_back:  # its server did not finish it: nothing to learn of it
+                self.loader.servers.release(flow.member, flow.held)
+            else:
+                self.loader.servers.finished(
+                    flow.member, flow.held, flow.samples_read, measured=not flow.failed
+                )
             flow.held = 0
             if flow.route.local or flow.fell_back:
                 # After the chunk's last local piece: the worker runs in order.
