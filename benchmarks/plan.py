@@ -68,12 +68,22 @@ def main() -> None:
     parser.add_argument("--link-change", default="1gbit:10mbit", help="FROM:TO, or none")
     parser.add_argument("--out", type=Path, default=HERE / "out")
     parser.add_argument("--results", action="store_true", help="write benchmarks/RESULTS.md")
+    parser.add_argument(
+        "--report-only", action="store_true", help="rewrite the report from out/plan.json"
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one trainer run
     args = parser.parse_args()
     if args.worker:
         _worker(json.loads(args.worker))
         return
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.report_only:
+        saved = json.loads((args.out / "plan.json").read_text())
+        for key, value in saved["args"].items():
+            if key not in ("out", "results", "report_only", "worker"):
+                setattr(args, key, value)
+        _finish(saved["configs"], saved["link_change"], args)
+        return
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="hapi-plan-") as root:
         _make_dataset(root, args)
@@ -87,9 +97,17 @@ def main() -> None:
                     for freeze in freezes.split(","):
                         configs.append(_config(stage, rate, model, freeze, args))
                         print(json.dumps(_summary(configs[-1])), flush=True)
+                        _save(configs, None, args, started)  # what is measured so far
             change = None
             if args.link_change != "none":
                 change = _link_change(stage, args)
+    _save(configs, change, args, started)
+    _finish(configs, change, args)
+
+
+def _save(
+    configs: list[dict], change: dict | None, args: argparse.Namespace, started: float
+) -> None:
     result = {
         "machine": _machine(),
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
@@ -98,6 +116,9 @@ def main() -> None:
         "link_change": change,
     }
     (args.out / "plan.json").write_text(json.dumps(result, indent=2))
+
+
+def _finish(configs: list[dict], change: dict | None, args: argparse.Namespace) -> None:
     _plot(configs, args.out / "plan.png")
     text = _report(configs, change, args)
     print(text)
