@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from _host import machine, pin
 from _netns import ShapedLink
 from _results import write_section
 
@@ -109,7 +109,7 @@ def _save(
     configs: list[dict], change: dict | None, args: argparse.Namespace, started: float
 ) -> None:
     result = {
-        "machine": _machine(),
+        "machine": machine(),
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "minutes": (time.time() - started) / 60,
         "configs": configs,
@@ -154,7 +154,7 @@ class _Stage:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-            preexec_fn=lambda: _pin(0),
+            preexec_fn=lambda: pin(0),
         )  # fmt: skip
         deadline = time.monotonic() + 120
         while self._run({"ping": True}, check=False) is None:
@@ -182,7 +182,7 @@ class _Stage:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-            preexec_fn=lambda: _pin(1),
+            preexec_fn=lambda: pin(1),
         )  # fmt: skip
         last = None
         assert proc.stdout is not None
@@ -405,7 +405,7 @@ def _report(configs: list[dict], change: dict | None, args: argparse.Namespace) 
     lines = [
         "## The planner against brute force",
         "",
-        f"`python benchmarks/plan.py --results --models {args.models}` on {_machine()}; "
+        f"`python benchmarks/plan.py --results --models {args.models}` on {machine()}; "
         f"models at "
         f"{args.image_size} px, {args.images} photo-like JPEGs of ~100 KB ({args.stored_size} "
         f"px, quality 90), batch {args.batch_size}, chunks of {args.chunk_size}, "
@@ -521,16 +521,6 @@ def _make_dataset(root: str, args: argparse.Namespace) -> None:
         open_store(root), "train", classes=args.classes, per_class=per_class,
         size=args.stored_size, seed=0, quality=90,
     )  # fmt: skip
-
-
-def _pin(core: int) -> None:
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) > 1:
-        os.sched_setaffinity(0, {cores[core % len(cores)]})
-
-
-def _machine() -> str:
-    return f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, CPU only"
 
 
 if __name__ == "__main__":

@@ -28,8 +28,6 @@ import argparse
 import collections
 import functools
 import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -39,6 +37,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # the tests' SeaweedFS, server-process and chaos helpers
 
+from _host import machine, pin, taskset  # noqa: E402
 from _results import write_section  # noqa: E402
 
 
@@ -77,8 +76,8 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    _pin(0)
-    result: dict = {"machine": _machine(), "args": {k: str(v) for k, v in vars(args).items()}}
+    pin(0)
+    result: dict = {"machine": machine(), "args": {k: str(v) for k, v in vars(args).items()}}
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="hapi-scale-") as root:
         _make_dataset(root, args)
@@ -116,7 +115,7 @@ class _Servers:
         from tests.serve_process import ServeProcess
 
         taken: set[int] = set()
-        self.all = [ServeProcess(root, free_port(taken), wrap=_taskset(1)) for _ in range(count)]
+        self.all = [ServeProcess(root, free_port(taken), wrap=taskset(1)) for _ in range(count)]
         self.options = ("--batch-size", "16", "--egress-limit", args.rate)
 
     def __enter__(self) -> _Servers:
@@ -220,7 +219,7 @@ def _kill(servers: _Servers, args: argparse.Namespace, scale: dict | None) -> di
 
 def _chaos(root: Path, args: argparse.Namespace) -> dict:
     from tests.chaos import Chaos
-    from tests.seaweed import ACCESS_KEY, SECRET_KEY, SeaweedS3, free_port
+    from tests.seaweed import SeaweedS3, free_port
     from tests.serve_process import ServeProcess
 
     from hapi.client import FeatureLoader, TransferJob
@@ -237,13 +236,9 @@ def _chaos(root: Path, args: argparse.Namespace) -> dict:
             open_store(uri, store.options), "train", classes=4, per_class=samples // 4,
             size=args.stored_size, seed=3,
         )  # fmt: skip
-        env = {
-            "AWS_ENDPOINT_URL": store.endpoint,
-            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-        }
+        env = store.client_env
         taken: set[int] = set()
-        pair = [ServeProcess(uri, free_port(taken), env, _taskset(1)) for _ in range(2)]
+        pair = [ServeProcess(uri, free_port(taken), env, taskset(1)) for _ in range(2)]
         try:
             for server in pair:
                 server.start("--batch-size", "4", "--egress-limit", args.chaos_rate)
@@ -401,21 +396,6 @@ def _make_dataset(root: str, args: argparse.Namespace) -> None:
         open_store(root), "train", classes=4, per_class=max(1, args.images // 4),
         size=args.stored_size, seed=0, quality=90,
     )  # fmt: skip
-
-
-def _taskset(core: int) -> list[str]:
-    cores = sorted(os.sched_getaffinity(0))
-    return ["taskset", "-c", str(cores[core % len(cores)])] if len(cores) > 1 else []
-
-
-def _pin(core: int) -> None:
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) > 1:
-        os.sched_setaffinity(0, {cores[core % len(cores)]})
-
-
-def _machine() -> str:
-    return f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, CPU only"
 
 
 if __name__ == "__main__":

@@ -96,6 +96,15 @@ class SeaweedS3:
         )
 
     @property
+    def client_env(self) -> dict[str, str]:
+        """Environment variables that point a process (`hapi serve`) at this store."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        }
+
+    @property
     def log_path(self) -> Path:
         """Where weed's output goes: look here when a test fails."""
         return self.data_dir / "weed.log"

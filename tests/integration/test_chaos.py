@@ -19,7 +19,7 @@ from hapi.client import TransferJob
 from hapi.data import open_store, synth_dataset
 
 from ..chaos import Chaos
-from ..seaweed import ACCESS_KEY, SECRET_KEY, SeaweedS3, free_port
+from ..seaweed import SeaweedS3, free_port
 from ..serve_process import ServeProcess
 
 CLASSES, PER_CLASS = 3, 10
@@ -33,11 +33,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[SeaweedS3, list[ServeProcess]]]:
             open_store(uri, store.options), "train", classes=CLASSES, per_class=PER_CLASS,
             size=64, seed=9,
         )  # fmt: skip
-        env = {
-            "AWS_ENDPOINT_URL": store.endpoint,
-            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-        }
+        env = store.client_env
         taken: set[int] = set()
         servers = [ServeProcess(uri, free_port(taken), env) for _ in range(2)]
         try:
