@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from hapi.client.connection import Connection
 from hapi.client.sessions import Sessions
+from hapi.data.keys import key_under
 from hapi.errors import InvalidRequest
 
 __all__ = ["LOCAL_GAIN", "MAX_COOLDOWN_S", "Member", "Servers"]
@@ -65,8 +66,20 @@ class Member:
         """Failures in a row (reset by a chunk it finishes)."""
         self.down_until = 0.0
         """Monotonic time until which it is set aside."""
-        self.chunks = 0
-        """Chunks it finished."""
+
+    def _busy(self, now: float) -> None:
+        """It gets work: after an idle spell its busy time starts now."""
+        if self.inflight == 0:
+            self._since = now
+
+    def _finished(self, now: float, samples: int, measured: bool) -> None:
+        """A chunk of `samples` finished at `now`; `measured`: it counts toward the rate."""
+        if measured and samples > 0:
+            self._samples = _DECAY * self._samples + samples
+            self._seconds = _DECAY * self._seconds + max(0.0, now - self._since)
+            if self._seconds > 0:
+                self.rate = self._samples / self._seconds
+        self._since = now
 
     @property
     def connection(self) -> Connection:
@@ -82,7 +95,7 @@ class Member:
         prefixes = self.sessions.local_prefixes
         if not prefixes or not keys:
             return 0.0
-        local = sum(any(_under(key, p) for p in prefixes) for key in keys)
+        local = sum(any(key_under(key, p) for p in prefixes) for key in keys)
         return local / len(keys)
 
 
@@ -115,11 +128,6 @@ class Servers:
     def __iter__(self) -> Iterator[Member]:
         return iter(self.members)
 
-    @property
-    def opened(self) -> list[str]:
-        """Every session id opened on any of the servers."""
-        return [s for m in self.members for s in m.sessions.opened]
-
     def pick(self, keys: Sequence[str], *, avoid: Member | None = None) -> Member:
         """The server for a chunk of `keys`, which are counted as in flight there.
 
@@ -138,13 +146,16 @@ class Servers:
             else:
                 rates = [m.rate for m in up if m.rate is not None]
                 default = sum(rates) / len(rates) if rates else 1.0
+                local = {m.index: m.local_share(keys) for m in up}
                 # On a tie, the server the keys are local to.
                 chosen = min(
                     up,
-                    key=lambda m: (self._finish_s(m, keys, default), -m.local_share(keys)),
+                    key=lambda m: (
+                        self._finish_s(m, keys, default, local[m.index]),
+                        -local[m.index],
+                    ),
                 )
-            if chosen.inflight == 0:
-                chosen._since = now  # its busy time starts now, not at its last finish
+            chosen._busy(now)
             chosen.inflight += len(keys)
             return chosen
 
@@ -167,16 +178,9 @@ class Servers:
                 was the failure's).
         """
         with self._lock:
-            now = self._clock()
             member.inflight = max(0, member.inflight - held)
             member.failures = 0
-            member.chunks += 1
-            if measured and samples > 0:
-                member._samples = _DECAY * member._samples + samples
-                member._seconds = _DECAY * member._seconds + max(0.0, now - member._since)
-                if member._seconds > 0:
-                    member.rate = member._samples / member._seconds
-            member._since = now
+            member._finished(self._clock(), samples, measured)
 
     def failed(self, member: Member) -> float:
         """Set `member` aside after a failure; returns its cool-down in seconds."""
@@ -191,10 +195,10 @@ class Servers:
         with self._lock:
             member.inflight = max(0, member.inflight - samples)
 
-    def _finish_s(self, member: Member, keys: Sequence[str], default: float) -> float:
+    def _finish_s(self, member: Member, keys: Sequence[str], default: float, local: float) -> float:
+        """When `member` would finish a chunk of `keys`, `local` of them local to it."""
         rate = member.rate if member.rate is not None else default
-        seconds = (member.inflight + len(keys)) / rate
-        return seconds * (1.0 - LOCAL_GAIN * member.local_share(keys))
+        return (member.inflight + len(keys)) / rate * (1.0 - LOCAL_GAIN * local)
 
     def __enter__(self) -> Servers:
         with contextlib.ExitStack() as stack:
@@ -205,9 +209,3 @@ class Servers:
 
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
-
-
-def _under(key: str, prefix: str) -> bool:
-    """Whether `key` lies under `prefix`, segment-wise (`a/b` holds `a/b/c`, not `a/bc`)."""
-    prefix = prefix.strip("/")
-    return not prefix or key == prefix or key.startswith(prefix + "/")

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hapi.data.keys import key_under
 from hapi.errors import Forbidden, InvalidRequest, Unauthenticated, shorten
 
 __all__ = ["Tenant", "Tenants", "reload_on_sighup"]
@@ -88,7 +89,7 @@ class Tenant:
 
     def allows(self, key: str) -> bool:
         """Whether `key`, a well-formed store key, lies under one of the tenant's prefixes."""
-        return _well_formed(key) and any(_under(key, p) for p in self.prefixes)
+        return _well_formed(key) and any(key_under(key, p) for p in self.prefixes)
 
     def check_key(self, key: str) -> str:
         """Return `key` if the tenant may read it.
@@ -101,7 +102,7 @@ class Tenant:
             Forbidden: `key` is outside the tenant's prefixes.
         """
         _check_well_formed(key, "key")
-        if not any(_under(key, p) for p in self.prefixes):
+        if not any(key_under(key, p) for p in self.prefixes):
             raise self._forbidden("key", key)
         return key
 
@@ -118,7 +119,7 @@ class Tenant:
         normal = prefix.strip("/") if isinstance(prefix, str) else prefix
         if normal != "":
             _check_well_formed(normal, "prefix")
-        if not any(_under(normal, p) for p in self.prefixes):
+        if not any(key_under(normal, p) for p in self.prefixes):
             raise self._forbidden("prefix", prefix)
         return normal
 
@@ -396,12 +397,8 @@ def _normalise_prefixes(prefixes: Any) -> tuple[str, ...]:
     if "" in normal:
         return ("",)
     # Drop prefixes inside others: the error messages list what the tenant really has.
-    kept = [p for p in normal if not any(q != p and _under(p, q) for q in normal)]
+    kept = [p for p in normal if not any(q != p and key_under(p, q) for q in normal)]
     return tuple(sorted(kept))
-
-
-def _under(key: str, prefix: str) -> bool:
-    return prefix == "" or key == prefix or key.startswith(prefix + "/")
 
 
 def _well_formed(key: object) -> bool:
