@@ -66,6 +66,10 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2, help="the last epoch is measured")
     parser.add_argument("--shaping", choices=("netns", "egress"), default="netns")
     parser.add_argument("--link-change", default="1gbit:10mbit", help="FROM:TO, or none")
+    parser.add_argument(
+        "--change-images", type=int, default=512,
+        help="images in the link-change run: enough chunks after the change to re-plan",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=HERE / "out")
     parser.add_argument("--results", action="store_true", help="write benchmarks/RESULTS.md")
     parser.add_argument(
@@ -271,7 +275,11 @@ def _link_change(stage: _Stage, args: argparse.Namespace) -> dict:
     before, after = args.link_change.split(":")
     model = args.models.split(",")[0]
     freeze = (args.freezes or FREEZES[model]).split(",")[-1]
-    base = {**_job_options(args, model, freeze), "chunk_size": max(4, args.chunk_size // 2)}
+    base = {
+        **_job_options(args, model, freeze),
+        "chunk_size": max(4, args.chunk_size // 2),
+        "dataset": "long",
+    }
     stage.set_rate(after)
     for_after = stage.trainer({**base, "plan_only": True})
     stage.set_rate(before)
@@ -327,17 +335,21 @@ def _worker(spec: dict) -> None:
     model = _spec(
         spec.get("model", "resnet18"), spec.get("image_size", 112), spec.get("classes", 4)
     )
+    dataset = spec.get("dataset", "train")
     if spec.get("plan_only"):
-        job = TransferJob(model, "train", spec["address"], replan=False, **common)
+        job = TransferJob(model, dataset, spec["address"], replan=False, **common)
         assert job.plan is not None
         print(json.dumps({"plan": job.plan.to_dict()}))
         return
+    chunks: list[dict] = []
+    if spec.get("trace"):
+        _trace_chunks(chunks)
     runs = []
     jobs = [(f"{c}:{s}", {"cut": int(c), "local_share": s}) for c, s in spec["options"]]
     if spec.get("auto"):
         jobs.append(("auto", {}))
     for label, options in jobs:
-        job = TransferJob(model, "train", spec["address"], **common, **options)
+        job = TransferJob(model, dataset, spec["address"], **common, **options)
         planned = job.plan.to_dict() if job.plan is not None else None
         epochs = spec.get("epochs", 2)
         progress = _signal_change(job, epochs, spec["change_at"]) if "change_at" in spec else None
@@ -358,9 +370,61 @@ def _worker(spec: dict) -> None:
                 "chunks_local": last.chunks_local,
                 "changes": [e.message for e in job.history.plan_changes],
                 "plan": planned,
+                "chunks": chunks[:],
             }
         )
+        chunks.clear()
     print(json.dumps({"runs": runs}))
+
+
+def _trace_chunks(into: list[dict]) -> None:
+    """Record every chunk the router sees (route, samples, bytes, stage seconds)."""
+    from hapi.client.routing import Router
+
+    observe = Router.observe
+    started = time.perf_counter()
+
+    def traced(self, record):  # type: ignore[no-untyped-def]
+        into.append(
+            {
+                "t": round(time.perf_counter() - started, 3),
+                "epoch": record.epoch,
+                "chunk": record.chunk,
+                "local": record.route.local,
+                "cut": record.route.cut,
+                "samples": record.samples,
+                "bytes": record.bytes,
+                "server_s": record.server_s,
+                "transfer_s": record.transfer_s,
+                "trainer_s": record.trainer_s,
+            }
+        )
+        observe(self, record)
+
+    Router.observe = traced  # type: ignore[method-assign]
+
+    from hapi.client._fetch import Fetcher
+
+    fetch = Fetcher.fetch
+
+    def traced_fetch(self, flow):  # type: ignore[no-untyped-def]
+        fetch(self, flow)
+        into.append(
+            {
+                "flow": flow.index,
+                "epoch": self.epoch,
+                "local": flow.route.local,
+                "issued": round(flow.issued - started, 3),
+                "turn": flow.turn and round(flow.turn - started, 3),
+                "end": round(flow.read_end - started, 3),
+                "server_s": flow.server_s,
+                "queue_s": flow.queue_s,
+                "bytes": flow.bytes,
+                "link_s": flow.link_s,
+            }
+        )
+
+    Fetcher.fetch = traced_fetch  # type: ignore[method-assign]
 
 
 def _spec(model: str, image_size: int, classes: int) -> dict:
@@ -516,11 +580,11 @@ def _plot(configs: list[dict], path: Path) -> None:
 def _make_dataset(root: str, args: argparse.Namespace) -> None:
     from hapi.data import open_store, synth_dataset
 
-    per_class = max(1, args.images // args.classes)
-    synth_dataset(
-        open_store(root), "train", classes=args.classes, per_class=per_class,
-        size=args.stored_size, seed=0, quality=90,
-    )  # fmt: skip
+    for name, images in (("train", args.images), ("long", args.change_images)):
+        synth_dataset(
+            open_store(root), name, classes=args.classes, per_class=max(1, images // args.classes),
+            size=args.stored_size, seed=0, quality=90,
+        )  # fmt: skip
 
 
 if __name__ == "__main__":

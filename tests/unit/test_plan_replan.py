@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 
@@ -158,12 +159,60 @@ def test_assign_takes_a_plan() -> None:
     assert assign(list(range(8)), pushed) == (False,) * 8
 
 
-def test_a_passing_spike_changes_nothing() -> None:
+def test_a_passing_server_spike_changes_nothing() -> None:
     plan = _plan(1e9)
     replanner = Replanner(plan)
     for i in range(5):
         assert replanner.observe(_chunk(plan, i, 1e9)) is None
-    assert replanner.observe(_chunk(plan, 5, 1e6)) is None  # one chunk stalls on the link
+    stalled = _chunk(plan, 5, 1e9)  # one chunk stalls on the server (a pause, a retry)
+    stalled = dataclasses.replace(stalled, server_s=stalled.server_s * 50)
+    assert replanner.observe(stalled) is None
     for i in range(6, 40):
         assert replanner.observe(_chunk(plan, i, 1e9)) is None
     assert replanner.changes == []
+
+
+def test_a_hybrids_raw_chunks_do_not_set_the_servers_rate() -> None:
+    """Most chunks are local: each costs the server a read (0.06 s planned) and measures
+    its fixed costs, 5x that. The pushed chunks run at their profiled rate, and they are
+    what the server's rate is when the link halves and the job re-plans."""
+    plan = _plan(5e6)
+    assert plan.share > 0.5
+    replanner = Replanner(plan)
+    for i in range(60):
+        chunk = _chunk(replanner.plan, i, 5e6 if i < 20 else 2.5e6)
+        if chunk.cut == RAW:
+            chunk = dataclasses.replace(chunk, server_s=chunk.server_s * 5)
+        replanner.observe(chunk)
+    assert replanner.changes
+    assert all("server" not in change.reason for change in replanner.changes)
+    assert replanner.scales()["server"] == pytest.approx(1.0, rel=0.15)
+
+
+def test_a_link_shared_by_chunks_in_flight_is_measured_from_their_sum() -> None:
+    """Chunks in flight together share the link: each chunk's turn shows half of its own
+    time and half of the chunk before's, and a local chunk carries 50x the bytes of a
+    pushed one. The link is 10x slower; the re-plan says so, within the window's edge."""
+    plan = _plan(1e7)
+    replanner = Replanner(plan)
+    late = 0.0  # the half of the chunk before's time that came during this one's turn
+    for i in range(30):
+        chunk = _chunk(replanner.plan, i, 1e6)
+        own = chunk.transfer_s or 0.0
+        shown, late = 0.5 * own + late, 0.5 * own
+        replanner.observe(dataclasses.replace(chunk, transfer_s=shown))
+    assert replanner.changes
+    assert replanner.plan.link.bytes_per_s == pytest.approx(1e6, rel=0.2)
+
+
+def test_a_link_stall_is_undone_when_the_link_is_fast_again() -> None:
+    plan = _plan(1e7)
+    replanner = Replanner(plan)
+    for i in range(5):
+        replanner.observe(_chunk(plan, i, 1e7))
+    for i in range(5, 8):  # three chunks stall on the link (10x slower)
+        replanner.observe(_chunk(replanner.plan, i, 1e6))
+    assert (replanner.plan.cut, replanner.plan.share) != (plan.cut, plan.share)
+    for i in range(8, 60):
+        replanner.observe(_chunk(replanner.plan, i, 1e7))
+    assert (replanner.plan.cut, replanner.plan.share) == (plan.cut, plan.share)

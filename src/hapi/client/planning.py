@@ -5,8 +5,8 @@ job's own objects in a RAW session: its bytes over the stream's time, less the s
 wait for its store (the session's own counters, `stats`) and the request's round trip.
 The server measures its side itself when it answers the `profile` action: reading,
 decoding and the head to every cut, on the same objects, each cut on a small batch. A
-probe chunk at the freeze cut then sets their level: it runs the path every chunk runs,
-at the server's own batch size, and the session's counters give its decoding and head
+probe at the freeze cut then sets their level: it runs the path every chunk runs, in
+chunks of the job's size (so at its batch size), and the session's counters give its decoding and head
 time per sample (the profile timed the head several times slower than chunks run it).
 An older server gets the probe alone, and the head to the other cuts is the trainer's
 measured head scaled by the server/trainer ratio at the freeze point: the layers'
@@ -95,7 +95,8 @@ def plan_job(
     """Measure the job's pipeline (`measure_job`) and choose its plan for `workload`."""
     profiles = measure_job(
         connection, request, manifest, graph, freeze, transforms,
-        samples=samples, batch_size=batch_size, seed=seed, wire_dtype=wire_dtype,
+        samples=samples, batch_size=batch_size, chunk_size=workload.chunk_size, seed=seed,
+        wire_dtype=wire_dtype,
     )  # fmt: skip
     return choose_plan(
         profiles.server,
@@ -118,6 +119,7 @@ def measure_job(
     *,
     samples: int = 16,
     batch_size: int = 8,
+    chunk_size: int | None = None,
     seed: int = 0,
     wire_dtype: str = "fp32",
 ) -> Profiles:
@@ -132,6 +134,8 @@ def measure_job(
         transforms: the training transforms (the trainer decodes with them).
         samples: objects per probe chunk.
         batch_size: samples per measured batch in the trainer.
+        chunk_size: the job's keys per chunk: the probe at the freeze cut runs in chunks
+            of this size, so the server's head runs the batches the job's chunks will.
         seed: picks the probe's objects.
         wire_dtype: the dtype features travel in.
 
@@ -158,7 +162,7 @@ def measure_job(
     if profiled is None or freeze > INPUT:
         session = connection.open_session(request(freeze)).session
         try:
-            at_freeze = _probe(connection, session, keys, labels)
+            at_freeze = _probe(connection, session, keys, labels, chunk_size)
         finally:
             connection.close_session(session)
     if profiled is None:
@@ -175,8 +179,8 @@ def _calibrated(
 ) -> ServerProfile:
     """The server's own profile, its head and decoding rescaled to a real chunk's.
 
-    The profile times each cut's head on a small batch of its own; the probe chunk at the
-    freeze cut runs the path every chunk runs, at the server's own batch size. The
+    The profile times each cut's head on a small batch of its own; the probe at the
+    freeze cut runs the path every chunk runs, in chunks of the job's size. The
     profile gives the cuts' relative costs, the probe their level.
     """
     raw_bytes = raw.nbytes / max(raw.samples, 1)  # what RAW carries per sample, as seen
@@ -246,13 +250,30 @@ def _link(raw: _Probe) -> LinkProfile:
         return LinkProfile(bytes_per_s=raw.nbytes / max(raw.seconds, 1e-6))
 
 
-def _probe(connection: Connection, session: str, keys: list[str], labels: list[int]) -> _Probe:
-    """Run a chunk of `keys` twice in `session` and measure the second."""
-    ticket = ChunkTicket(session=session, chunk=0, keys=keys, labels=labels)
-    _read(connection, ticket)  # warm: the store's cache, the head's first call
+def _probe(
+    connection: Connection,
+    session: str,
+    keys: list[str],
+    labels: list[int],
+    chunk_size: int | None = None,
+) -> _Probe:
+    """Run `keys` twice in `session` and measure the second: as one chunk, or in chunks of
+    `chunk_size` one after another, so the server's batches are the size the job's are
+    (a head's time per sample depends on its batch)."""
+    size = chunk_size or len(keys)
+    tickets = [
+        ChunkTicket(session=session, chunk=i, keys=keys[i : i + size], labels=labels[i : i + size])
+        for i in range(0, len(keys), size)
+    ]
+    for ticket in tickets:  # warm: the store's cache, the head's first call
+        _read(connection, ticket)
     before, rtt1 = _counters(connection, session)
     t0 = time.perf_counter()
-    nbytes, samples, blobs = _read(connection, ticket)
+    nbytes = samples = 0
+    blobs: list[bytes] = []
+    for ticket in tickets:
+        n, s, b = _read(connection, ticket)
+        nbytes, samples, blobs = nbytes + n, samples + s, blobs + b
     seconds = time.perf_counter() - t0
     after, rtt2 = _counters(connection, session)
     delta = SessionStats(

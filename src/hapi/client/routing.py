@@ -160,14 +160,11 @@ class Router:
         server_s, transfer_s = record.server_s, record.transfer_s
         assert self.replanner is not None  # the caller checks
         plan = self.replanner.plan
-        # What was not measured is taken at the plan's word: no drift rather than a false
-        # one (a server that does not report its time; a stream held by the server).
+        # A server that does not report its time is taken at the plan's word: no drift
+        # rather than a false one. (A stream held by the server, transfer_s None, is no
+        # evidence of the link's rate: the re-planner weighs it as nothing.)
         if server_s is None:
             server_s = record.samples * plan.server.compute_s(route.wire_cut)
-        if transfer_s is None:
-            workload = plan.workload
-            latency = plan.link.latency_s / min(workload.prefetch, workload.chunks)
-            transfer_s = record.bytes / plan.link.bytes_per_s + latency
         return ChunkMeasurement(
             samples=record.samples,
             bytes=record.bytes,

@@ -7,18 +7,25 @@ has *drifted* when its predicted epoch at the measured rates, or a stage's rate,
 moved more than `threshold` from what the plan was made with.
 
 A drift must last `min_chunks` chunks in a row. Then those chunks alone (all from after
-the change) set the rates, by the median of their ratios - not the moving average, which
-still remembers the old rates and would re-plan again and again as it converges - and
-the job re-plans from them. After a passing spike (one stalled chunk) the median of the
+the change) set the rates - not the moving average, which still remembers the old rates
+and would re-plan again and again as it converges - and the job re-plans from them. The
+server's and the trainer's rate is the median of the chunks' ratios (weighted by their
+profiled time); the link's is their
+sum's ratio, because chunks in flight together share the link: a chunk whose bytes came
+while the one before it was read shows almost no time of its own, and the one before it
+shows the time of both. After a passing spike (one stalled chunk) the median of the
 recent chunks agrees with the plan, and nothing changes. The next re-plan needs another
 move of `threshold` from the new rates: that, the run of drifting chunks and the
 planner's preference for the plan in force within its tolerance are the hysteresis.
+A stage too idle to tell (a cut that sends a few bytes, a tail of one layer) keeps the
+rate its plan was made with, not the first profile's - else a link measured slow, then
+made idle by the re-plan it caused, would read as fast again and undo it - unless it
+measures faster than that: fixed costs only add time, so a faster reading is real.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -45,8 +52,9 @@ class ChunkMeasurement:
     server_s: float
     """The server's busy time on it, as the server reported it (wall time of reading,
     decoding and the head, not time spent waiting to send: a shared server shows)."""
-    transfer_s: float
-    """The link's busy time on it: with several chunks streaming at once, its share."""
+    transfer_s: float | None
+    """The link's busy time on it: with several chunks streaming at once, its share.
+    None: its stream showed the server's pace, not the link's (no evidence either way)."""
     trainer_s: float
     """The trainer's compute on it: decoding and the head for a local chunk, the tail."""
     feature_cut: int | None = None
@@ -62,6 +70,8 @@ class ChunkMeasurement:
                 raise InvalidRequest(f"{name} must be an int >= 0, got {value!r}")
         for name in ("server_s", "transfer_s", "trainer_s"):
             value = getattr(self, name)
+            if name == "transfer_s" and value is None:
+                continue
             if not isinstance(value, int | float) or not 0 <= value < math.inf:
                 raise InvalidRequest(f"{name} must be a finite number >= 0, got {value!r}")
 
@@ -82,6 +92,9 @@ class ReplanConfig:
     profiled rate: a link that carries a few bytes per chunk, or a trainer that trains one
     layer, measures mostly fixed costs, and scaling its per-sample costs by that would
     mislead every option that leans on it."""
+    link_busy_share: float = 0.5
+    """A link measured faster than planned is believed beyond the probe's rate only when
+    its measured time is at least this share of the busiest stage's (`Replanner.scales`)."""
     planner: PlannerConfig = field(default_factory=PlannerConfig)
     """How re-plans choose."""
     min_gain: float = 0.1
@@ -96,6 +109,8 @@ class ReplanConfig:
             raise ValueError(f"min_chunks must be >= 1, got {self.min_chunks}")
         if not 0.0 <= self.min_gain < 1.0:
             raise ValueError(f"min_gain must be in [0, 1), got {self.min_gain}")
+        if not 0.0 <= self.link_busy_share <= 1.0:
+            raise ValueError(f"link_busy_share must be in [0, 1], got {self.link_busy_share}")
         if not 0.0 <= self.min_stage_share < 1.0:
             raise ValueError(f"min_stage_share must be in [0, 1), got {self.min_stage_share}")
         if not 0.0 < self.weight <= 1.0:
@@ -145,16 +160,31 @@ class Replanner:
         self._drifting = 0
 
     def scales(self) -> dict[str, float]:
-        """Per stage: measured time / the first plan's profiled time (1 before any data,
-        and for a stage too idle to tell: below `min_stage_share` of the busiest)."""
+        """Per stage: measured time / the first plan's profiled time (1 before any data).
+        A stage too idle to tell, below `min_stage_share` of the busiest, keeps the scale
+        the plan in force was made with unless it measured faster; a link below
+        `link_busy_share` of the busiest is believed faster only up to the probe's rate."""
         busiest = max(self._measured.values())
-        return {
-            s: self._measured[s] / self._profiled[s]
-            if self._profiled[s] > 1e-12
-            and self._measured[s] >= self.config.min_stage_share * busiest
-            else 1.0
-            for s in STAGES
-        }
+        scales = {}
+        for s in STAGES:
+            planned = self._planned_scales[s]
+            if self._profiled[s] <= 1e-12:
+                scales[s] = planned
+                continue
+            ratio = self._measured[s] / self._profiled[s]
+            if s == "link":
+                # A link that waits for the server gets the next chunk's first bytes while
+                # it waits, so its chunks' turns read fast: from a link less busy than
+                # about the busiest stage, a faster reading is believed only up to the
+                # probe's rate (a link that recovers from a drop), not beyond it.
+                busy = self._measured[s] >= self.config.link_busy_share * busiest
+                scales[s] = ratio if busy else max(ratio, min(planned, 1.0))
+                continue
+            idle = self._measured[s] < self.config.min_stage_share * busiest
+            # An idle stage's time is mostly fixed costs, so its ratio only bounds its
+            # rate from above: believed when it says faster than planned, not slower.
+            scales[s] = min(ratio, planned) if idle else ratio
+        return scales
 
     def measured_profiles(self) -> tuple[ServerProfile, TrainerProfile, LinkProfile]:
         """The first plan's profiles scaled to the rates measured."""
@@ -224,20 +254,31 @@ class Replanner:
         self._drifting = 0
 
     def _restart_from_recent(self) -> None:
-        """Restart each stage's moving average at the median rate of the recent chunks.
+        """Restart each stage's moving average at the rate of the recent chunks.
 
-        The median of the chunks' own ratios, so that one stalled chunk among them (a
-        retry, a pause) does not set the rate.
+        The server's and the trainer's: the median of the chunks' own ratios, so that one
+        stalled chunk among them (a retry, a pause) does not set the rate, each weighted by
+        its profiled time - a hybrid's raw chunk costs the server a read, mostly fixed
+        costs, and its ratio says little of the head's rate. The link's: the ratio of
+        their sums, as the chunks shared it (see the module's note).
         """
         decay = 1.0 - self.config.weight
+        totals = {s: sum(c[s][0] for c in self._recent) for s in STAGES}
+        busiest = max(totals.values())
         for stage in STAGES:
-            ratios = [m / p for m, p in (c[stage] for c in self._recent) if p > 1e-12]
-            if not ratios:
+            pairs = [c[stage] for c in self._recent if c[stage][1] > 1e-12]
+            if not pairs or totals[stage] < self.config.min_stage_share * busiest:
+                # Too idle in these few chunks to tell (a link's few bytes may all have
+                # come during another chunk's turn): its longer average stands.
                 continue
+            if stage == "link":
+                rate = sum(m for m, _ in pairs) / sum(p for _, p in pairs)
+            else:
+                rate = _weighted_median(pairs)
             profiled = 0.0
-            for pairs in self._recent:
-                profiled = decay * profiled + pairs[stage][1]
-            self._measured[stage] = statistics.median(ratios) * profiled
+            for recent in self._recent:
+                profiled = decay * profiled + recent[stage][1]
+            self._measured[stage] = rate * profiled
             self._profiled[stage] = profiled
 
     def _pair(self, chunk: ChunkMeasurement) -> dict[str, tuple[float, float]]:
@@ -250,9 +291,15 @@ class Replanner:
             trainer_s = trainer.remote_s(chunk.cut)
         workload = self.plan.workload
         latency = link.latency_s / min(workload.prefetch, workload.chunks)
+        # A stream that showed no link time is no evidence: it weighs nothing.
+        link_pair = (
+            (0.0, 0.0)
+            if chunk.transfer_s is None
+            else (chunk.transfer_s, chunk.bytes / link.bytes_per_s + latency)
+        )
         return {
             "server": (chunk.server_s, n * server.compute_s(chunk.cut)),
-            "link": (chunk.transfer_s, chunk.bytes / link.bytes_per_s + latency),
+            "link": link_pair,
             "trainer": (chunk.trainer_s, n * trainer_s),
         }
 
@@ -277,6 +324,19 @@ class Replanner:
             planned = self.plan.link.bytes_per_s
             return f"link measured {_rate(planned / moved)} vs {_rate(planned)} planned"
         return f"{stage} measured {moved:.2f}x the planned time"
+
+
+def _weighted_median(pairs: list[tuple[float, float]]) -> float:
+    """The median of measured / profiled over (measured, profiled) pairs, each weighted by
+    its profiled time."""
+    ordered = sorted(pairs, key=lambda pair: pair[0] / pair[1])
+    half = sum(p for _, p in ordered) / 2
+    seen = 0.0
+    for measured, profiled in ordered:
+        seen += profiled
+        if seen >= half:
+            return measured / profiled
+    return ordered[-1][0] / ordered[-1][1]
 
 
 def _rate(bytes_per_s: float) -> str:
