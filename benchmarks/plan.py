@@ -70,6 +70,9 @@ def main() -> None:
         "--change-images", type=int, default=512,
         help="images in the link-change run: enough chunks after the change to re-plan",
     )  # fmt: skip
+    parser.add_argument(
+        "--trace", action="store_true", help="record each chunk's stage times in the JSON"
+    )
     parser.add_argument("--out", type=Path, default=HERE / "out")
     parser.add_argument("--results", action="store_true", help="write benchmarks/RESULTS.md")
     parser.add_argument(
@@ -227,6 +230,7 @@ def _job_options(args: argparse.Namespace, model: str, freeze: str) -> dict:
         "prefetch": args.prefetch,
         "classes": args.classes,
         "epochs": args.epochs,
+        "trace": args.trace,
     }
 
 

@@ -6,8 +6,9 @@ wait for its store (the session's own counters, `stats`) and the request's round
 The server measures its side itself when it answers the `profile` action: reading,
 decoding and the head to every cut, on the same objects, each cut on a small batch. A
 probe at the freeze cut then sets their level: it runs the path every chunk runs, in
-chunks of the job's size (so at its batch size), and the session's counters give its decoding and head
-time per sample (the profile timed the head several times slower than chunks run it).
+chunks of the job's size (so at its batch size), and the session's counters give its
+decoding and head time per sample (the profile timed the head several times slower
+than chunks run it).
 An older server gets the probe alone, and the head to the other cuts is the trainer's
 measured head scaled by the server/trainer ratio at the freeze point: the layers'
 relative costs are the model's, the ratio is the machines'. Each probe chunk runs twice
