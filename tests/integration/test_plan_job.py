@@ -123,6 +123,34 @@ def test_a_mid_epoch_replan_keeps_every_key_once_and_the_losses(
         assert second.chunks_local > 0
 
 
+def test_a_chunk_in_flight_follows_a_change_of_cut_with_its_keys_not_yet_delivered(
+    server: HapiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hapi.client._fetch import Fetcher
+
+    # Chunks of 10 keys, which the server computes in batches of 7: two parts each.
+    fixed = _job(server, freeze="layer4", cut=LAYER3, chunk_size=10)
+    fixed.fit(1, lr=0.05)
+    changed = _job(server, freeze="layer4", cut=LAYER3, chunk_size=10)
+    deliver = Fetcher._deliver
+
+    def change_after_the_first_part(self: Fetcher, flow: object, batch: object) -> None:
+        deliver(self, flow, batch)  # type: ignore[arg-type]
+        if not changed.history.plan_changes:
+            changed.set_plan(12, 0.0, reason="the test's re-plan, mid-chunk")
+
+    monkeypatch.setattr(Fetcher, "_deliver", change_after_the_first_part)
+    changed.fit(1, lr=0.05)
+    _same_losses(changed, fixed)
+    first, *_ = changed.history.reroutes
+    assert (first.epoch, first.chunk) == (0, 0)
+    assert first.data == {"from": LAYER3, "to": 12, "keys_left": 3}
+    assert "its 3 keys not yet delivered go at cut 12" in first.message
+    (epoch,) = changed.history.epochs
+    assert epoch.samples == 24  # the loader checks each key came once
+    assert epoch.cut == 12
+
+
 def test_a_replanner_that_always_drifts_keeps_every_key_once(server: HapiServer) -> None:
     from hapi.plan import ReplanConfig
 

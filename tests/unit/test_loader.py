@@ -10,7 +10,7 @@ import torch
 
 from hapi.client.rebatch import Piece, Rebatcher
 from hapi.client.retry import RetryPolicy
-from hapi.client.routing import Router
+from hapi.client.routing import Route, Router
 from hapi.errors import (
     CorruptObject,
     InvalidCut,
@@ -103,6 +103,18 @@ def test_a_change_of_plan_applies_to_chunks_not_yet_issued() -> None:
     (event,) = events
     assert (event.kind, event.epoch, event.chunk) == ("replan", 3, 3)
     assert event.data["to"] == {"cut": 6, "share": 0.5}
+
+
+def test_a_pushed_chunk_in_flight_follows_a_change_of_cut_and_a_local_one_stays() -> None:
+    router = Router(9, 0.5)
+    router.start(epoch=0, chunks=4)
+    pushed, local = Route(local=False, cut=9), Route(local=True, cut=9)
+    assert router.reroute(pushed) == pushed  # no change: it stays
+    router.set(12, 0.25, reason="test")
+    assert router.reroute(pushed) == Route(local=False, cut=12)
+    assert router.reroute(local) == local
+    router.set(RAW, reason="test")
+    assert router.reroute(pushed) == Route(local=True, cut=INPUT)
 
 
 def test_the_baseline_routes_every_chunk_local_at_the_input() -> None:

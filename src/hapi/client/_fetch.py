@@ -69,6 +69,9 @@ class Flow:
         """Its last failed try moved it to another server: retry at once."""
         self.fell_back = False
         """No server answered: its keys were read from the store and computed here."""
+        self.rerouted = False
+        """The plan's cut changed while it was in flight and it followed (`Router.reroute`):
+        its stages' times mix two routes."""
         self.remaining = dict(zip(keys, labels, strict=True))
         self.queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self.read_done = threading.Event()
@@ -150,7 +153,10 @@ class Fetcher:
                 self.loader.servers.release(flow.member, flow.held)
             else:
                 self.loader.servers.finished(
-                    flow.member, flow.held, flow.samples_read, measured=not flow.failed
+                    flow.member,
+                    flow.held,
+                    flow.samples_read,
+                    measured=not flow.failed and not flow.rerouted,
                 )
             flow.held = 0
             if flow.route.local or flow.fell_back:
@@ -164,16 +170,23 @@ class Fetcher:
             flow.read_done.set()
 
     def _attempt(self, flow: Flow) -> None:
-        """One try at the keys of `flow` not yet delivered."""
+        """One try at the keys of `flow` not yet delivered; again at once on a new route
+        while the plan's cut changes under it."""
+        while not self._stream_once(flow):
+            pass
+
+    def _stream_once(self, flow: Flow) -> bool:
+        """Stream the keys of `flow` not yet delivered; False: it was re-routed (its
+        stream cut) and its remaining keys go again on its new route."""
         if self.stop.is_set():
             raise Stopped
         if not flow.remaining:
-            return  # every key came before its stream was cut, only the report did not
+            return True  # every key came before its stream was cut, only the report did not
         servers = self.loader.servers
         flow.moved = False
         if self.loader.fallback is not None and not any(servers.usable(m) for m in servers):
             self._fall_back(flow)
-            return
+            return True
         if not servers.usable(flow.member) and servers.others_usable(flow.member):
             self._move(flow, None)  # its server failed another chunk meanwhile
         member = flow.member
@@ -195,6 +208,9 @@ class Fetcher:
                 if self.stop.is_set():
                     raise Stopped
                 flow.turn = time.perf_counter()
+            if self._reroute(flow):  # the cut changed while it waited for its turn
+                stream.cancel()
+                return False
             report = None
             for part in stream:
                 if self.stop.is_set():
@@ -204,6 +220,9 @@ class Fetcher:
                     self._deliver(flow, part.batch)
                 if part.report is not None:
                     report = part.report
+                elif flow.remaining and self._reroute(flow):
+                    stream.cancel()
+                    return False
             if report is None:
                 raise ServerUnavailable(
                     f"the stream of chunk {flow.index} ended without its report, "
@@ -237,6 +256,26 @@ class Fetcher:
                 f"keys, e.g. {shorten(repr(list(flow.remaining)[:5]))}, and did not report "
                 "them skipped"
             )
+        return True
+
+    def _reroute(self, flow: Flow) -> bool:
+        """Move `flow` to the route the plan in force gives it, if that changed."""
+        route = self.loader.router.reroute(flow.route)
+        if route == flow.route:
+            return False
+        old, flow.route, flow.rerouted = flow.route, route, True
+        if self.loader.record is not None:
+            self.loader.record(
+                Event(
+                    "reroute",
+                    self.epoch,
+                    flow.index,
+                    f"chunk {flow.index}: the plan's cut changed; its {len(flow.remaining)} "
+                    f"keys not yet delivered go at {_cut_name(route)} (were {_cut_name(old)})",
+                    {"from": old.wire_cut, "to": route.wire_cut, "keys_left": len(flow.remaining)},
+                )
+            )
+        return True
 
     def _move(self, flow: Flow, error: BaseException | None) -> None:
         """Give `flow`'s undelivered keys to another server (for its next try)."""
@@ -392,6 +431,10 @@ class Fetcher:
                 stream.cancel()
         self._threads.shutdown(wait=True, cancel_futures=True)
         self.worker.shutdown(wait=True, cancel_futures=True)
+
+
+def _cut_name(route: Route) -> str:
+    return "raw bytes (local)" if route.local else f"cut {route.cut}"
 
 
 class Stopped(Exception):

@@ -16,7 +16,7 @@ from hapi.wire import SkippedKey
 
 __all__ = ["EpochStats", "Event", "EventKind", "History"]
 
-EventKind = Literal["plan", "replan", "retry", "reopen", "failover", "fallback"]
+EventKind = Literal["plan", "replan", "reroute", "retry", "reopen", "failover", "fallback"]
 
 
 @dataclass(frozen=True)
@@ -24,8 +24,9 @@ class Event:
     """Something that happened to the job, in order."""
 
     kind: EventKind
-    """`plan` (the first choice), `replan` (a change of cut or share), `retry` (a chunk
-    asked for again), `reopen` (a session the server had lost, opened again),
+    """`plan` (the first choice), `replan` (a change of cut or share), `reroute` (a chunk
+    in flight following a change of cut with its keys not yet delivered), `retry` (a
+    chunk asked for again), `reopen` (a session the server had lost, opened again),
     `failover` (a chunk whose server failed, moved to another server), `fallback` (a
     chunk read from the store and computed in the trainer: no server answered)."""
     epoch: int | None
@@ -121,6 +122,11 @@ class History:
     def fallbacks(self) -> list[Event]:
         """Every chunk computed in the trainer from the store's bytes, no server answering."""
         return self.of_kind("fallback")
+
+    @property
+    def reroutes(self) -> list[Event]:
+        """Every chunk in flight that followed a change of cut."""
+        return self.of_kind("reroute")
 
     @property
     def plan_changes(self) -> list[Event]:

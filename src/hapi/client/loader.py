@@ -348,7 +348,9 @@ class _Epoch:
             trainer_s=flow.local_s + flow.train_s,
         )
         self.stats.records.append(record)
-        if not flow.fell_back:  # its costs are not its route's: the plan learns nothing
+        # A chunk computed here for want of a server, or re-routed in flight, cost what
+        # its route does not: the plan learns nothing from it.
+        if not flow.fell_back and not flow.rerouted:
             self.loader.router.observe(record)
 
     def _shutdown(self) -> None:

@@ -1,10 +1,11 @@
 """`Router`: which way each chunk goes - pushed down at the cut, or computed locally.
 
 The plan in force is a cut `k` and a local share `f`. Chunks are routed when they are
-issued, never after, so a change of plan (the re-planner's or the user's) applies to the
-chunks not yet issued, and every chunk keeps the route it was issued with: each key is
-still delivered once. Local chunks are spread evenly over the rest of the epoch
-(`hapi.plan.assign`) from the chunk where the share took effect.
+issued, so a change of plan (the re-planner's or the user's) applies to the chunks not
+yet issued; a pushed-down chunk in flight follows a change of cut with the keys it has
+not yet delivered (`reroute`), so each key is still delivered once. Local chunks are
+spread evenly over the rest of the epoch (`hapi.plan.assign`) from the chunk where the
+share took effect.
 """
 
 from __future__ import annotations
@@ -110,6 +111,21 @@ class Router:
             ids = range(self._origin, max(self._chunks, chunk + 1))
             local = self.share > 0 and assign(ids, self.share)[chunk - self._origin]
             return Route(local=local, cut=self.cut)
+
+    def reroute(self, route: Route) -> Route:
+        """The route a chunk issued on `route`, with keys still to come, takes now.
+
+        A pushed-down chunk follows a change of cut at once - on a link that has just
+        dropped, the chunks in flight at the old cut would cost seconds each - with the
+        keys it has not yet delivered; a local chunk stays local (its raw bytes cost what
+        they cost), and the share applies to the chunks issued from the change on.
+        """
+        if route.local:
+            return route
+        cut, _ = self.in_force
+        if cut == route.cut:
+            return route
+        return Route(local=True, cut=INPUT) if cut == RAW else Route(local=False, cut=cut)
 
     def set(self, cut: int, share: float = 0.0, *, reason: str, plan: Plan | None = None) -> None:
         """Use (`cut`, `share`) for the chunks issued from now on.
