@@ -97,6 +97,10 @@ def main() -> None:
         configs = []
         rates = args.rates.split(",")
         with _Stage(root, rates[0], args) as stage:
+            change = None
+            if args.link_change != "none":
+                change = _link_change(stage, args)
+                print(json.dumps(change), flush=True)
             for rate in rates:
                 stage.set_rate(rate)
                 for model in args.models.split(","):
@@ -104,10 +108,7 @@ def main() -> None:
                     for freeze in freezes.split(","):
                         configs.append(_config(stage, rate, model, freeze, args))
                         print(json.dumps(_summary(configs[-1])), flush=True)
-                        _save(configs, None, args, started)  # what is measured so far
-            change = None
-            if args.link_change != "none":
-                change = _link_change(stage, args)
+                        _save(configs, change, args, started)  # what is measured so far
     _save(configs, change, args, started)
     _finish(configs, change, args)
 
@@ -312,7 +313,9 @@ def _link_change(stage: _Stage, args: argparse.Namespace) -> dict:
             if label.startswith("auto"):
                 runs.setdefault("auto changes", []).append(result["runs"][0]["changes"])
     stage.set_rate(args.rates.split(",")[0])
-    return {"from": before, "to": after, "freeze": freeze, "runs": runs}
+    return {
+        "from": before, "to": after, "freeze": freeze, "images": args.change_images, "runs": runs,
+    }  # fmt: skip
 
 
 def _worker(spec: dict) -> None:
@@ -372,7 +375,8 @@ def _worker(spec: dict) -> None:
                 "bytes": last.bytes_received,
                 "wait_s": last.wait_s,
                 "chunks_local": last.chunks_local,
-                "changes": [e.message for e in job.history.plan_changes],
+                "changes": [e.message for e in job.history.plan_changes if e.epoch == epochs - 1],
+                "reroutes": len([e for e in job.history.reroutes if e.epoch == epochs - 1]),
                 "plan": planned,
                 "chunks": chunks[:],
             }
@@ -473,7 +477,7 @@ def _report(configs: list[dict], change: dict | None, args: argparse.Namespace) 
     lines = [
         "## The planner against brute force",
         "",
-        f"`python benchmarks/plan.py --results --models {args.models}` on {machine()}; "
+        f"`{_command(args)}` on {machine()}; "
         f"models at "
         f"{args.image_size} px, {args.images} photo-like JPEGs of ~100 KB ({args.stored_size} "
         f"px, quality 90), batch {args.batch_size}, chunks of {args.chunk_size}, "
@@ -522,18 +526,34 @@ def _report(configs: list[dict], change: dict | None, args: argparse.Namespace) 
     ]
     if change is not None:
         runs = change["runs"]
+        times = {k: statistics.median(v) for k, v in runs.items() if k != "auto changes"}
+        after = times.get(f"plan for {change['to']}")
+        auto = times.get("auto (re-plans)", 0.0)
         lines += [
             "",
             f"Link change mid-epoch ({change['from']} -> {change['to']} at half of the "
-            f"measured epoch, freeze `{change['freeze']}`), median epoch s: "
-            + ", ".join(
-                f"{k} {statistics.median(v):.2f}" for k, v in runs.items() if k != "auto changes"
-            )
-            + ". Re-plans of the `auto` runs: "
+            f"measured epoch, {change.get('images', args.images)} images, freeze "
+            f"`{change['freeze']}`), median epoch s: "
+            + ", ".join(f"{k} {v:.2f}" for k, v in times.items())
+            + (f"; auto / plan for {change['to']}: **{auto / after:.2f}x**" if after else "")
+            + ". Re-plans in the measured epoch of each `auto` run: "
             + "; ".join(" / ".join(c) or "none" for c in runs.get("auto changes", [])),
         ]
     lines += ["", "![predicted vs measured epoch per option](out/plan.png)"]
     return "\n".join(lines)
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The command line that reproduces this run (the options that differ from defaults)."""
+    parts = ["python benchmarks/plan.py --results", f"--models {args.models}"]
+    for name, default in (
+        ("images", 128), ("image_size", 112), ("rates", "10mbit,100mbit,1gbit"), ("repeats", 3),
+        ("chunk_size", 16), ("prefetch", 3), ("change_images", 512),
+    ):  # fmt: skip
+        value = getattr(args, name, default)
+        if value != default:
+            parts.append(f"--{name.replace('_', '-')} {value}")
+    return " ".join(parts)
 
 
 def _label(cut: int, share: float) -> str:
