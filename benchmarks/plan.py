@@ -73,6 +73,10 @@ def main() -> None:
     parser.add_argument(
         "--trace", action="store_true", help="record each chunk's stage times in the JSON"
     )
+    parser.add_argument(
+        "--link-change-only", action="store_true",
+        help="run only the link-change run; keep the configurations saved in out/plan.json",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=HERE / "out")
     parser.add_argument("--results", action="store_true", help="write benchmarks/RESULTS.md")
     parser.add_argument(
@@ -92,6 +96,9 @@ def main() -> None:
         _finish(saved["configs"], saved["link_change"], args)
         return
     started = time.time()
+    if args.link_change_only:
+        _link_change_only(args, started)
+        return
     with tempfile.TemporaryDirectory(prefix="hapi-plan-") as root:
         _make_dataset(root, args)
         configs = []
@@ -110,6 +117,23 @@ def main() -> None:
                         print(json.dumps(_summary(configs[-1])), flush=True)
                         _save(configs, change, args, started)  # what is measured so far
     _save(configs, change, args, started)
+    _finish(configs, change, args)
+
+
+def _link_change_only(args: argparse.Namespace, started: float) -> None:
+    """The link-change run alone, saved beside the configurations of the last full run
+    (whose arguments the report keeps: this run takes the same models and sizes)."""
+    saved = json.loads((args.out / "plan.json").read_text())
+    for key, value in saved["args"].items():
+        if key not in ("out", "results", "report_only", "worker", "link_change_only", "trace"):
+            setattr(args, key, value)
+    with tempfile.TemporaryDirectory(prefix="hapi-plan-") as root:
+        _make_dataset(root, args)
+        with _Stage(root, args.link_change.split(":")[0], args) as stage:
+            change = _link_change(stage, args)
+    print(json.dumps(change), flush=True)
+    configs = saved["configs"]
+    _save(configs, change, args, started - 60 * saved.get("minutes", 0.0))
     _finish(configs, change, args)
 
 
