@@ -510,11 +510,12 @@ def _report(configs: list[dict], change: dict | None, args: argparse.Namespace) 
         f"epoch {args.epochs} of {args.epochs} measured, median of {args.repeats} "
         "interleaved repeats (spread = (max - min) / median of the plan's runs). `auto` is a "
         'job with `cut="auto"` planning and re-planning itself; `best` the fastest option '
-        "measured. Data in `out/plan.json`.",
+        "measured; worst epoch / bound: the option furthest from its pipeline bound (its "
+        "slowest stage's busy time as the job measured it). Data in `out/plan.json`.",
         "",
         "| link | model | freeze | plan (auto) | auto s | spread | best option | best s "
-        "| regret | vs RAW | vs freeze cut | best hybrid / best pure |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| regret | vs RAW | vs freeze cut | best hybrid / best pure | worst epoch / bound |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     within = regrets = 0.0
     for c in configs:
@@ -539,7 +540,8 @@ def _report(configs: list[dict], change: dict | None, args: argparse.Namespace) 
             f"| {fixed[best_label]:.2f} | {regret:+.1%} "
             f"| {raw / auto if raw else float('nan'):.2f}x "
             f"| {at_freeze / auto if at_freeze else float('nan'):.2f}x "
-            f"| {min(pures) / min(hybrids) if hybrids else float('nan'):.2f}x |"
+            f"| {min(pures) / min(hybrids) if hybrids else float('nan'):.2f}x "
+            f"| {_worst_to_bound(runs):.2f} |"
         )
     n = len(configs)
     lines += [
@@ -565,6 +567,21 @@ def _report(configs: list[dict], change: dict | None, args: argparse.Namespace) 
         ]
     lines += ["", "![predicted vs measured epoch per option](out/plan.png)"]
     return "\n".join(lines)
+
+
+def _worst_to_bound(runs: dict[str, list[dict]]) -> float:
+    """The largest median epoch / pipeline bound over the options: the bound is the
+    slowest stage's busy time as the job measured it (server, link, trainer)."""
+    ratios = []
+    for label, option_runs in runs.items():
+        bounds = [
+            r["epoch_s"] / max(r["server_s"], r["transfer_s"], r["trainer_s"])
+            for r in option_runs
+            if max(r["server_s"], r["transfer_s"], r["trainer_s"]) > 0
+        ]
+        if bounds and label != "auto":
+            ratios.append(statistics.median(bounds))
+    return max(ratios, default=float("nan"))
 
 
 def _command(args: argparse.Namespace) -> str:
