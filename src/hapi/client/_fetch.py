@@ -379,9 +379,13 @@ class Fetcher:
                     f"chunk {flow.index} came as raw bytes on a route that expects features: "
                     "a RAW session needs a loader that computes its chunks locally"
                 )
-            flow.queue.put(
-                Piece(flow.index, flow.route.cut, batch.keys, batch.labels, batch.features)
-            )
+            piece = Piece(flow.index, flow.route.cut, batch.keys, batch.labels, batch.features)
+            if flow.computed_here:
+                # Re-routed from local: behind its raw pieces still in the worker, so the
+                # chunk's samples keep their order (and the batches theirs).
+                self.worker.submit(flow.queue.put, piece)
+            else:
+                flow.queue.put(piece)
         if self.loader.on_part is not None:
             self.loader.on_part(flow.index, batch.keys)
 
