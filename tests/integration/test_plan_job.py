@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -168,9 +169,16 @@ def test_a_local_chunk_in_flight_goes_pushed_down_when_the_share_falls(
         if not changed.history.plan_changes:
             changed.set_plan(LAYER3, 0.0, reason="the test's re-plan: no more local chunks")
 
+    compute = Fetcher._compute
+
+    def slow_compute(self: Fetcher, *args: object) -> None:
+        time.sleep(0.5)  # the local piece is still computing when the pushed ones come
+        compute(self, *args)  # type: ignore[arg-type]
+
     monkeypatch.setattr(Fetcher, "_deliver", change_after_the_first_part)
+    monkeypatch.setattr(Fetcher, "_compute", slow_compute)
     changed.fit(1, lr=0.05)
-    _same_losses(changed, fixed)
+    _same_losses(changed, fixed)  # the same batches: the chunk's samples kept their order
     first, *_ = changed.history.reroutes
     assert (first.epoch, first.chunk) == (0, 0)  # chunk 0 is local (assign's first pick)
     assert first.data == {"from": RAW, "to": LAYER3, "keys_left": 9}
