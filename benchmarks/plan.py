@@ -73,6 +73,10 @@ def main() -> None:
     parser.add_argument(
         "--trace", action="store_true", help="record each chunk's stage times in the JSON"
     )
+    parser.add_argument(
+        "--link-change-only", action="store_true",
+        help="run only the link-change run; keep the configurations saved in out/plan.json",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=HERE / "out")
     parser.add_argument("--results", action="store_true", help="write benchmarks/RESULTS.md")
     parser.add_argument(
@@ -92,6 +96,9 @@ def main() -> None:
         _finish(saved["configs"], saved["link_change"], args)
         return
     started = time.time()
+    if args.link_change_only:
+        _link_change_only(args, started)
+        return
     with tempfile.TemporaryDirectory(prefix="hapi-plan-") as root:
         _make_dataset(root, args)
         configs = []
@@ -110,6 +117,23 @@ def main() -> None:
                         print(json.dumps(_summary(configs[-1])), flush=True)
                         _save(configs, change, args, started)  # what is measured so far
     _save(configs, change, args, started)
+    _finish(configs, change, args)
+
+
+def _link_change_only(args: argparse.Namespace, started: float) -> None:
+    """The link-change run alone, saved beside the configurations of the last full run
+    (whose arguments the report keeps: this run takes the same models and sizes)."""
+    saved = json.loads((args.out / "plan.json").read_text())
+    for key, value in saved["args"].items():
+        if key not in ("out", "results", "report_only", "worker", "link_change_only", "trace"):
+            setattr(args, key, value)
+    with tempfile.TemporaryDirectory(prefix="hapi-plan-") as root:
+        _make_dataset(root, args)
+        with _Stage(root, args.link_change.split(":")[0], args) as stage:
+            change = _link_change(stage, args)
+    print(json.dumps(change), flush=True)
+    configs = saved["configs"]
+    _save(configs, change, args, started - 60 * saved.get("minutes", 0.0))
     _finish(configs, change, args)
 
 
@@ -486,11 +510,12 @@ def _report(configs: list[dict], change: dict | None, args: argparse.Namespace) 
         f"epoch {args.epochs} of {args.epochs} measured, median of {args.repeats} "
         "interleaved repeats (spread = (max - min) / median of the plan's runs). `auto` is a "
         'job with `cut="auto"` planning and re-planning itself; `best` the fastest option '
-        "measured. Data in `out/plan.json`.",
+        "measured; worst epoch / bound: the option furthest from its pipeline bound (its "
+        "slowest stage's busy time as the job measured it). Data in `out/plan.json`.",
         "",
         "| link | model | freeze | plan (auto) | auto s | spread | best option | best s "
-        "| regret | vs RAW | vs freeze cut | best hybrid / best pure |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| regret | vs RAW | vs freeze cut | best hybrid / best pure | worst epoch / bound |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     within = regrets = 0.0
     for c in configs:
@@ -515,7 +540,8 @@ def _report(configs: list[dict], change: dict | None, args: argparse.Namespace) 
             f"| {fixed[best_label]:.2f} | {regret:+.1%} "
             f"| {raw / auto if raw else float('nan'):.2f}x "
             f"| {at_freeze / auto if at_freeze else float('nan'):.2f}x "
-            f"| {min(pures) / min(hybrids) if hybrids else float('nan'):.2f}x |"
+            f"| {min(pures) / min(hybrids) if hybrids else float('nan'):.2f}x "
+            f"| {_worst_to_bound(runs):.2f} |"
         )
     n = len(configs)
     lines += [
@@ -541,6 +567,21 @@ def _report(configs: list[dict], change: dict | None, args: argparse.Namespace) 
         ]
     lines += ["", "![predicted vs measured epoch per option](out/plan.png)"]
     return "\n".join(lines)
+
+
+def _worst_to_bound(runs: dict[str, list[dict]]) -> float:
+    """The largest median epoch / pipeline bound over the options: the bound is the
+    slowest stage's busy time as the job measured it (server, link, trainer)."""
+    ratios = []
+    for label, option_runs in runs.items():
+        bounds = [
+            r["epoch_s"] / max(r["server_s"], r["transfer_s"], r["trainer_s"])
+            for r in option_runs
+            if max(r["server_s"], r["transfer_s"], r["trainer_s"]) > 0
+        ]
+        if bounds and label != "auto":
+            ratios.append(statistics.median(bounds))
+    return max(ratios, default=float("nan"))
 
 
 def _command(args: argparse.Namespace) -> str:

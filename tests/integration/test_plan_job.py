@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -149,6 +150,40 @@ def test_a_chunk_in_flight_follows_a_change_of_cut_with_its_keys_not_yet_deliver
     (epoch,) = changed.history.epochs
     assert epoch.samples == 24  # the loader checks each key came once
     assert epoch.cut == 12
+
+
+def test_a_local_chunk_in_flight_goes_pushed_down_when_the_share_falls(
+    server: HapiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hapi.client._fetch import Fetcher
+    from hapi.server import session
+
+    monkeypatch.setattr(session, "RAW_BATCH_BYTES", 1)  # raw bytes come one object a part
+    fixed = _job(server, freeze="layer4", cut=LAYER3, chunk_size=10)
+    fixed.fit(1, lr=0.05)
+    changed = _job(server, freeze="layer4", cut=LAYER3, local_share=0.5, chunk_size=10)
+    deliver = Fetcher._deliver
+
+    def change_after_the_first_part(self: Fetcher, flow: object, batch: object) -> None:
+        deliver(self, flow, batch)  # type: ignore[arg-type]
+        if not changed.history.plan_changes:
+            changed.set_plan(LAYER3, 0.0, reason="the test's re-plan: no more local chunks")
+
+    compute = Fetcher._compute
+
+    def slow_compute(self: Fetcher, *args: object) -> None:
+        time.sleep(0.5)  # the local piece is still computing when the pushed ones come
+        compute(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Fetcher, "_deliver", change_after_the_first_part)
+    monkeypatch.setattr(Fetcher, "_compute", slow_compute)
+    changed.fit(1, lr=0.05)
+    _same_losses(changed, fixed)  # the same batches: the chunk's samples kept their order
+    first, *_ = changed.history.reroutes
+    assert (first.epoch, first.chunk) == (0, 0)  # chunk 0 is local (assign's first pick)
+    assert first.data == {"from": RAW, "to": LAYER3, "keys_left": 9}
+    (epoch,) = changed.history.epochs
+    assert epoch.samples == 24 and epoch.chunks_local == 0
 
 
 def test_a_replanner_that_always_drifts_keeps_every_key_once(server: HapiServer) -> None:

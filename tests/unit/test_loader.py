@@ -105,16 +105,21 @@ def test_a_change_of_plan_applies_to_chunks_not_yet_issued() -> None:
     assert event.data["to"] == {"cut": 6, "share": 0.5}
 
 
-def test_a_pushed_chunk_in_flight_follows_a_change_of_cut_and_a_local_one_stays() -> None:
+def test_a_chunk_in_flight_follows_a_change_of_cut_or_a_fall_of_the_share() -> None:
     router = Router(9, 0.5)
     router.start(epoch=0, chunks=4)
-    pushed, local = Route(local=False, cut=9), Route(local=True, cut=9)
-    assert router.reroute(pushed) == pushed  # no change: it stays
-    router.set(12, 0.25, reason="test")
+    routes = [router.route(i) for i in range(2)]
+    local, pushed = sorted(routes, key=lambda r: not r.local)
+    assert (local, pushed) == (Route(local=True, cut=9), Route(local=False, cut=9))
+    assert router.reroute(pushed) == pushed and router.reroute(local) == local  # no change
+    router.set(12, 0.75, reason="test")  # a later cut, a larger share
     assert router.reroute(pushed) == Route(local=False, cut=12)
-    assert router.reroute(local) == local
+    assert router.reroute(local) == local  # the share rose: the next chunks carry it
+    router.set(12, 0.25, reason="test")  # the share fell: raw bytes in flight go pushed
+    assert router.reroute(local) == Route(local=False, cut=12)
     router.set(RAW, reason="test")
     assert router.reroute(pushed) == Route(local=True, cut=INPUT)
+    assert router.reroute(local) == local
 
 
 def test_the_baseline_routes_every_chunk_local_at_the_input() -> None:

@@ -205,6 +205,25 @@ def test_a_link_shared_by_chunks_in_flight_is_measured_from_their_sum() -> None:
     assert replanner.plan.link.bytes_per_s == pytest.approx(1e6, rel=0.2)
 
 
+def test_a_chunks_read_and_its_training_are_observed_apart() -> None:
+    """The loader observes a chunk's server and link when it is read and its trainer when
+    it is trained, a batch later: a link drop is seen from the reads alone."""
+    plan = _plan(1e7)
+    replanner = Replanner(plan)
+    trained = []
+    for i in range(20):
+        chunk = _chunk(replanner.plan, i, 1e7 if i < 8 else 1e6)
+        replanner.observe(dataclasses.replace(chunk, trainer_s=None))
+        trained.append(dataclasses.replace(chunk, server_s=None, transfer_s=None))
+        if len(trained) > 4:  # training runs four chunks behind
+            replanner.observe(trained.pop(0))
+        if replanner.changes:
+            break
+    assert replanner.changes and "link measured" in replanner.changes[0].reason
+    assert i <= 11  # within three chunks read after the drop
+    assert replanner.scales()["trainer"] == pytest.approx(1.0)
+
+
 def test_a_link_stall_is_undone_when_the_link_is_fast_again() -> None:
     plan = _plan(1e7)
     replanner = Replanner(plan)

@@ -24,7 +24,7 @@ import torch
 from hapi.client.connection import ChunkStream
 from hapi.client.history import Event
 from hapi.client.rebatch import Piece
-from hapi.client.routing import Route
+from hapi.client.routing import ChunkRecord, Route
 from hapi.client.servers import Member
 from hapi.errors import (
     DuplicateDelivery,
@@ -69,6 +69,9 @@ class Flow:
         """Its last failed try moved it to another server: retry at once."""
         self.fell_back = False
         """No server answered: its keys were read from the store and computed here."""
+        self.computed_here = False
+        """Some of its keys went to the trainer's worker (a local route, a fallback): its
+        end is queued behind them."""
         self.rerouted = False
         """The plan's cut changed while it was in flight and it followed (`Router.reroute`):
         its stages' times mix two routes."""
@@ -159,7 +162,22 @@ class Fetcher:
                     measured=not flow.failed and not flow.rerouted,
                 )
             flow.held = 0
-            if flow.route.local or flow.fell_back:
+            if not flow.fell_back and not flow.rerouted:
+                # Its server's and link's times are known now, a batch or more before it
+                # is trained: the re-planner sees a drift that much sooner.
+                self.loader.router.observe(
+                    ChunkRecord(
+                        chunk=flow.index,
+                        epoch=self.epoch,
+                        route=flow.route,
+                        samples=flow.samples_read,
+                        bytes=flow.bytes,
+                        server_s=flow.server_s,
+                        transfer_s=flow.link_s,
+                        trainer_s=None,
+                    )
+                )
+            if flow.computed_here:
                 # After the chunk's last local piece: the worker runs in order.
                 self.worker.submit(flow.queue.put, DONE)
             else:
@@ -337,9 +355,10 @@ class Fetcher:
             del flow.remaining[key]
         flow.samples_read += len(keys)
         flow.bytes += sum(len(b) for b in blobs if isinstance(b, bytes))
+        flow.computed_here = True
         # The decoder takes a read's exception in place of its bytes (`load_samples`).
         raw = FeatureBatch(keys, torch.tensor(labels, dtype=torch.int64), data=blobs)  # type: ignore[arg-type]
-        self.worker.submit(self._compute, flow, raw)
+        self.worker.submit(self._compute, flow, raw, flow.route.cut)
 
     def _deliver(self, flow: Flow, batch: FeatureBatch) -> None:
         unasked = [k for k in batch.keys if k not in flow.remaining]
@@ -352,21 +371,27 @@ class Fetcher:
             del flow.remaining[key]
         flow.samples_read += len(batch.keys)
         if flow.route.local:
-            self.worker.submit(self._compute, flow, batch)
+            flow.computed_here = True
+            self.worker.submit(self._compute, flow, batch, flow.route.cut)
         else:
             if batch.features is None:
                 raise NotDecoded(
                     f"chunk {flow.index} came as raw bytes on a route that expects features: "
                     "a RAW session needs a loader that computes its chunks locally"
                 )
-            flow.queue.put(
-                Piece(flow.index, flow.route.cut, batch.keys, batch.labels, batch.features)
-            )
+            piece = Piece(flow.index, flow.route.cut, batch.keys, batch.labels, batch.features)
+            if flow.computed_here:
+                # Re-routed from local: behind its raw pieces still in the worker, so the
+                # chunk's samples keep their order (and the batches theirs).
+                self.worker.submit(flow.queue.put, piece)
+            else:
+                flow.queue.put(piece)
         if self.loader.on_part is not None:
             self.loader.on_part(flow.index, batch.keys)
 
-    def _compute(self, flow: Flow, batch: FeatureBatch) -> None:
-        """A local chunk's raw batch to features, in the trainer's worker thread."""
+    def _compute(self, flow: Flow, batch: FeatureBatch, cut: int) -> None:
+        """A local chunk's raw batch to features at `cut` (its route's when it came: a
+        re-route may change the route meanwhile), in the trainer's worker thread."""
         local = self.loader.local
         if self.stop.is_set():
             return
@@ -377,7 +402,7 @@ class Fetcher:
                     "to decode its raw bytes"
                 )
             t0 = self.clock()
-            decoded, skipped = local(batch, self.epoch, flow.route.cut)
+            decoded, skipped = local(batch, self.epoch, cut)
             flow.local_s += self.clock() - t0
         except BaseException as exc:  # handed to the consumer, which raises it
             flow.queue.put(exc)
@@ -385,9 +410,7 @@ class Fetcher:
         flow.skipped += skipped
         if len(decoded):
             assert decoded.features is not None  # LocalCompute returns features
-            flow.queue.put(
-                Piece(flow.index, flow.route.cut, decoded.keys, decoded.labels, decoded.features)
-            )
+            flow.queue.put(Piece(flow.index, cut, decoded.keys, decoded.labels, decoded.features))
 
     def _on_retry(self, flow: Flow) -> Callable[[tenacity.RetryCallState], None]:
         def on_retry(state: tenacity.RetryCallState) -> None:

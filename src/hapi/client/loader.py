@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -348,10 +348,11 @@ class _Epoch:
             trainer_s=flow.local_s + flow.train_s,
         )
         self.stats.records.append(record)
-        # A chunk computed here for want of a server, or re-routed in flight, cost what
-        # its route does not: the plan learns nothing from it.
+        # Its server and link were observed when it was read (`Fetcher.fetch`); now its
+        # trainer. One computed here for want of a server, or re-routed in flight, cost
+        # what its route does not: the plan learns nothing from it.
         if not flow.fell_back and not flow.rerouted:
-            self.loader.router.observe(record)
+            self.loader.router.observe(replace(record, server_s=None, transfer_s=None))
 
     def _shutdown(self) -> None:
         self.fetcher.shutdown(self.flows)

@@ -2,8 +2,8 @@
 
 The plan in force is a cut `k` and a local share `f`. Chunks are routed when they are
 issued, so a change of plan (the re-planner's or the user's) applies to the chunks not
-yet issued; a pushed-down chunk in flight follows a change of cut with the keys it has
-not yet delivered (`reroute`), so each key is still delivered once. Local chunks are
+yet issued; a chunk in flight follows a change of cut, or a fall of the share, with the
+keys it has not yet delivered (`reroute`), so each key is still delivered once. Local chunks are
 spread evenly over the rest of the epoch (`hapi.plan.assign`) from the chunk where the
 share took effect.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hapi.client.history import Event
 from hapi.errors import InvalidRequest
@@ -30,6 +30,8 @@ class Route:
     """The server sends raw bytes and the trainer computes the features."""
     cut: int
     """The cut its features reach the tail at (INPUT for the baseline's chunks)."""
+    share: float = field(default=0.0, compare=False)
+    """The local share of the plan it was routed by (what `Router.reroute` weighs)."""
 
     @property
     def wire_cut(self) -> int:
@@ -47,10 +49,13 @@ class ChunkRecord:
     samples: int
     bytes: int
     server_s: float | None
-    """The server's compute on it as it reported; None: it reported none."""
+    """The server's compute on it as it reported; None: it reported none, or not measured
+    in this record."""
     transfer_s: float | None
-    """The link's time on it; None: its stream showed the server's pace, not the link's."""
-    trainer_s: float
+    """The link's time on it; None: its stream showed the server's pace, not the link's,
+    or not measured in this record."""
+    trainer_s: float | None
+    """The trainer's compute on it; None: not yet trained (a record of its read)."""
 
 
 class Router:
@@ -76,6 +81,9 @@ class Router:
         self.replanner = replanner
         self._record = record
         self._lock = threading.Lock()
+        # The re-planner's own: chunks are observed from the fetching threads (read) and
+        # the training thread (trained). Never held while taking `_lock` in `observe`.
+        self._replanning = threading.Lock()
         self._epoch: int | None = None
         self._chunks = 0
         self._origin = 0
@@ -107,25 +115,31 @@ class Router:
                 self._apply(chunk)
             self._issued = chunk + 1
             if self.cut == RAW:
-                return Route(local=True, cut=INPUT)
+                return Route(local=True, cut=INPUT, share=1.0)
             ids = range(self._origin, max(self._chunks, chunk + 1))
             local = self.share > 0 and assign(ids, self.share)[chunk - self._origin]
-            return Route(local=local, cut=self.cut)
+            return Route(local=local, cut=self.cut, share=self.share)
 
     def reroute(self, route: Route) -> Route:
         """The route a chunk issued on `route`, with keys still to come, takes now.
 
         A pushed-down chunk follows a change of cut at once - on a link that has just
         dropped, the chunks in flight at the old cut would cost seconds each - with the
-        keys it has not yet delivered; a local chunk stays local (its raw bytes cost what
-        they cost), and the share applies to the chunks issued from the change on.
+        keys it has not yet delivered. A local chunk goes pushed down at the plan's cut
+        when the plan's share fell below the one it was routed by: its raw bytes are the
+        most a chunk puts on the link. (When the share rises, the chunks issued from the
+        change on carry it.)
         """
+        cut, share = self.in_force
         if route.local:
-            return route
-        cut, _ = self.in_force
+            if cut == RAW or share >= route.share:
+                return route
+            return Route(local=False, cut=cut, share=share)
         if cut == route.cut:
             return route
-        return Route(local=True, cut=INPUT) if cut == RAW else Route(local=False, cut=cut)
+        if cut == RAW:
+            return Route(local=True, cut=INPUT, share=1.0)
+        return Route(local=False, cut=cut, share=share)
 
     def set(self, cut: int, share: float = 0.0, *, reason: str, plan: Plan | None = None) -> None:
         """Use (`cut`, `share`) for the chunks issued from now on.
@@ -138,10 +152,12 @@ class Router:
             self._pending = (cut, share, reason, plan)
 
     def observe(self, record: ChunkRecord) -> None:
-        """Take in a trained chunk; re-plan when the measurements call for it."""
+        """Take in a chunk's measurements (its server's and link's when it is read, its
+        trainer's when it is trained); re-plan when they call for it. Thread-safe."""
         if self.replanner is None:
             return
-        change = self.replanner.observe(self._measurement(record))
+        with self._replanning:
+            change = self.replanner.observe(self._measurement(record))
         if change is not None and change.changed:
             plan = change.plan
             self.set(plan.cut, plan.share, reason=change.reason, plan=plan)
@@ -153,7 +169,8 @@ class Router:
         before = (self.cut, self.share)
         self.cut, self.share, self._origin = cut, share, chunk
         if plan is not None and self.replanner is not None:
-            self.replanner.adopt(plan)
+            with self._replanning:
+                self.replanner.adopt(plan)
         if self._record is not None and before != (cut, share):
             data = {
                 "from": {"cut": before[0], "share": before[1]},
@@ -173,20 +190,14 @@ class Router:
 
     def _measurement(self, record: ChunkRecord) -> ChunkMeasurement:
         route = record.route
-        server_s, transfer_s = record.server_s, record.transfer_s
-        assert self.replanner is not None  # the caller checks
-        plan = self.replanner.plan
-        # A server that does not report its time is taken at the plan's word: no drift
-        # rather than a false one. (A stream held by the server, transfer_s None, is no
-        # evidence of the link's rate: the re-planner weighs it as nothing.)
-        if server_s is None:
-            server_s = record.samples * plan.server.compute_s(route.wire_cut)
+        # What was not measured (a server that does not report its time, a stream held by
+        # the server, a stage measured at another moment) is None: it weighs nothing.
         return ChunkMeasurement(
             samples=record.samples,
             bytes=record.bytes,
             cut=route.wire_cut,
-            server_s=server_s,
-            transfer_s=transfer_s,
+            server_s=record.server_s,
+            transfer_s=record.transfer_s,
             trainer_s=record.trainer_s,
             feature_cut=route.cut if route.local else None,
             chunk=record.chunk,

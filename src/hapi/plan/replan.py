@@ -49,14 +49,17 @@ class ChunkMeasurement:
     """Bytes that crossed the link for it."""
     cut: int
     """The cut it travelled at: RAW for raw bytes (a local chunk, or the baseline)."""
-    server_s: float
+    server_s: float | None
     """The server's busy time on it, as the server reported it (wall time of reading,
-    decoding and the head, not time spent waiting to send: a shared server shows)."""
+    decoding and the head, not time spent waiting to send: a shared server shows).
+    None, as for each stage: not measured, no evidence either way."""
     transfer_s: float | None
     """The link's busy time on it: with several chunks streaming at once, its share.
     None: its stream showed the server's pace, not the link's (no evidence either way)."""
-    trainer_s: float
-    """The trainer's compute on it: decoding and the head for a local chunk, the tail."""
+    trainer_s: float | None
+    """The trainer's compute on it: decoding and the head for a local chunk, the tail.
+    (A chunk's server and link are known when it is read, its trainer when it is trained:
+    the loader observes the two apart, so a drift is seen a batch sooner.)"""
     feature_cut: int | None = None
     """Where a raw chunk's samples joined the stream (the hybrid's cut; None: INPUT,
     the trainer ran the whole model). Ignored for pushed-down chunks."""
@@ -70,7 +73,7 @@ class ChunkMeasurement:
                 raise InvalidRequest(f"{name} must be an int >= 0, got {value!r}")
         for name in ("server_s", "transfer_s", "trainer_s"):
             value = getattr(self, name)
-            if name == "transfer_s" and value is None:
+            if value is None:
                 continue
             if not isinstance(value, int | float) or not 0 <= value < math.inf:
                 raise InvalidRequest(f"{name} must be a finite number >= 0, got {value!r}")
@@ -156,7 +159,11 @@ class Replanner:
         self._measured = dict.fromkeys(STAGES, 0.0)
         self._profiled = dict.fromkeys(STAGES, 0.0)
         self._planned_scales = dict.fromkeys(STAGES, 1.0)
-        self._recent: deque[dict[str, tuple[float, float]]] = deque(maxlen=self.config.min_chunks)
+        # Per stage, its last `min_chunks` measured (measured, profiled) pairs: a chunk's
+        # server and link are observed when it is read, its trainer when it is trained.
+        self._recent: dict[str, deque[tuple[float, float]]] = {
+            s: deque(maxlen=self.config.min_chunks) for s in STAGES
+        }
         self._drifting = 0
 
     def scales(self) -> dict[str, float]:
@@ -205,7 +212,9 @@ class Replanner:
     def observe(self, chunk: ChunkMeasurement) -> PlanChange | None:
         """Take in one chunk's measurements; a `PlanChange` when they call for a re-plan."""
         pairs = self._pair(chunk)
-        self._recent.append(pairs)
+        for stage, pair in pairs.items():
+            if pair[1] > 1e-12:
+                self._recent[stage].append(pair)
         decay = 1.0 - self.config.weight
         for stage, (measured, profiled) in pairs.items():
             self._measured[stage] = decay * self._measured[stage] + measured
@@ -263,10 +272,10 @@ class Replanner:
         their sums, as the chunks shared it (see the module's note).
         """
         decay = 1.0 - self.config.weight
-        totals = {s: sum(c[s][0] for c in self._recent) for s in STAGES}
+        totals = {s: sum(m for m, _ in self._recent[s]) for s in STAGES}
         busiest = max(totals.values())
         for stage in STAGES:
-            pairs = [c[stage] for c in self._recent if c[stage][1] > 1e-12]
+            pairs = list(self._recent[stage])
             if not pairs or totals[stage] < self.config.min_stage_share * busiest:
                 # Too idle in these few chunks to tell (a link's few bytes may all have
                 # come during another chunk's turn): its longer average stands.
@@ -276,8 +285,8 @@ class Replanner:
             else:
                 rate = _weighted_median(pairs)
             profiled = 0.0
-            for recent in self._recent:
-                profiled = decay * profiled + recent[stage][1]
+            for _, planned in pairs:
+                profiled = decay * profiled + planned
             self._measured[stage] = rate * profiled
             self._profiled[stage] = profiled
 
@@ -291,17 +300,13 @@ class Replanner:
             trainer_s = trainer.remote_s(chunk.cut)
         workload = self.plan.workload
         latency = link.latency_s / min(workload.prefetch, workload.chunks)
-        # A stream that showed no link time is no evidence: it weighs nothing.
-        link_pair = (
-            (0.0, 0.0)
-            if chunk.transfer_s is None
-            else (chunk.transfer_s, chunk.bytes / link.bytes_per_s + latency)
-        )
-        return {
+        # A stage not measured (None) is no evidence: it weighs nothing.
+        pairs = {
             "server": (chunk.server_s, n * server.compute_s(chunk.cut)),
-            "link": link_pair,
+            "link": (chunk.transfer_s, chunk.bytes / link.bytes_per_s + latency),
             "trainer": (chunk.trainer_s, n * trainer_s),
         }
+        return {s: (0.0, 0.0) if m is None else (m, p) for s, (m, p) in pairs.items()}
 
     def _drift(self) -> str | None:
         """Why the plan in force no longer fits the measurements, or None if it does."""
