@@ -96,6 +96,26 @@ class Flow:
         self.samples_read = 0
 
     @property
+    def its_routes_cost(self) -> bool:
+        """Whether its stage times are its route's: not computed here for want of a
+        server, nor re-routed in flight (the plan learns nothing from those)."""
+        return not self.fell_back and not self.rerouted
+
+    def record(self, epoch: int, *, samples: int, trainer_s: float | None) -> ChunkRecord:
+        """What it cost, for the router: its server's and link's times, and its trainer's
+        when `trainer_s` is given."""
+        return ChunkRecord(
+            chunk=self.index,
+            epoch=epoch,
+            route=self.route,
+            samples=samples,
+            bytes=self.bytes,
+            server_s=self.server_s,
+            transfer_s=self.link_s,
+            trainer_s=trainer_s,
+        )
+
+    @property
     def stream_s(self) -> float:
         """The chunk's stream time while it had the link, less backoff."""
         return 0.0 if self.turn is None else max(0.0, self.read_end - self.turn - self.backoff_s)
@@ -162,21 +182,11 @@ class Fetcher:
                     measured=not flow.failed and not flow.rerouted,
                 )
             flow.held = 0
-            if not flow.fell_back and not flow.rerouted:
+            if flow.its_routes_cost:
                 # Its server's and link's times are known now, a batch or more before it
                 # is trained: the re-planner sees a drift that much sooner.
-                self.loader.router.observe(
-                    ChunkRecord(
-                        chunk=flow.index,
-                        epoch=self.epoch,
-                        route=flow.route,
-                        samples=flow.samples_read,
-                        bytes=flow.bytes,
-                        server_s=flow.server_s,
-                        transfer_s=flow.link_s,
-                        trainer_s=None,
-                    )
-                )
+                record = flow.record(self.epoch, samples=flow.samples_read, trainer_s=None)
+                self.loader.router.observe(record)
             if flow.computed_here:
                 # After the chunk's last local piece: the worker runs in order.
                 self.worker.submit(flow.queue.put, DONE)

@@ -337,21 +337,13 @@ class _Epoch:
         if flow.observed or not flow.finished or flow.untrained:
             return
         flow.observed = True
-        record = ChunkRecord(
-            chunk=flow.index,
-            epoch=self.epoch,
-            route=flow.route,
-            samples=flow.samples,
-            bytes=flow.bytes,
-            server_s=flow.server_s,
-            transfer_s=flow.link_s,
-            trainer_s=flow.local_s + flow.train_s,
+        record = flow.record(
+            self.epoch, samples=flow.samples, trainer_s=flow.local_s + flow.train_s
         )
         self.stats.records.append(record)
         # Its server and link were observed when it was read (`Fetcher.fetch`); now its
-        # trainer. One computed here for want of a server, or re-routed in flight, cost
-        # what its route does not: the plan learns nothing from it.
-        if not flow.fell_back and not flow.rerouted:
+        # trainer.
+        if flow.its_routes_cost:
             self.loader.router.observe(replace(record, server_s=None, transfer_s=None))
 
     def _shutdown(self) -> None:

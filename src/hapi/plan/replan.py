@@ -10,13 +10,13 @@ A drift must last `min_chunks` chunks in a row. Then those chunks alone (all fro
 the change) set the rates - not the moving average, which still remembers the old rates
 and would re-plan again and again as it converges - and the job re-plans from them. The
 server's and the trainer's rate is the median of the chunks' ratios (weighted by their
-profiled time); the link's is their
-sum's ratio, because chunks in flight together share the link: a chunk whose bytes came
-while the one before it was read shows almost no time of its own, and the one before it
-shows the time of both. After a passing spike (one stalled chunk) the median of the
-recent chunks agrees with the plan, and nothing changes. The next re-plan needs another
-move of `threshold` from the new rates: that, the run of drifting chunks and the
-planner's preference for the plan in force within its tolerance are the hysteresis.
+profiled time); the link's is their sum's ratio, because chunks in flight together share
+the link: a chunk whose bytes came while the one before it was read shows almost no time
+of its own, and the one before it shows the time of both. After a passing spike (one
+stalled chunk) the median of the recent chunks agrees with the plan, and nothing
+changes. The next re-plan needs another move of `threshold` from the new rates: that,
+the run of drifting chunks and the planner's preference for the plan in force within
+its tolerance are the hysteresis.
 A stage too idle to tell (a cut that sends a few bytes, a tail of one layer) keeps the
 rate its plan was made with, not the first profile's - else a link measured slow, then
 made idle by the re-plan it caused, would read as fast again and undo it - unless it
