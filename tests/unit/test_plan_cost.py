@@ -103,9 +103,10 @@ def test_fast_link_the_server_decodes_a_share_beside_raw() -> None:
     work = Workload(samples=1000, chunk_size=100)
     plan = choose_plan(server, trainer, LinkProfile(bytes_per_s=1e9), work, freeze=2)
     # INPUT per chunk: server 1.1 - 1.0·f, trainer 0.15 + 0.2·f: they cross at f = 0.79,
-    # 0.8 in whole chunks: server 0.3, link 0.015 - 0.005·0.8, trainer 0.31.
+    # 0.8 in whole chunks: server 0.3, link 0.015 - 0.005·0.8, trainer 0.31. The first
+    # chunk is local: the trainer waits only for its read (0.1) and raw bytes (0.01).
     assert (plan.cut, plan.share) == (INPUT, 0.8)
-    assert plan.epoch_s == pytest.approx(9 * 0.31 + 0.3 + 0.011 + 0.31)
+    assert plan.epoch_s == pytest.approx(0.1 + 0.01 + 10 * 0.31)
     raw = plan.option(RAW)
     assert raw is not None and raw.epoch_s == pytest.approx(9 * 0.35 + 0.46)
 
@@ -115,13 +116,15 @@ def test_hybrid_at_half_halves_the_epoch_of_two_equal_cores() -> None:
     work = Workload(samples=1000, chunk_size=10)  # 100 chunks
     plan = choose_plan(server, trainer, link, work, freeze=1)
     assert (plan.cut, plan.share) == (1, 0.5)
-    # Per chunk: server 10·0.004/2 = 0.02, trainer 10·0.004/2 = 0.02, the link ~0.
-    assert plan.epoch_s == pytest.approx(99 * 0.02 + 0.04, rel=1e-6)
+    # Per chunk: server 10·0.004/2 = 0.02, trainer 10·0.004/2 = 0.02, the link ~0. The
+    # first chunk is local and the last pushed down, so neither core waits to fill or
+    # drain: only the busy time is left.
+    assert plan.epoch_s == pytest.approx(100 * 0.02, rel=1e-6)
     pure, raw = plan.option(1), plan.option(RAW)
     assert pure is not None and raw is not None
     assert pure.epoch_s == pytest.approx(99 * 0.04 + 0.04, rel=1e-6)
     assert raw.epoch_s == pytest.approx(99 * 0.04 + 0.04, rel=1e-6)
-    assert plan.epoch_s / pure.epoch_s == pytest.approx(0.505, rel=1e-4)
+    assert plan.epoch_s / pure.epoch_s == pytest.approx(2.0 / 4.0, rel=1e-4)
     assert "% local" in plan.chosen.label
 
 
@@ -176,11 +179,13 @@ def test_share_rounds_to_whole_chunks() -> None:
     trainer = TrainerProfile(decode_s=0.004, head_s=(0.0, 0.003), tail_s=(0.003, 0.0))
     link = LinkProfile(bytes_per_s=1e12)
     assert best_share(1, server, trainer, link, Workload(samples=100, chunk_size=10)) == 0.3
-    # 4 chunks: 1/4 gives 3·0.0225 + 0.04 = 0.1075, 2/4 gives 3·0.035 + 0.05 = 0.155.
+    # 4 chunks of 10: a pushed chunk is 0.03 s on the server, a local one 0.07 s on the
+    # trainer. 1/4: the server's 3·0.03 = 0.09 against the trainer's 0.07 (the local chunk
+    # first, so no fill; a pushed chunk last, so no drain); 2/4: the trainer's 2·0.07.
     four = Workload(samples=40, chunk_size=10)
     assert best_share(1, server, trainer, link, four) == 0.25
-    assert estimate(1, 0.25, server, trainer, link, four).epoch_s == pytest.approx(0.1075)
-    assert estimate(1, 0.5, server, trainer, link, four).epoch_s == pytest.approx(0.155)
+    assert estimate(1, 0.25, server, trainer, link, four).epoch_s == pytest.approx(0.09)
+    assert estimate(1, 0.5, server, trainer, link, four).epoch_s == pytest.approx(0.14)
     # One chunk cannot be split.
     assert best_share(1, server, trainer, link, Workload(samples=10, chunk_size=10)) in (0, 1)
 

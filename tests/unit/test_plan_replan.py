@@ -137,6 +137,18 @@ def test_assign_spreads_local_chunks_evenly_and_deterministically() -> None:
         assign(ids, 1.5)
 
 
+def test_assign_starts_a_hybrid_local_and_ends_it_pushed_down() -> None:
+    # The ends the cost model charges: the trainer starts at once on raw bytes, and after
+    # the server's last chunk only a pushed chunk's short tail is left.
+    assert assign(range(4), 0.5) == (True, False, True, False)
+    assert assign(range(4), 0.25) == (True, False, False, False)
+    assert assign(range(4), 0.75) == (True, True, True, False)
+    for m in range(2, 30):
+        for j in range(1, m):
+            local = assign(range(m), j / m)
+            assert sum(local) == j and local[0] and not local[-1], (m, j)
+
+
 def test_assign_after_a_mid_epoch_change_touches_only_the_rest() -> None:
     ids = list(range(40))
     before = assign(ids, 0.5)

@@ -10,22 +10,28 @@ Per sample, with the profiles' costs:
 
 `cut = RAW` is the baseline: the server only reads, the trainer does everything.
 
-The chunks flow through the three stages as through a pipeline. With m chunks of c̄
-samples on average, a stage's time per chunk is c̄ times its per-sample cost, and
+The chunks flow through the three stages as through a pipeline (a flow shop). A stage
+cannot start before the first chunk has passed the stages ahead of it, and the epoch ends
+only when the last chunk has passed the stages after it, so stage j bounds the epoch by
 
-    epoch = (m - w)·max(stage per chunk) + w·sum(stage per chunk)
+    epoch_j = w·(first chunk's stages before j) + (j's busy time) + w·(last chunk's after j)
 
-where w is how many chunks start together: 1 when the server serves chunks in order
-(the first chunk's server and link time fill the pipe, the last chunk's trainer time
-drains it: HAPI's `S + max(S, C)·(N-1) + C`), or K (the chunks in flight) when the server
-works on all of them at once and none leaves before all are done. The first term is the
-steady-state bound `max(server, link, trainer)` over the epoch less w chunks; the rest is
-fill and drain. With one chunk in flight (K = 1) the next chunk is requested only when
-one arrives, so the server's and the link's times add up inside the max.
+and the epoch is the largest of them. w is how many chunks start together: 1 when the
+server serves chunks in order (for m equal chunks this is HAPI's `S + max(S, C)·(N-1) + C`),
+or K (the chunks in flight) when the server works on all of them at once and none leaves
+before all are done. With one chunk in flight (K = 1) the next chunk is requested only
+when one arrives, so the server's and the link's times add up into one stage.
 
-In `f` every stage is a line, so the epoch is convex and piecewise linear: for a fixed
-cut its minimum is at f = 0, f = 1 or where two stage lines cross, and on the grid of
-whole chunks (f = j/m) at one of the two grid points beside it (`best_share`).
+The first and last chunk are not an average chunk: `assign` makes the first chunk of a
+hybrid local (the trainer starts at once, on raw bytes that need no server compute) and
+its last pushed down (after the server's last chunk only a short tail is left). A model
+that charged a hybrid an average chunk's fill and drain over-predicted it by 20-30% on
+four-chunk epochs, and chose smaller shares than the best.
+
+For 0 < f < 1 the ends are fixed and every stage is a line in `f`, so the epoch is convex
+and piecewise linear there: its minimum is at a share where two stage lines cross, or at
+the ends of that range, and on the grid of whole chunks (f = j/m) at one of the grid
+points beside it (`best_share`); f = 0 and f = 1 are weighed apart.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from hapi.errors import InvalidRequest
 from hapi.graph.cut_point import INPUT, RAW
 from hapi.plan.profiles import LinkProfile, ServerProfile, TrainerProfile
 
-__all__ = ["STAGES", "Estimate", "Workload", "best_share", "estimate"]
+__all__ = ["STAGES", "Estimate", "Workload", "best_share", "estimate", "locals_before"]
 
 STAGES = ("server", "link", "trainer")
 """The pipeline's stages, in the order a chunk passes them."""
@@ -191,24 +197,57 @@ def best_share(
     def epoch(f: float) -> float:
         return _epoch(lines, f, workload)
 
-    kinks = [0.0, 1.0]
-    period = _period_lines(lines, workload)
-    for i, (a1, b1) in enumerate(period):
-        for a2, b2 in period[i + 1 :]:
-            if b1 != b2:
-                f = (a2 - a1) / (b1 - b2)
-                if 0.0 < f < 1.0:
-                    kinks.append(f)
-    f_star = min(kinks, key=epoch)
-    low = math.floor(f_star * m)
-    return min((low / m, min(low + 1, m) / m), key=lambda f: (epoch(f), f))
+    candidates = {0.0, 1.0}
+    if m > 1:
+        low, high = 1 / m, (m - 1) / m
+        candidates |= {low, high}
+        inner = _inner_lines(lines, workload)
+        for i, (a1, b1) in enumerate(inner):
+            for a2, b2 in inner[i + 1 :]:
+                if b1 != b2:
+                    f = min(max((a2 - a1) / (b1 - b2), low), high)
+                    j = math.floor(f * m + 1e-9)
+                    candidates |= {max(j, 1) / m, min(j + 1, m - 1) / m}
+    return min(candidates, key=lambda f: (epoch(f), f))
+
+
+def locals_before(share: float, i: int) -> int:
+    """How many of the first `i` chunks are local at `share`: ceil(f·i).
+
+    Rounding up makes the first chunk of any hybrid local and, when f·m is whole, its
+    last pushed down: the ends the cost model charges (`_epoch`). The small tolerance
+    keeps f = j/m from rounding a whole j·i/m up through float error.
+    """
+    return math.ceil(share * i - 1e-9)
 
 
 def _epoch(lines: list[tuple[float, float]], f: float, workload: Workload) -> float:
-    """(m - w)·(the period per chunk) + w·(the three stages of a chunk, one after another)."""
+    """The flow shop's epoch: the largest over stages of fill + busy time + drain."""
     m, w = workload.chunks, workload.together
-    period = max(a + b * f for a, b in _period_lines(lines, workload))
-    return (m - w) * period + w * sum(a + b * f for a, b in lines)
+    stages = _period_lines(lines, workload)
+    first = float(locals_before(f, 1) > 0)
+    last = float(locals_before(f, m) > locals_before(f, m - 1))
+    head = [a + b * first for a, b in stages]
+    tail = [a + b * last for a, b in stages]
+    return max(
+        w * sum(head[:j]) + m * (a + b * f) + w * sum(tail[j + 1 :])
+        for j, (a, b) in enumerate(stages)
+    )
+
+
+def _inner_lines(
+    lines: list[tuple[float, float]], workload: Workload
+) -> list[tuple[float, float]]:
+    """Each stage's bound on the epoch as a line in f, for 0 < f < 1 (first chunk local,
+    last pushed down)."""
+    m, w = workload.chunks, workload.together
+    stages = _period_lines(lines, workload)
+    head = [a + b for a, b in stages]
+    tail = [a for a, _ in stages]
+    return [
+        (w * sum(head[:j]) + m * a + w * sum(tail[j + 1 :]), m * b)
+        for j, (a, b) in enumerate(stages)
+    ]
 
 
 def _period_lines(
