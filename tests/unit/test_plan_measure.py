@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import math
+import time
 from collections.abc import Iterator
 
 import pytest
 import torch
+from torch import nn
 
 from hapi.data import Transforms
 from hapi.graph import ModelGraph, ModelSpec, build_model, trace
@@ -16,6 +19,7 @@ from hapi.plan import (
     Workload,
     choose_plan,
     measure_decode,
+    measure_heads,
     measure_server,
     measure_tails,
     measure_trainer,
@@ -60,6 +64,38 @@ def test_trainer_profile_has_a_positive_time_for_every_cut(resnet18: ModelGraph)
     assert [p.requires_grad for p in model.parameters()] == flags
     assert all(p.grad is None for p in model.parameters())
     assert torch.equal(model.bn1.running_mean, stats)
+
+
+class _Pause(nn.Module):
+    """A layer that takes a known time per batch in eval mode (and counts its calls). It
+    reads `self.training`, so the tracer keeps it a leaf rather than tracing through it."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds, self.calls = seconds, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            self.calls += 1
+            time.sleep(self.seconds)
+        return x
+
+
+def test_heads_timed_a_segment_at_a_time() -> None:
+    slow, slower = _Pause(0.02), _Pause(0.04)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), slow, nn.ReLU(), slower, nn.Flatten())
+    graph = trace(model, (3, 8, 8))
+    last = graph.num_cuts
+    slow.calls = slower.calls = 0  # tracing ran them once
+    heads = measure_heads(graph, last, batch_size=4, repeats=3)
+    steps = [b - a for a, b in itertools.pairwise(heads)]
+    # Each pause shows in the step of the cut after it, per sample of the batch of 4...
+    assert 0.02 / 4 <= max(steps[:3]) < 0.02 / 4 * 1.5
+    assert 0.04 / 4 <= max(steps[3:]) < 0.04 / 4 * 1.5
+    assert 0.06 / 4 <= heads[last] < 0.06 / 4 * 1.5
+    # ... and each layer ran once per repeat and once to warm up, not once per cut after
+    # it: that is what makes a profile at the job's own batch size affordable.
+    assert slow.calls == slower.calls == 1 + 3
 
 
 def test_tails_measured_one_by_one(resnet18: ModelGraph) -> None:

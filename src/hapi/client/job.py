@@ -592,7 +592,7 @@ class TransferJob:
                 servers=len(self.connections),
             ),
             samples=config.probe_samples,
-            batch_size=min(config.batch_size, 8),
+            batch_size=config.batch_size,
             seed=config.seed,
             wire_dtype=config.wire_dtype,
         )

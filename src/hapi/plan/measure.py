@@ -49,20 +49,25 @@ def measure_heads(
     """Seconds per sample of the frozen head's forward from the input to each cut 0..last.
 
     Runs in eval mode under `torch.inference_mode()`, as the server and a local chunk do.
-    Entry 0 is 0 (INPUT runs no layer). The times are made non-decreasing: the head to
-    cut k+1 does all the work of the head to cut k, so a dip is noise.
+    Entry 0 is 0 (INPUT runs no layer). The head is timed a segment at a time (cut k-1 to
+    k, on the activation the segment before it computed) and the head to k is the sum:
+    one forward per repeat, not one per cut, so a profile can afford the job's own batch
+    size - per-sample times depend on it (weight-heavy layers pay per batch, not per
+    sample), and a profile at a quarter of the job's batch over-predicted them up to 5x.
     """
     _check_last(graph, last)
     x = _probe(graph, batch_size)
-    times = [0.0]
     with _scratch(graph.model), torch.inference_mode():
         graph.model.eval()
-        graph.head(last)(x)  # warm-up: first calls pay for kernel selection and allocation
-        for cut in range(1, last + 1):
-            head = graph.head(cut).eval()
-            t = _median_time(functools.partial(head, x), repeats, x.device)
-            times.append(max(t / batch_size, times[-1]))
-    return tuple(times)
+        segments = [graph.segment(cut - 1, cut).eval() for cut in range(1, last + 1)]
+        inputs = [x]
+        for segment in segments:  # warm-up: first calls pay for kernel selection, allocation
+            inputs.append(segment(inputs[-1]))
+        seconds = [
+            _median_time(functools.partial(segment, inputs[i]), repeats, x.device)
+            for i, segment in enumerate(segments)
+        ]
+    return (0.0, *itertools.accumulate(t / batch_size for t in seconds))
 
 
 def measure_tails(
