@@ -115,6 +115,23 @@ def test_a_slower_trainer_lowers_the_local_share() -> None:
     assert change.plan.epoch_s > plan.epoch_s * 1.15  # predictions moved to the new rates
 
 
+def test_a_server_that_swings_around_its_rate_keeps_the_plan() -> None:
+    # After a steady start, the server's chunks come in runs of three at 0.67x, then
+    # three at 1.5x the planned time, around the same mean (a core that also serves the
+    # store and the link): each run alone calls for another share, their window for none.
+    plan = _plan(1e6)
+    assert 0 < plan.share < 0.5  # most chunks pushed down: the server's pace shows
+    replanner = Replanner(plan)
+    pushed = 0
+    for i in range(80):
+        chunk = _chunk(replanner.plan, i, 1e6)
+        assert chunk.server_s is not None
+        pace = 1.0 if i < 12 else 1.5 if (pushed // 3) % 2 else 0.67
+        pushed += chunk.cut != RAW and i >= 12
+        replanner.observe(dataclasses.replace(chunk, server_s=chunk.server_s * pace))
+    assert not [c for c in replanner.changes if c.changed], [c.reason for c in replanner.changes]
+
+
 def test_raw_when_the_server_cannot_help() -> None:
     plan = choose_plan(ALL_LOCAL, TRAINER, LinkProfile(bytes_per_s=1e9), WORK, freeze=2)
     assert plan.cut == RAW and plan.local_share == 1.0

@@ -16,7 +16,10 @@ of its own, and the one before it shows the time of both. After a passing spike 
 stalled chunk) the median of the recent chunks agrees with the plan, and nothing
 changes. The next re-plan needs another move of `threshold` from the new rates: that,
 the run of drifting chunks and the planner's preference for the plan in force within
-its tolerance are the hysteresis.
+its tolerance are the hysteresis. Runs of a few chunks can also swing around a rate that
+has not changed (a server core that also serves the store and the link): a change that
+moves the plan's epoch by less than `swing` must pay off at a longer window's rates too,
+which no re-plan restarts; until it does, the averages stay as they were.
 A stage too idle to tell (a cut that sends a few bytes, a tail of one layer) keeps the
 rate its plan was made with, not the first profile's - else a link measured slow, then
 made idle by the re-plan it caused, would read as fast again and undo it - unless it
@@ -37,6 +40,10 @@ from hapi.plan.planner import PlannerConfig, choose_plan
 from hapi.plan.profiles import LinkProfile, ServerProfile, TrainerProfile
 
 __all__ = ["ChunkMeasurement", "PlanChange", "ReplanConfig", "Replanner"]
+
+
+WINDOW_RUNS = 4
+"""The longer window a change must also pay off in, in runs of `min_chunks` chunks."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,7 +112,15 @@ class ReplanConfig:
     faster than the plan in force at the measured rates: measured rates are noisy, and a
     change costs the chunks already issued by the old plan."""
 
+    swing: float = 2.0
+    """A drift that moves the plan's predicted epoch by less than this factor must also
+    show in a longer window before the plan changes (`_settled`): runs of a few chunks
+    swing by up to 1.5x around an unchanged rate. A larger move, a link 10x slower, is
+    acted on at once."""
+
     def __post_init__(self) -> None:
+        if not self.swing >= 1.0:
+            raise ValueError(f"swing must be >= 1, got {self.swing}")
         if not self.threshold > 0.0:
             raise ValueError(f"threshold must be > 0, got {self.threshold}")
         if self.min_chunks < 1:
@@ -164,6 +179,11 @@ class Replanner:
         self._recent: dict[str, deque[tuple[float, float]]] = {
             s: deque(maxlen=self.config.min_chunks) for s in STAGES
         }
+        # Per stage, a longer window that no re-plan restarts: what `_settled` weighs a
+        # change by.
+        self._window: dict[str, deque[tuple[float, float]]] = {
+            s: deque(maxlen=WINDOW_RUNS * self.config.min_chunks) for s in STAGES
+        }
         self._drifting = 0
 
     def scales(self) -> dict[str, float]:
@@ -215,6 +235,7 @@ class Replanner:
         for stage, pair in pairs.items():
             if pair[1] > 1e-12:
                 self._recent[stage].append(pair)
+                self._window[stage].append(pair)
         decay = 1.0 - self.config.weight
         for stage, (measured, profiled) in pairs.items():
             self._measured[stage] = decay * self._measured[stage] + measured
@@ -227,6 +248,7 @@ class Replanner:
         if self._drifting < self.config.min_chunks:
             return None
         self._drifting = 0
+        averages = dict(self._measured), dict(self._profiled)
         self._restart_from_recent()
         reason = self._drift()
         if reason is None:
@@ -244,7 +266,18 @@ class Replanner:
             current=previous,
         )
         now = estimate(previous.cut, previous.share, server, trainer, link, previous.workload)
-        if plan.epoch_s > now.epoch_s * (1 - self.config.min_gain):
+        faster = plan.epoch_s <= now.epoch_s * (1 - self.config.min_gain)
+        moved = max(now.epoch_s / previous.epoch_s, previous.epoch_s / now.epoch_s)
+        if (
+            faster
+            and moved < self.config.swing
+            and not _settled(plan, previous, self._window_profiles())
+        ):
+            # Only the last few chunks call for it: wait, from the averages as they were,
+            # for the window to follow them (a real change) or not (a swing).
+            self._measured, self._profiled = averages
+            return None
+        if not faster:
             # Not enough faster to be worth a change: the plan in force, re-predicted.
             plan = plan.with_choice(previous.cut, previous.share, reason=previous.reason)
         change = PlanChange(previous=previous, plan=plan, reason=reason, chunks=self.chunks)
@@ -261,6 +294,23 @@ class Replanner:
         self.plan = plan
         self._planned_scales = self.scales()
         self._drifting = 0
+
+    def _window_profiles(self) -> tuple[ServerProfile, TrainerProfile, LinkProfile]:
+        """The first plan's profiles scaled to the longer window's rates: the ratio of its
+        sums (a stage too idle in it to tell keeps its scale now)."""
+        scales = self.scales()
+        totals = {s: sum(m for m, _ in self._window[s]) for s in STAGES}
+        busiest = max(totals.values())
+        for stage in STAGES:
+            profiled = sum(p for _, p in self._window[stage])
+            if profiled > 1e-12 and totals[stage] >= self.config.min_stage_share * busiest:
+                scales[stage] = totals[stage] / profiled
+        server, trainer, link = self._base
+        return (
+            server.scaled(scales["server"]),
+            trainer.scaled(scales["trainer"]),
+            link.scaled(scales["link"]),
+        )
 
     def _restart_from_recent(self) -> None:
         """Restart each stage's moving average at the rate of the recent chunks.
@@ -329,6 +379,26 @@ class Replanner:
             planned = self.plan.link.bytes_per_s
             return f"link measured {_rate(planned / moved)} vs {_rate(planned)} planned"
         return f"{stage} measured {moved:.2f}x the planned time"
+
+
+def _settled(
+    plan: Plan, previous: Plan, profiles: tuple[ServerProfile, TrainerProfile, LinkProfile]
+) -> bool:
+    """Whether `plan` is no slower than `previous` at the longer window's rates as well.
+
+    A few chunks can read fast, then slow, with nothing changed: a server core that also
+    serves the store and the link runs chunks at uneven paces, and a plan that followed
+    each run would swing with them (a hybrid went between 53% and 64% local five times in
+    one epoch). A real change - a link 100x slower - moves the window's rates too, at
+    once or within a few chunks more, so the new plan is faster by both.
+    """
+    server, trainer, link = profiles
+    workload = previous.workload
+
+    def epoch(p: Plan) -> float:
+        return estimate(p.cut, p.share, server, trainer, link, workload).epoch_s
+
+    return epoch(plan) <= epoch(previous)
 
 
 def _weighted_median(pairs: list[tuple[float, float]]) -> float:
