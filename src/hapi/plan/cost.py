@@ -235,9 +235,7 @@ def _epoch(lines: list[tuple[float, float]], f: float, workload: Workload) -> fl
     )
 
 
-def _inner_lines(
-    lines: list[tuple[float, float]], workload: Workload
-) -> list[tuple[float, float]]:
+def _inner_lines(lines: list[tuple[float, float]], workload: Workload) -> list[tuple[float, float]]:
     """Each stage's bound on the epoch as a line in f, for 0 < f < 1 (first chunk local,
     last pushed down)."""
     m, w = workload.chunks, workload.together

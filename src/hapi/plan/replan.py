@@ -215,7 +215,11 @@ class Replanner:
 
     def measured_profiles(self) -> tuple[ServerProfile, TrainerProfile, LinkProfile]:
         """The first plan's profiles scaled to the rates measured."""
-        scales = self.scales()
+        return self._scaled(self.scales())
+
+    def _scaled(
+        self, scales: dict[str, float]
+    ) -> tuple[ServerProfile, TrainerProfile, LinkProfile]:
         server, trainer, link = self._base
         return (
             server.scaled(scales["server"]),
@@ -305,12 +309,7 @@ class Replanner:
             profiled = sum(p for _, p in self._window[stage])
             if profiled > 1e-12 and totals[stage] >= self.config.min_stage_share * busiest:
                 scales[stage] = totals[stage] / profiled
-        server, trainer, link = self._base
-        return (
-            server.scaled(scales["server"]),
-            trainer.scaled(scales["trainer"]),
-            link.scaled(scales["link"]),
-        )
+        return self._scaled(scales)
 
     def _restart_from_recent(self) -> None:
         """Restart each stage's moving average at the rate of the recent chunks.
