@@ -184,10 +184,12 @@ def best_share(
 ) -> float:
     """The local share that minimises the epoch at `cut >= INPUT`, in whole chunks (j/m).
 
-    Solved in closed form: the continuous optimum lies at 0, 1 or where two stage lines
-    cross; the epoch is convex in the share, so the best whole-chunk share is one of the
-    two grid points around it (the lower on a tie: fewer local chunks, less to go wrong).
-    A result of 1 means "all local": the caller has RAW for that.
+    Solved in closed form: between 1/m and (m-1)/m the first chunk is local and the last
+    pushed down, each stage's bound is a line in the share and the epoch their convex
+    maximum, so the best whole-chunk share there is a grid point beside a crossing of
+    two lines or an end of the range; 0 and 1 (other ends) are weighed beside it. Ties go
+    to the lower share: fewer local chunks, less to go wrong. A result of 1 means "all
+    local": the caller has RAW for that.
     """
     if cut < INPUT:
         raise InvalidRequest(f"a local share needs a cut >= INPUT (0), got {cut}")
