@@ -8,6 +8,7 @@ import pytest
 import tenacity
 import torch
 
+from hapi.client._fetch import Flow
 from hapi.client.rebatch import Piece, Rebatcher
 from hapi.client.retry import RetryPolicy
 from hapi.client.routing import Route, Router
@@ -195,3 +196,20 @@ def test_a_stopped_epoch_cuts_a_backoff_short() -> None:
     with pytest.raises(ServerUnavailable):
         policy.retrying(stop=stop)(attempt)
     assert len(calls) == 2
+
+
+def test_a_chunks_link_time_is_a_lower_bound_when_the_server_was_done_first() -> None:
+    flow = Flow(0, ["k0"], [0], Route(local=False, cut=5), None, None)  # type: ignore[arg-type]
+    flow.bytes, flow.server_s, flow.queue_s = 1000, 0.2, 0.05
+    # Its turn came 0.1 s after it was issued, with 0.15 s of the server's work left: its
+    # bytes were made during its turn, and its stream's time less that wait is the link's.
+    flow.turn, flow.read_end = flow.issued + 0.1, flow.issued + 0.5
+    assert not flow.link_buffered
+    assert flow.link_s == pytest.approx(0.4 - 0.15)
+    # Its turn came after the server was done: its bytes could wait in the buffers while
+    # the chunk before it was read, so the link's time on it is only a lower bound.
+    flow.turn, flow.read_end = flow.issued + 0.5, flow.issued + 0.51
+    assert flow.link_buffered
+    assert flow.link_s == pytest.approx(0.01)
+    record = flow.record(0, samples=1, trainer_s=None)
+    assert record.transfer_buffered and record.transfer_s == pytest.approx(0.01)

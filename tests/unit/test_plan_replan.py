@@ -234,6 +234,28 @@ def test_a_link_shared_by_chunks_in_flight_is_measured_from_their_sum() -> None:
     assert replanner.plan.link.bytes_per_s == pytest.approx(1e6, rel=0.2)
 
 
+def test_a_late_cuts_buffered_bytes_do_not_make_a_slow_link_look_fast() -> None:
+    # The link drops 10,000x and the plan moves to the freeze cut. Its chunks' few bytes
+    # then cross while the chunk before is read, waiting in the buffers: they read 13x
+    # faster than the link is. Believed, they would send raw chunks over it.
+    plan = _plan(1e9)
+    replanner = Replanner(plan)
+    for i in range(10):
+        replanner.observe(_chunk(replanner.plan, i, 1e9))
+    believed = []
+    for i in range(10, 60):
+        chunk = _chunk(replanner.plan, i, 1e5)
+        if replanner.changes and chunk.cut != RAW:
+            fast = (chunk.transfer_s or 0.0) / 13
+            chunk = dataclasses.replace(chunk, transfer_s=fast, transfer_buffered=True)
+        replanner.observe(chunk)
+        if replanner.changes:
+            believed.append(replanner.plan.link.bytes_per_s)
+    assert replanner.changes[0].plan.share == 0.0
+    assert max(believed) <= 1.2e5
+    assert all(c.plan.share == 0.0 for c in replanner.changes)
+
+
 def test_a_chunks_read_and_its_training_are_observed_apart() -> None:
     """The loader observes a chunk's server and link when it is read and its trainer when
     it is trained, a batch later: a link drop is seen from the reads alone."""

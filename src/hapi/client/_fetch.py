@@ -112,6 +112,7 @@ class Flow:
             bytes=self.bytes,
             server_s=self.server_s,
             transfer_s=self.link_s,
+            transfer_buffered=self.link_buffered,
             trainer_s=trainer_s,
         )
 
@@ -128,6 +129,16 @@ class Flow:
             return 0.0
         waiting = max(0.0, (self.server_s or 0.0) + self.queue_s - (self.turn - self.issued))
         return max(0.0, self.stream_s - waiting)
+
+    @property
+    def link_buffered(self) -> bool:
+        """Whether its bytes may have crossed before its turn: the server was done with it
+        first, and its stream shares the connection with the chunk being read, so they
+        can wait in the buffers between (TCP's, HTTP/2's windows). Its link time is then
+        a lower bound: evidence of a link as slow as that, not of a faster one."""
+        if self.turn is None or self.server_s is None:
+            return False
+        return self.server_s + self.queue_s <= self.turn - self.issued
 
     @property
     def link_s(self) -> float | None:

@@ -56,6 +56,8 @@ class ChunkRecord:
     or not measured in this record."""
     trainer_s: float | None
     """The trainer's compute on it; None: not yet trained (a record of its read)."""
+    transfer_buffered: bool = False
+    """Its bytes may have crossed before its turn: `transfer_s` is a lower bound."""
 
 
 class Router:
@@ -198,6 +200,7 @@ class Router:
             cut=route.wire_cut,
             server_s=record.server_s,
             transfer_s=record.transfer_s,
+            transfer_buffered=record.transfer_buffered,
             trainer_s=record.trainer_s,
             feature_cut=route.cut if route.local else None,
             chunk=record.chunk,

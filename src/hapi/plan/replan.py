@@ -67,6 +67,12 @@ class ChunkMeasurement:
     """The trainer's compute on it: decoding and the head for a local chunk, the tail.
     (A chunk's server and link are known when it is read, its trainer when it is trained:
     the loader observes the two apart, so a drift is seen a batch sooner.)"""
+    transfer_buffered: bool = False
+    """Its bytes may have crossed before its turn (the server was done with it while the
+    chunk before it was read, and the buffers between took them in): `transfer_s` is then
+    a lower bound, evidence of a link as slow as that but not of a faster one. At a late
+    cut after a link drop, such chunks read 5-13x faster than the link, and the plan went
+    back to sending raw chunks over it."""
     feature_cut: int | None = None
     """Where a raw chunk's samples joined the stream (the hybrid's cut; None: INPUT,
     the trainer ran the whole model). Ignored for pushed-down chunks."""
@@ -349,10 +355,18 @@ class Replanner:
             trainer_s = trainer.remote_s(chunk.cut)
         workload = self.plan.workload
         latency = link.latency_s / min(workload.prefetch, workload.chunks)
+        link_s = chunk.bytes / link.bytes_per_s + latency
+        transfer_s = chunk.transfer_s
+        if (
+            chunk.transfer_buffered
+            and transfer_s is not None
+            and transfer_s < link_s * self._planned_scales["link"]
+        ):
+            transfer_s = None  # faster than believed, but perhaps only out of the buffers
         # A stage not measured (None) is no evidence: it weighs nothing.
         pairs = {
             "server": (chunk.server_s, n * server.compute_s(chunk.cut)),
-            "link": (chunk.transfer_s, chunk.bytes / link.bytes_per_s + latency),
+            "link": (transfer_s, link_s),
             "trainer": (chunk.trainer_s, n * trainer_s),
         }
         return {s: (0.0, 0.0) if m is None else (m, p) for s, (m, p) in pairs.items()}
