@@ -22,9 +22,9 @@ def assign(chunk_ids: Sequence[_Id], share: float | Plan) -> tuple[bool, ...]:
     busy all epoch rather than one after the other. Rounding up puts a local chunk first
     (the trainer starts on raw bytes while the server computes) and, at f = j/n, a pushed
     chunk last (only its short tail is left after the server's last chunk): the ends the
-    cost model charges. The answer depends only on
-    the positions and the share, so every rank and every retry agrees. When the share
-    changes mid-epoch, pass only the chunks not yet issued: those issued keep their side.
+    cost model charges. The answer depends only on the positions and the share, so every
+    rank and every retry agrees. When the share changes mid-epoch, pass only the chunks
+    not yet issued: those issued keep their side.
 
     Args:
         chunk_ids: the chunks in the order they will be issued.

@@ -225,25 +225,26 @@ def locals_before(share: float, i: int) -> int:
 
 def _epoch(lines: list[tuple[float, float]], f: float, workload: Workload) -> float:
     """The flow shop's epoch: the largest over stages of fill + busy time + drain."""
-    m, w = workload.chunks, workload.together
-    stages = _period_lines(lines, workload)
-    first = float(locals_before(f, 1) > 0)
-    last = float(locals_before(f, m) > locals_before(f, m - 1))
-    head = [a + b * first for a, b in stages]
-    tail = [a + b * last for a, b in stages]
-    return max(
-        w * sum(head[:j]) + m * (a + b * f) + w * sum(tail[j + 1 :])
-        for j, (a, b) in enumerate(stages)
-    )
+    m = workload.chunks
+    first = locals_before(f, 1) > 0
+    last = locals_before(f, m) > locals_before(f, m - 1)
+    return max(c + s * f for c, s in _bounds(lines, workload, first=first, last=last))
 
 
 def _inner_lines(lines: list[tuple[float, float]], workload: Workload) -> list[tuple[float, float]]:
-    """Each stage's bound on the epoch as a line in f, for 0 < f < 1 (first chunk local,
-    last pushed down)."""
+    """Each stage's bound as a line in f for 0 < f < 1: first chunk local, last pushed."""
+    return _bounds(lines, workload, first=True, last=False)
+
+
+def _bounds(
+    lines: list[tuple[float, float]], workload: Workload, *, first: bool, last: bool
+) -> list[tuple[float, float]]:
+    """Each stage's bound on the epoch as a line c + s·f, given whether the first and the
+    last chunk are local: w·(first's stages before it) + busy + w·(last's after it)."""
     m, w = workload.chunks, workload.together
     stages = _period_lines(lines, workload)
-    head = [a + b for a, b in stages]
-    tail = [a for a, _ in stages]
+    head = [a + b * first for a, b in stages]
+    tail = [a + b * last for a, b in stages]
     return [
         (w * sum(head[:j]) + m * a + w * sum(tail[j + 1 :]), m * b)
         for j, (a, b) in enumerate(stages)

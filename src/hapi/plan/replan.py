@@ -180,13 +180,10 @@ class Replanner:
         self._measured = dict.fromkeys(STAGES, 0.0)
         self._profiled = dict.fromkeys(STAGES, 0.0)
         self._planned_scales = dict.fromkeys(STAGES, 1.0)
-        # Per stage, its last `min_chunks` measured (measured, profiled) pairs: a chunk's
-        # server and link are observed when it is read, its trainer when it is trained.
-        self._recent: dict[str, deque[tuple[float, float]]] = {
-            s: deque(maxlen=self.config.min_chunks) for s in STAGES
-        }
-        # Per stage, a longer window that no re-plan restarts: what `_settled` weighs a
-        # change by.
+        # Per stage, its last measured (measured, profiled) pairs - a chunk's server and
+        # link are observed when it is read, its trainer when it is trained: the last
+        # `min_chunks` restart the averages, the whole window is what `_settled` weighs a
+        # change by (no re-plan restarts it).
         self._window: dict[str, deque[tuple[float, float]]] = {
             s: deque(maxlen=WINDOW_RUNS * self.config.min_chunks) for s in STAGES
         }
@@ -244,7 +241,6 @@ class Replanner:
         pairs = self._pair(chunk)
         for stage, pair in pairs.items():
             if pair[1] > 1e-12:
-                self._recent[stage].append(pair)
                 self._window[stage].append(pair)
         decay = 1.0 - self.config.weight
         for stage, (measured, profiled) in pairs.items():
@@ -327,10 +323,11 @@ class Replanner:
         their sums, as the chunks shared it (see the module's note).
         """
         decay = 1.0 - self.config.weight
-        totals = {s: sum(m for m, _ in self._recent[s]) for s in STAGES}
+        recent = {s: list(self._window[s])[-self.config.min_chunks :] for s in STAGES}
+        totals = {s: sum(m for m, _ in recent[s]) for s in STAGES}
         busiest = max(totals.values())
         for stage in STAGES:
-            pairs = list(self._recent[stage])
+            pairs = recent[stage]
             if not pairs or totals[stage] < self.config.min_stage_share * busiest:
                 # Too idle in these few chunks to tell (a link's few bytes may all have
                 # come during another chunk's turn): its longer average stands.
