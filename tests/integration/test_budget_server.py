@@ -244,6 +244,13 @@ def test_profile_times_every_cut_on_the_jobs_objects(small: HapiServer) -> None:
             conn.action(ActionType.PROFILE, request.to_bytes())
         )
         assert again.cached and again.head_s == reply.head_s
+        # Timed in the job's batches, up to the server's own (8): each batch its own entry.
+        for asked, ran in ((6, 6), (100, 8)):
+            sized = request.model_copy(update={"batch_size": asked})
+            reply = ProfileReply.model_validate_json(
+                conn.action(ActionType.PROFILE, sized.to_bytes())
+            )
+            assert reply.batch_size == ran and not reply.cached
         fewer = ProfileRequest(session=info.session, keys=keys[:1], cuts=[2, 3])
         short = ProfileReply.model_validate_json(conn.action(ActionType.PROFILE, fewer.to_bytes()))
         assert len(short.head_s) == 4

@@ -58,6 +58,8 @@ def test_an_automatic_plan_is_a_valid_choice_and_trains(server: HapiServer) -> N
     assert plan is not None
     assert RAW <= plan.cut <= job.freeze and 0.0 <= plan.share < 1.0
     assert plan.chosen in plan.options and len(plan.options) > job.freeze
+    # The server timed its heads in the batches the job's chunks run (5 keys each).
+    assert plan.server.batch_size == 5
     explained = plan.explain()
     assert plan.reason in explained and "*" in explained
     assert "plan:" in job.summary() and "1,539 parameters train" in job.summary()

@@ -4,11 +4,10 @@ The link, the objects' size and the trainer's decoding come from a probe chunk o
 job's own objects in a RAW session: its bytes over the stream's time, less the server's
 wait for its store (the session's own counters, `stats`) and the request's round trip.
 The server measures its side itself when it answers the `profile` action: reading,
-decoding and the head to every cut, on the same objects, each cut on a small batch. A
-probe at the freeze cut then sets their level: it runs the path every chunk runs, in
-chunks of the job's size (so at its batch size), and the session's counters give its
-decoding and head time per sample (the profile timed the head several times slower
-than chunks run it).
+decoding and the head to every cut, on the same objects, the head in batches of the
+job's chunk size. A probe at the freeze cut then sets their level: it runs the path
+every chunk runs, in chunks of the job's size, and the session's counters give its
+decoding and head time per sample.
 An older server gets the probe alone, and the head to the other cuts is the trainer's
 measured head scaled by the server/trainer ratio at the freeze point: the layers'
 relative costs are the model's, the ratio is the machines'. Each probe chunk runs twice
@@ -42,7 +41,7 @@ from hapi.plan import (
     wire_bytes,
 )
 from hapi.wire import ActionType, ChunkTicket, SessionRequest, SessionStats
-from hapi.wire.messages import MAX_PROFILE_KEYS, ProfileRequest
+from hapi.wire.messages import MAX_PROFILE_BATCH, MAX_PROFILE_KEYS, ProfileRequest
 from hapi.wire.replies import ProfileReply
 
 __all__ = ["Profiles", "measure_job", "plan_job", "probe_keys"]
@@ -147,7 +146,7 @@ def measure_job(
     session = connection.open_session(request(RAW)).session
     try:
         raw = _probe(connection, session, keys, labels)
-        profiled = _profile_action(connection, session, keys)
+        profiled = _profile_action(connection, session, keys, chunk_size or batch_size)
     finally:
         connection.close_session(session)
     link = _link(raw)
@@ -198,10 +197,16 @@ def _calibrated(
     )
 
 
-def _profile_action(connection: Connection, session: str, keys: list[str]) -> ServerProfile | None:
-    """The server's own profile of the session's cuts, or None from a server without the
-    `profile` action."""
-    body = ProfileRequest(session=session, keys=keys[:MAX_PROFILE_KEYS]).to_bytes()
+def _profile_action(
+    connection: Connection, session: str, keys: list[str], batch_size: int
+) -> ServerProfile | None:
+    """The server's own profile of the session's cuts, its heads timed in batches of
+    `batch_size` (the job's chunks'), or None from a server without the `profile` action."""
+    body = ProfileRequest(
+        session=session,
+        keys=keys[:MAX_PROFILE_KEYS],
+        batch_size=min(batch_size, MAX_PROFILE_BATCH),
+    ).to_bytes()
     try:
         reply = connection.action(ActionType.PROFILE, body)
     except InvalidRequest:  # an older server: "unknown action"

@@ -31,12 +31,14 @@ __all__ = [
     "choose_plan",
     "default_freeze",
     "estimate",
+    "head_segments",
     "measure_decode",
     "measure_heads",
     "measure_server",
     "measure_tails",
     "measure_trainer",
     "memory_per_sample",
+    "time_segments",
     "wire_bytes",
 ]
 
@@ -61,12 +63,14 @@ _WHERE = {
     "choose_plan": ".planner",
     "default_freeze": ".defaults",
     "estimate": ".cost",
+    "head_segments": ".measure",
     "measure_decode": ".measure",
     "measure_heads": ".measure",
     "measure_server": ".measure",
     "measure_tails": ".measure",
     "measure_trainer": ".measure",
     "memory_per_sample": ".measure",
+    "time_segments": ".measure",
     "wire_bytes": ".measure",
 }
 
@@ -75,12 +79,14 @@ if TYPE_CHECKING:
     from hapi.plan.cost import Estimate, Workload, best_share, estimate
     from hapi.plan.defaults import FreezeChoice, check_trainable, choose_freeze, default_freeze
     from hapi.plan.measure import (
+        head_segments,
         measure_decode,
         measure_heads,
         measure_server,
         measure_tails,
         measure_trainer,
         memory_per_sample,
+        time_segments,
         wire_bytes,
     )
     from hapi.plan.plan import Plan

@@ -33,12 +33,14 @@ from hapi.graph import INPUT, ModelGraph
 from hapi.plan.profiles import WIRE_ITEMSIZE, ProfileKey, ServerProfile, TrainerProfile
 
 __all__ = [
+    "head_segments",
     "measure_decode",
     "measure_heads",
     "measure_server",
     "measure_tails",
     "measure_trainer",
     "memory_per_sample",
+    "time_segments",
     "wire_bytes",
 ]
 
@@ -48,18 +50,36 @@ def measure_heads(
 ) -> tuple[float, ...]:
     """Seconds per sample of the frozen head's forward from the input to each cut 0..last.
 
-    Runs in eval mode under `torch.inference_mode()`, as the server and a local chunk do.
-    Entry 0 is 0 (INPUT runs no layer). The head is timed a segment at a time (cut k-1 to
-    k, on the activation the segment before it computed) and the head to k is the sum:
-    one forward per repeat, not one per cut, so a profile can afford the job's own batch
-    size - per-sample times depend on it (weight-heavy layers pay per batch, not per
-    sample), and a profile at a quarter of the job's batch over-predicted them up to 5x.
+    Runs in eval mode under `torch.inference_mode()`, as the server and a local chunk do,
+    on a random batch of `batch_size` (`time_segments` says how it is timed).
     """
     _check_last(graph, last)
     x = _probe(graph, batch_size)
-    with _scratch(graph.model), torch.inference_mode():
+    with _scratch(graph.model):
         graph.model.eval()
-        segments = [graph.segment(cut - 1, cut).eval() for cut in range(1, last + 1)]
+        return time_segments(head_segments(graph, last), x, repeats=repeats)
+
+
+def head_segments(graph: ModelGraph, last: int) -> list[nn.Module]:
+    """The head to `last` in pieces, cut k-1 to cut k for k = 1..last, in eval mode; they
+    share the model's weights."""
+    _check_last(graph, last)
+    return [graph.segment(cut - 1, cut).eval() for cut in range(1, last + 1)]
+
+
+def time_segments(
+    segments: Sequence[nn.Module], x: torch.Tensor, *, repeats: int = 3
+) -> tuple[float, ...]:
+    """Seconds per sample of the head to each cut 0..len(segments), on the batch `x`.
+
+    Each segment is timed on the activation the segment before it computed, and the head
+    to k is the sum: one forward per repeat, not one per cut, so a profile can afford the
+    job's own batch size. Per-sample times depend on it (weight-heavy layers pay per
+    batch, not per sample): a profile at a quarter of the job's batch over-predicted them
+    up to 5x, and the later cuts more than the earlier ones. Entry 0 is 0 (INPUT runs no
+    layer).
+    """
+    with torch.inference_mode():
         inputs = [x]
         for segment in segments:  # warm-up: first calls pay for kernel selection, allocation
             inputs.append(segment(inputs[-1]))
@@ -67,7 +87,7 @@ def measure_heads(
             _median_time(functools.partial(segment, inputs[i]), repeats, x.device)
             for i, segment in enumerate(segments)
         ]
-    return (0.0, *itertools.accumulate(t / batch_size for t in seconds))
+    return (0.0, *itertools.accumulate(t / len(x) for t in seconds))
 
 
 def measure_tails(

@@ -2,23 +2,23 @@
 
 The planner chooses the cut and the local share from these (issue: the planner). A
 profile reads a few objects (timing the store), decodes and transforms them (timing the
-sample pipeline the chunks run), and runs the head to every candidate cut on a batch of
-them (`BATCH` samples, the median of `REPEATS` runs after a warm-up), with the memory
-each cut's batches need measured as at `open_session`. It runs under a grant of the
-scheduler like a chunk's batch, so it neither breaks the budget nor jumps the queue.
+sample pipeline the chunks run), and runs the head to its last candidate cut on a batch
+of them, with the memory each cut's batches need measured as at `open_session`. It runs
+under a grant of the scheduler like a chunk's batch, so it neither breaks the budget nor
+jumps the queue.
 
-The head to cut k is timed by itself, for each k: heads of fx graphs, exported graphs and
-children-of-a-module fallbacks all time the same way, and a head built for a cut shares
-the traced model's weights (no copy). Times are made non-decreasing in k, as the head to
-k+1 does all the work of the head to k.
+The batch is the size the request asks for (the job's chunks' batches: a head's time
+per sample depends on its batch, weight-heavy layers most), else `BATCH`. The head is
+timed a segment at a time, cut k-1 to cut k (`hapi.plan.time_segments`), the median of
+`REPEATS` runs after a warm-up: one forward per run, not one per cut, and the head to k
+is the sum, non-decreasing in k as the work is. Segments share the traced model's weights.
 
 Profiles are cached by what they depend on (head content, input shape, transforms,
-device, wire dtype, last cut), so every job on the same model asks once.
+device, wire dtype, last cut, batch), so every job on the same model asks once.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import statistics
 import threading
@@ -34,6 +34,7 @@ from hapi.data import ObjectStore
 from hapi.data.samples import Sample, load_one
 from hapi.errors import InvalidCut
 from hapi.graph import INPUT
+from hapi.plan import head_segments, time_segments
 from hapi.plan.profiles import ProfileKey
 from hapi.server.head_cache import HeadCache, LoadedModel
 from hapi.server.memory import measure_head
@@ -49,8 +50,8 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 BATCH = 4
-"""Samples per timed batch: enough that per-sample times are not all overhead, few
-enough that a profile takes a fraction of a chunk."""
+"""Samples per timed batch when the request names none: enough that per-sample times are
+not all overhead, few enough that a profile takes a fraction of a chunk."""
 REPEATS = 2
 """Timed runs per cut after the warm-up; the median is kept."""
 CACHED = 64
@@ -91,15 +92,17 @@ class Profiler:
             transforms=session.request.transforms,
             device=str(self.heads.device),
         )
-        cache_key = _digest(f"{key}|{session.info.wire_dtype}|{last}")
+        batch = min(request.batch_size or BATCH, session.batch_size)
+        cache_key = _digest(f"{key}|{session.info.wire_dtype}|{last}|{batch}")
         with self._lock:
             cached = self._cache.get(cache_key)
             if cached is not None:
                 self._cache.move_to_end(cache_key)
                 return cached.model_copy(update={"cached": True})
-        demand = Demand(model=session.memory, max_batch=BATCH)
-        with self.scheduler.run(session.id, (-1, 0), demand, weight=session.weight):
-            reply = self._measure(session, loaded, request, last, key)
+        demand = Demand(model=session.memory, max_batch=batch)
+        with self.scheduler.run(session.id, (-1, 0), demand, weight=session.weight) as grant:
+            # A grant smaller than asked (a full budget) times the batch it grants.
+            reply = self._measure(session, loaded, request, last, key, min(batch, grant.batch))
         with self._lock:
             self._cache[cache_key] = reply
             while len(self._cache) > CACHED:
@@ -113,6 +116,7 @@ class Profiler:
         request: ProfileRequest,
         last: int,
         key: ProfileKey,
+        batch: int,
     ) -> ProfileReply:
         read_s, blobs = _timed(lambda k: self.store.get(k), request.keys)
         decode_s, samples = _timed(
@@ -120,11 +124,14 @@ class Profiler:
             range(len(blobs)),
         )
         tensors = [s.tensor for s in samples]
-        x = torch.stack([tensors[i % len(tensors)] for i in range(BATCH)]).to(self.heads.device)
+        x = torch.stack([tensors[i % len(tensors)] for i in range(batch)]).to(self.heads.device)
         graph = loaded.graph
         width = dtype_width(session.info.wire_dtype)
         key_bytes = statistics.mean(len(k.encode()) for k in request.keys) + _ROW_OVERHEAD
-        head_s = [0.0]
+        with TRACING.exclusive():
+            segments = [s.to(x.device).requires_grad_(False) for s in head_segments(graph, last)]
+        with TRACING.shared():
+            head_s = time_segments(segments, x, repeats=REPEATS)
         out_bytes: list[int] = []
         memory: list[int] = []
         fixed: list[int] = []
@@ -134,20 +141,17 @@ class Profiler:
             out_bytes.append(int(out + key_bytes))
             with self.heads.borrow(loaded, cut) as head, TRACING.shared():
                 model = measure_head(head, graph.input_shape, x.device, out_bytes=out)
-                if head is not None:
-                    seconds = _median_time(functools.partial(head, x), x.device) / BATCH
-                    head_s.append(max(seconds, head_s[-1]))
             memory.append(model.per_sample)
             fixed.append(model.fixed)
         return ProfileReply(
             read_s=read_s,
             decode_s=decode_s,
-            head_s=head_s,
+            head_s=list(head_s),
             out_bytes=out_bytes,
             memory_bytes=memory,
             raw_bytes=statistics.mean(len(b) for b in blobs),
             wire_dtype=session.info.wire_dtype,
-            batch_size=BATCH,
+            batch_size=batch,
             key=ProfileKeyInfo(**key.to_dict()),
             cut_names=["input", *(graph.cut_point(k).name for k in range(1, last + 1))],
             samples=len(blobs),
@@ -169,24 +173,6 @@ def _timed(fn: Callable[[T], R], items: Sequence[T]) -> tuple[float, list[R]]:
     for item in items:
         results.append(fn(item))
     return (time.perf_counter() - t0) / max(len(results), 1), results
-
-
-def _median_time(fn: Callable[[], object], device: torch.device) -> float:
-    with torch.inference_mode():
-        fn()  # warm-up: the first call pays for kernel selection and allocation
-        times = []
-        for _ in range(REPEATS):
-            _sync(device)
-            t0 = time.perf_counter()
-            fn()
-            _sync(device)
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _last_cut(cuts: list[int] | None, freeze: int, num_cuts: int) -> int:

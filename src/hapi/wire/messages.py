@@ -153,6 +153,8 @@ class ChunkTicket(_Request):
 
 MAX_PROFILE_KEYS = 32
 """The most objects a profile reads: a probe, not a chunk."""
+MAX_PROFILE_BATCH = 1024
+"""The largest head batch a profile asks for (its objects are repeated to fill it)."""
 
 
 class ProfileRequest(_Request):
@@ -171,6 +173,16 @@ class ProfileRequest(_Request):
         description="Candidate cuts (1..freeze); None: every cut up to the session's freeze.",
     )
     epoch: int = Field(default=0, ge=0, description="Seeds the transforms as a chunk's would.")
+    batch_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_PROFILE_BATCH,
+        description=(
+            "Samples per timed head batch: the batches the job's chunks will run (a head's "
+            "time per sample depends on it). None: the server's small default. The server "
+            "runs at most the session's batch size and what its memory budget grants."
+        ),
+    )
 
 
 class ManifestRequest(_Request):
