@@ -12,6 +12,8 @@ per sample depends on its batch, weight-heavy layers most), else `BATCH`. The he
 timed a segment at a time, cut k-1 to cut k (`hapi.plan.time_segments`), the median of
 `REPEATS` runs after a warm-up: one forward per run, not one per cut, and the head to k
 is the sum, non-decreasing in k as the work is. Segments share the traced model's weights.
+A repository version's traced model has none (it is traced on the meta device): its
+heads are timed whole, one cut at a time.
 
 Profiles are cached by what they depend on (head content, input shape, transforms,
 device, wire dtype, last cut, batch), so every job on the same model asks once.
@@ -128,10 +130,7 @@ class Profiler:
         graph = loaded.graph
         width = dtype_width(session.info.wire_dtype)
         key_bytes = statistics.mean(len(k.encode()) for k in request.keys) + _ROW_OVERHEAD
-        with TRACING.exclusive():
-            segments = [s.to(x.device).requires_grad_(False) for s in head_segments(graph, last)]
-        with TRACING.shared():
-            head_s = time_segments(segments, x, repeats=REPEATS)
+        head_s = self._head_times(loaded, last, x)
         out_bytes: list[int] = []
         memory: list[int] = []
         fixed: list[int] = []
@@ -157,6 +156,24 @@ class Profiler:
             samples=len(blobs),
             memory_fixed=fixed,
         )
+
+    def _head_times(self, loaded: LoadedModel, last: int, x: torch.Tensor) -> tuple[float, ...]:
+        """Seconds per sample of the head to each cut 0..last on the batch `x`."""
+        if loaded.version is None:
+            with TRACING.exclusive():
+                segments = [
+                    s.to(x.device).requires_grad_(False) for s in head_segments(loaded.graph, last)
+                ]
+            with TRACING.shared():
+                return time_segments(segments, x, repeats=REPEATS)
+        # A repository version's graph is traced on the meta device (its heads' tensors
+        # are read from the repository, `HeadCache`): each head is timed whole.
+        times = [0.0]
+        for cut in range(1, last + 1):
+            with self.heads.borrow(loaded, cut) as head, TRACING.shared():
+                assert head is not None  # cut > INPUT
+                times.append(max(times[-1], time_segments([head], x, repeats=REPEATS)[1]))
+        return tuple(times)
 
 
 def _sample(session: Session, key: str, data: bytes, epoch: int) -> Sample:
