@@ -190,6 +190,36 @@ def test_share_rounds_to_whole_chunks() -> None:
     assert best_share(1, server, trainer, link, Workload(samples=10, chunk_size=10)) in (0, 1)
 
 
+def test_a_local_chunk_on_a_slow_link_holds_the_window() -> None:
+    server = ServerProfile(
+        read_s=0.0,
+        decode_s=0.001,
+        head_s=(0.0, 0.02),
+        out_bytes=(150_000, 1_000),
+        memory_bytes=(0, 0),
+        raw_bytes=100_000,
+    )
+    trainer = TrainerProfile(decode_s=0.002, head_s=(0.0, 0.003), tail_s=(0.004, 0.0))
+    link = LinkProfile(bytes_per_s=1e6)
+    work = Workload(samples=60, chunk_size=10, prefetch=2)  # 6 chunks, 2 in flight
+    # Per chunk of 10 at cut 1: pushed, server 0.21, link 0.01, trainer 0; local, the
+    # server reads (0), the link carries 1.0 s of raw bytes, the trainer decodes and runs
+    # the head in 0.05 s. At 1/6 the first chunk is local, and chunk 2 is requested only
+    # when it is delivered, at 1.05 s: then the server's chunks 2..5 (4 x 0.21, the share
+    # averaged over them: x 5/6) and the last chunk's link.
+    hybrid = estimate(1, 1 / 6, server, trainer, link, work)
+    assert hybrid.epoch_s == pytest.approx(1.05 + 4 * 0.21 * 5 / 6 + 0.01)
+    # The stages alone bound it at 1.06 (the server's 5 x 0.21 and the last chunk's
+    # link): the hybrid looked faster than the pure cut, which the server holds.
+    plan = choose_plan(server, trainer, link, work, freeze=1)
+    assert (plan.cut, plan.share) == (1, 0.0)
+    assert plan.epoch_s == pytest.approx(6 * 0.21 + 0.01)
+    # With the epoch in flight at once nothing waits for a request, and the hybrid wins.
+    roomy = Workload(samples=60, chunk_size=10, prefetch=6)
+    assert estimate(1, 1 / 6, server, trainer, link, roomy).epoch_s == pytest.approx(1.06)
+    assert choose_plan(server, trainer, link, roomy, freeze=1).share == pytest.approx(1 / 6)
+
+
 _cost = st.floats(0.0, 0.01)
 
 
