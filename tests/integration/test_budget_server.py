@@ -116,6 +116,14 @@ def test_batches_shrink_to_the_budget_and_features_stay_the_same(store_dir: Path
     with serve(config) as tight, connect(tight.address) as conn:
         info = conn.open_session(_request())
         got, batches = _features(conn, info.session, keys)
+        # A profile asked to time the job's batches of 8 times what the budget grants,
+        # and keeps it for no other job.
+        profile = ProfileRequest(session=info.session, keys=keys[:3], batch_size=8)
+        for _ in range(2):
+            reply = ProfileReply.model_validate_json(
+                conn.action(ActionType.PROFILE, profile.to_bytes())
+            )
+            assert 1 <= reply.batch_size <= 2 and not reply.cached and reply.head_s[8] > 0
         stats = conn.stats()
     assert batches >= 6  # batches of 2 (or 1), not 8
     assert stats.memory_peak <= stats.memory_budget == budget

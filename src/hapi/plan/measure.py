@@ -79,15 +79,15 @@ def time_segments(
     up to 5x, and the later cuts more than the earlier ones. Entry 0 is 0 (INPUT runs no
     layer).
     """
+    seconds, batch, device = [], len(x), x.device
     with torch.inference_mode():
-        inputs = [x]
-        for segment in segments:  # warm-up: first calls pay for kernel selection, allocation
-            inputs.append(segment(inputs[-1]))
-        seconds = [
-            _median_time(functools.partial(segment, inputs[i]), repeats, x.device)
-            for i, segment in enumerate(segments)
-        ]
-    return (0.0, *itertools.accumulate(t / len(x) for t in seconds))
+        for segment in segments:
+            segment(x)  # warm-up: first calls pay for kernel selection, allocation
+            # The last run's output is the next segment's input: a segment's input and
+            # output alone are alive, as in a chunk's batch (the server's budget).
+            t, x = _timed_runs(functools.partial(segment, x), repeats, device)
+            seconds.append(t / batch)
+    return (0.0, *itertools.accumulate(seconds))
 
 
 def measure_tails(
@@ -295,14 +295,21 @@ def _scalar(out: Any) -> torch.Tensor | None:
 
 
 def _median_time(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
+    return _timed_runs(fn, repeats, device)[0]
+
+
+def _timed_runs(fn: Callable[[], Any], repeats: int, device: torch.device) -> tuple[float, Any]:
+    """The median wall time of `repeats` runs of `fn`, and the last run's result."""
     times = []
+    out = None
     for _ in range(max(repeats, 1)):
+        out = None  # free the last result before the next run makes its own
         _sync(device)
         t0 = time.perf_counter()
-        fn()
+        out = fn()
         _sync(device)
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(times), out
 
 
 def _sync(device: torch.device) -> None:

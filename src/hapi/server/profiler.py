@@ -4,8 +4,9 @@ The planner chooses the cut and the local share from these (issue: the planner).
 profile reads a few objects (timing the store), decodes and transforms them (timing the
 sample pipeline the chunks run), and runs the head to its last candidate cut on a batch
 of them, with the memory each cut's batches need measured as at `open_session`. It runs
-under a grant of the scheduler like a chunk's batch, so it neither breaks the budget nor
-jumps the queue.
+under grants of the scheduler like a chunk's batches, so it neither breaks the budget nor
+jumps the queue: a small one to read, decode and measure memory, then one for a batch of
+the heaviest cut to time the heads in.
 
 The batch is the size the request asks for (the job's chunks' batches: a head's time
 per sample depends on its batch, weight-heavy layers most), else `BATCH`. The head is
@@ -38,6 +39,7 @@ from hapi.errors import InvalidCut
 from hapi.graph import INPUT
 from hapi.plan import head_segments, time_segments
 from hapi.plan.profiles import ProfileKey
+from hapi.server.budget import MemoryModel
 from hapi.server.head_cache import HeadCache, LoadedModel
 from hapi.server.memory import measure_head
 from hapi.server.scheduler import Demand, Scheduler
@@ -101,14 +103,26 @@ class Profiler:
             if cached is not None:
                 self._cache.move_to_end(cache_key)
                 return cached.model_copy(update={"cached": True})
-        demand = Demand(model=session.memory, max_batch=batch)
+        demand = Demand(model=session.memory, max_batch=BATCH)
+        with self.scheduler.run(session.id, (-1, 0), demand, weight=session.weight):
+            reply, tensors = self._measure(session, loaded, request, last, key)
+        # Timing at the job's batch holds a segment's input and output at once: ask for
+        # what a batch of the heaviest cut holds, and time the batch that is granted.
+        heaviest = MemoryModel(
+            fixed=max([session.memory.fixed, *reply.memory_fixed]),
+            per_sample=max([session.memory.per_sample, *reply.memory_bytes]),
+        )
+        demand = Demand(model=heaviest, max_batch=batch)
         with self.scheduler.run(session.id, (-1, 0), demand, weight=session.weight) as grant:
-            # A grant smaller than asked (a full budget) times the batch it grants.
-            reply = self._measure(session, loaded, request, last, key, min(batch, grant.batch))
-        with self._lock:
-            self._cache[cache_key] = reply
-            while len(self._cache) > CACHED:
-                self._cache.popitem(last=False)
+            ran = min(batch, grant.batch)
+            x = torch.stack([tensors[i % len(tensors)] for i in range(ran)])
+            head_s = self._head_times(loaded, last, x.to(self.heads.device))
+        reply = reply.model_copy(update={"head_s": list(head_s), "batch_size": ran})
+        if ran == batch:  # a batch cut short by a full budget is not what the next job gets
+            with self._lock:
+                self._cache[cache_key] = reply
+                while len(self._cache) > CACHED:
+                    self._cache.popitem(last=False)
         return reply
 
     def _measure(
@@ -118,19 +132,18 @@ class Profiler:
         request: ProfileRequest,
         last: int,
         key: ProfileKey,
-        batch: int,
-    ) -> ProfileReply:
+    ) -> tuple[ProfileReply, list[torch.Tensor]]:
+        """Everything but the heads' times (left at 0), and the decoded objects."""
         read_s, blobs = _timed(lambda k: self.store.get(k), request.keys)
         decode_s, samples = _timed(
             lambda i: _sample(session, request.keys[i], blobs[i], request.epoch),
             range(len(blobs)),
         )
         tensors = [s.tensor for s in samples]
-        x = torch.stack([tensors[i % len(tensors)] for i in range(batch)]).to(self.heads.device)
+        device = self.heads.device
         graph = loaded.graph
         width = dtype_width(session.info.wire_dtype)
         key_bytes = statistics.mean(len(k.encode()) for k in request.keys) + _ROW_OVERHEAD
-        head_s = self._head_times(loaded, last, x)
         out_bytes: list[int] = []
         memory: list[int] = []
         fixed: list[int] = []
@@ -139,23 +152,24 @@ class Profiler:
             out = width * _numel(shape)
             out_bytes.append(int(out + key_bytes))
             with self.heads.borrow(loaded, cut) as head, TRACING.shared():
-                model = measure_head(head, graph.input_shape, x.device, out_bytes=out)
+                model = measure_head(head, graph.input_shape, device, out_bytes=out)
             memory.append(model.per_sample)
             fixed.append(model.fixed)
-        return ProfileReply(
+        reply = ProfileReply(
             read_s=read_s,
             decode_s=decode_s,
-            head_s=list(head_s),
+            head_s=[0.0] * (last + 1),
             out_bytes=out_bytes,
             memory_bytes=memory,
             raw_bytes=statistics.mean(len(b) for b in blobs),
             wire_dtype=session.info.wire_dtype,
-            batch_size=batch,
+            batch_size=BATCH,
             key=ProfileKeyInfo(**key.to_dict()),
             cut_names=["input", *(graph.cut_point(k).name for k in range(1, last + 1))],
             samples=len(blobs),
             memory_fixed=fixed,
         )
+        return reply, tensors
 
     def _head_times(self, loaded: LoadedModel, last: int, x: torch.Tensor) -> tuple[float, ...]:
         """Seconds per sample of the head to each cut 0..last on the batch `x`."""
