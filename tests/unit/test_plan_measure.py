@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+import weakref
 from collections.abc import Iterator
 
 import pytest
@@ -24,6 +25,7 @@ from hapi.plan import (
     measure_tails,
     measure_trainer,
     memory_per_sample,
+    time_segments,
     wire_bytes,
 )
 
@@ -96,6 +98,31 @@ def test_heads_timed_a_segment_at_a_time() -> None:
     # ... and each layer ran once per repeat and once to warm up, not once per cut after
     # it: that is what makes a profile at the job's own batch size affordable.
     assert slow.calls == slower.calls == 1 + 3
+
+
+class _Live(nn.Module):
+    """A segment that notes how many outputs of the segments before it are still alive
+    whenever it runs."""
+
+    def __init__(self, outputs: list[weakref.ref[torch.Tensor]]) -> None:
+        super().__init__()
+        self.outputs, self.seen = outputs, [0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(sum(ref() is not None for ref in self.outputs))
+        out = x + 1
+        self.outputs.append(weakref.ref(out))
+        return out
+
+
+def test_segments_are_timed_holding_only_their_input_and_output() -> None:
+    outputs: list[weakref.ref[torch.Tensor]] = []
+    segments = [_Live(outputs) for _ in range(4)]
+    heads = time_segments(segments, torch.zeros(2, 3), repeats=3)
+    assert len(heads) == 5 and heads[0] == 0
+    # The server holds a batch's input and output in its budget, not every cut's: when a
+    # segment runs, only its input (the last output of the one before) is alive.
+    assert [max(s.seen) for s in segments] == [0, 1, 1, 1]
 
 
 def test_tails_measured_one_by_one(resnet18: ModelGraph) -> None:
