@@ -461,9 +461,10 @@ def _trace_chunks(into: list[dict]) -> None:
 
 def _spec(model: str, image_size: int, classes: int) -> dict:
     """The job's model: a torchvision name, or one of `CONFIGS` with its options."""
-    name, config = CONFIGS.get(model, (model, None))
-    if config is not None:
-        config = {k: image_size if v == "IMAGE_SIZE" else v for k, v in config.items()}
+    name, options = CONFIGS.get(model, (model, None))
+    config: dict[str, object] | None = None
+    if options is not None:
+        config = {k: image_size if v == "IMAGE_SIZE" else v for k, v in options.items()}
     return {"name": name, "num_classes": classes, "config": config}
 
 

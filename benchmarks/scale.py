@@ -32,13 +32,18 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # the tests' SeaweedFS, server-process and chaos helpers
 
 from _host import machine, pin, taskset  # noqa: E402
 from _results import write_section  # noqa: E402
+
+if TYPE_CHECKING:
+    from hapi.wire import SessionRequest
 
 
 def main() -> None:
@@ -61,11 +66,11 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.report_only:
-        result = json.loads((args.out / "scale.json").read_text())
-        for key, value in result["args"].items():
+        saved = json.loads((args.out / "scale.json").read_text())
+        for key, value in saved["args"].items():
             if key not in ("out", "results", "report_only"):
                 setattr(args, key, type(getattr(args, key))(value))
-        report = _report(result, args)
+        report = _report(saved, args)
         print(report)
         if args.results:
             write_section("scale", report)
@@ -229,7 +234,7 @@ def _chaos(root: Path, args: argparse.Namespace) -> dict:
     from hapi.wire import SessionRequest
 
     samples = 96
-    runs = []
+    runs: list[dict[str, Any]] = []
     with SeaweedS3(root / "weed") as store:
         uri = store.new_bucket()
         manifest = synth_dataset(
@@ -257,6 +262,7 @@ def _chaos(root: Path, args: argparse.Namespace) -> dict:
                 delivered: collections.Counter[str] = collections.Counter()
                 error = None
                 t0 = time.perf_counter()
+                assert spec.spec is not None  # a named model
                 request = functools.partial(
                     SessionRequest,
                     model=spec.spec.to_dict(),
@@ -265,9 +271,7 @@ def _chaos(root: Path, args: argparse.Namespace) -> dict:
                     image_size=args.image_size,
                     seed=run,
                 )
-                sessions = [
-                    Sessions(_connect(s.address), lambda cut, r=request: r(cut=cut)) for s in pair
-                ]
+                sessions = [Sessions(_connect(s.address), _at_cut(request)) for s in pair]
                 loader = FeatureLoader(
                     sessions[0].connection, sessions, manifest, batch_size=8, chunk_size=4,
                     prefetch=2, seed=run, retry_budget_s=120, cut=spec.freeze,
@@ -303,6 +307,15 @@ def _chaos(root: Path, args: argparse.Namespace) -> dict:
         "failed": sum(r["error"] is not None for r in runs),
         "events": sum(len(r["events"]) for r in runs),
     }
+
+
+def _at_cut(request: Callable[..., SessionRequest]) -> Callable[[int], SessionRequest]:
+    """The session request for a cut, from one with every other field set."""
+
+    def at(cut: int) -> SessionRequest:
+        return request(cut=cut)
+
+    return at
 
 
 def _connect(address: str):
