@@ -50,6 +50,18 @@ def _trainer(**kw: object) -> TrainerProfile:
     return TrainerProfile(**{**base, **kw})  # type: ignore[arg-type]
 
 
+def _one_cut(*, head_s: float, input_bytes: int, raw_bytes: int) -> ServerProfile:
+    """A server that reads for free, decodes in 1 ms and has one cut of 1,000 bytes."""
+    return ServerProfile(
+        read_s=0.0,
+        decode_s=0.001,
+        head_s=(0.0, head_s),
+        out_bytes=(input_bytes, 1_000),
+        memory_bytes=(0, 0),
+        raw_bytes=raw_bytes,
+    )
+
+
 def _equal_cores() -> tuple[ServerProfile, TrainerProfile, LinkProfile]:
     """One core each side doing the same decode + head; training costs nothing; no link."""
     server = ServerProfile(
@@ -168,14 +180,7 @@ def test_partial_last_chunk_spreads_over_the_chunks() -> None:
 def test_share_rounds_to_whole_chunks() -> None:
     # Server 0.003 per sample pushed down, 0 local; trainer 0 pushed down, 0.007 local:
     # the lines cross at f = 0.3.
-    server = ServerProfile(
-        read_s=0.0,
-        decode_s=0.001,
-        head_s=(0.0, 0.002),
-        out_bytes=(12_288, 1_000),
-        memory_bytes=(0, 0),
-        raw_bytes=1_000,
-    )
+    server = _one_cut(head_s=0.002, input_bytes=12_288, raw_bytes=1_000)
     trainer = TrainerProfile(decode_s=0.004, head_s=(0.0, 0.003), tail_s=(0.003, 0.0))
     link = LinkProfile(bytes_per_s=1e12)
     assert best_share(1, server, trainer, link, Workload(samples=100, chunk_size=10)) == 0.3
@@ -191,14 +196,7 @@ def test_share_rounds_to_whole_chunks() -> None:
 
 
 def test_a_local_chunk_on_a_slow_link_holds_the_window() -> None:
-    server = ServerProfile(
-        read_s=0.0,
-        decode_s=0.001,
-        head_s=(0.0, 0.02),
-        out_bytes=(150_000, 1_000),
-        memory_bytes=(0, 0),
-        raw_bytes=100_000,
-    )
+    server = _one_cut(head_s=0.02, input_bytes=150_000, raw_bytes=100_000)
     trainer = TrainerProfile(decode_s=0.002, head_s=(0.0, 0.003), tail_s=(0.004, 0.0))
     link = LinkProfile(bytes_per_s=1e6)
     work = Workload(samples=60, chunk_size=10, prefetch=2)  # 6 chunks, 2 in flight

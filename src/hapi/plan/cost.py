@@ -321,10 +321,9 @@ def _delivery_line(cut: int, trainer: TrainerProfile, workload: Workload) -> tup
     a local chunk (RAW's every chunk) is decoded and run to the cut first; a pushed-down
     chunk's features are delivered as they come."""
     c = workload.samples / workload.chunks
-    local = trainer.local_s(max(cut, INPUT)) - trainer.remote_s(max(cut, INPUT))
     if cut == RAW:
         return (c * trainer.decode_s, 0.0)
-    return (0.0, c * local)
+    return (0.0, c * (trainer.local_s(cut) - trainer.remote_s(cut)))
 
 
 def _check_option(cut: int, share: float, server: ServerProfile, trainer: TrainerProfile) -> None:
