@@ -286,3 +286,22 @@ def test_a_link_stall_is_undone_when_the_link_is_fast_again() -> None:
     for i in range(8, 60):
         replanner.observe(_chunk(replanner.plan, i, 1e7))
     assert (replanner.plan.cut, replanner.plan.share) == (plan.cut, plan.share)
+
+
+def test_a_replan_after_a_drop_reads_the_link_from_the_slow_chunks_alone() -> None:
+    """Reads and trainings alternate, so a stage's last `min_chunks` pairs reach back
+    before the drop: the re-plan takes its rates from the drifting run's chunks only, and
+    reads the link at its new rate, not at a mix with the last fast chunk."""
+    plan = _plan(1e7)
+    replanner = Replanner(plan)
+    trained = []
+    for i in range(20):
+        chunk = _chunk(replanner.plan, i, 1e7 if i < 8 else 1e6)
+        replanner.observe(dataclasses.replace(chunk, trainer_s=None))
+        trained.append(dataclasses.replace(chunk, server_s=None, transfer_s=None))
+        if len(trained) > 2:
+            replanner.observe(trained.pop(0))
+        if replanner.changes:
+            break
+    first = replanner.changes[0]
+    assert first.plan.link.bytes_per_s == pytest.approx(1e6, rel=0.02), first.reason

@@ -188,6 +188,9 @@ class Replanner:
             s: deque(maxlen=WINDOW_RUNS * self.config.min_chunks) for s in STAGES
         }
         self._drifting = 0
+        # Per stage, the pairs observed in the current run of drifting chunks: the rates
+        # a re-plan starts from are theirs alone (see `_restart_from_recent`).
+        self._run = dict.fromkeys(STAGES, 0)
 
     def scales(self) -> dict[str, float]:
         """Per stage: measured time / the first plan's profiled time (1 before any data).
@@ -248,14 +251,17 @@ class Replanner:
             self._profiled[stage] = decay * self._profiled[stage] + profiled
         self.chunks += 1
         if self._drift() is None:
-            self._drifting = 0
+            self._end_run()
             return None
         self._drifting += 1
+        for stage, pair in pairs.items():
+            if pair[1] > 1e-12:
+                self._run[stage] += 1
         if self._drifting < self.config.min_chunks:
             return None
-        self._drifting = 0
         averages = dict(self._measured), dict(self._profiled)
         self._restart_from_recent()
+        self._end_run()
         reason = self._drift()
         if reason is None:
             return None
@@ -299,7 +305,11 @@ class Replanner:
         """
         self.plan = plan
         self._planned_scales = self.scales()
+        self._end_run()
+
+    def _end_run(self) -> None:
         self._drifting = 0
+        self._run = dict.fromkeys(STAGES, 0)
 
     def _window_profiles(self) -> tuple[ServerProfile, TrainerProfile, LinkProfile]:
         """The first plan's profiles scaled to the longer window's rates: the ratio of its
@@ -314,8 +324,11 @@ class Replanner:
         return self._scaled(scales)
 
     def _restart_from_recent(self) -> None:
-        """Restart each stage's moving average at the rate of the recent chunks.
+        """Restart each stage's moving average at the rate of the drifting run's chunks.
 
+        Only the run's: a chunk's read and its training are observed apart, so the last
+        `min_chunks` of a stage's pairs can reach back before the change (a link that
+        dropped 26x read 1.7 MB/s, not its 1.25 MB/s, from two slow chunks and one fast).
         The server's and the trainer's: the median of the chunks' own ratios, so that one
         stalled chunk among them (a retry, a pause) does not set the rate, each weighted by
         its profiled time - a hybrid's raw chunk costs the server a read, mostly fixed
@@ -323,7 +336,7 @@ class Replanner:
         their sums, as the chunks shared it (see the module's note).
         """
         decay = 1.0 - self.config.weight
-        recent = {s: list(self._window[s])[-self.config.min_chunks :] for s in STAGES}
+        recent = {s: list(self._window[s])[len(self._window[s]) - self._run[s] :] for s in STAGES}
         totals = {s: sum(m for m, _ in recent[s]) for s in STAGES}
         busiest = max(totals.values())
         for stage in STAGES:
