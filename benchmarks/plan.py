@@ -103,7 +103,7 @@ def main() -> None:
         _make_dataset(root, args)
         configs = []
         rates = args.rates.split(",")
-        with _Stage(root, rates[0], args) as stage:
+        with Stage(root, rates[0], args) as stage:
             change = None
             if args.link_change != "none":
                 change = _link_change(stage, args)
@@ -129,7 +129,7 @@ def _link_change_only(args: argparse.Namespace, started: float) -> None:
             setattr(args, key, value)
     with tempfile.TemporaryDirectory(prefix="hapi-plan-") as root:
         _make_dataset(root, args)
-        with _Stage(root, args.link_change.split(":")[0], args) as stage:
+        with Stage(root, args.link_change.split(":")[0], args) as stage:
             change = _link_change(stage, args)
     print(json.dumps(change), flush=True)
     configs = saved["configs"]
@@ -158,14 +158,14 @@ def _finish(configs: list[dict], change: dict | None, args: argparse.Namespace) 
         write_section("plan", text)
 
 
-class _Stage:
+class Stage:
     """The server in the storage namespace on core 0; trainers in the trainer's on core 1."""
 
     def __init__(self, root: str, rate: str, args: argparse.Namespace) -> None:
         self.root, self.rate, self.args = root, rate, args
         self.link = ShapedLink(rate) if args.shaping == "netns" else None
 
-    def __enter__(self) -> _Stage:
+    def __enter__(self) -> Stage:
         host = self.link.__enter__().storage_ip if self.link else "127.0.0.1"
         self.address = f"grpc://{host}:{PORT}"
         try:
@@ -259,17 +259,19 @@ def _job_options(args: argparse.Namespace, model: str, freeze: str) -> dict:
     }
 
 
-def _config(stage: _Stage, rate: str, model: str, freeze: str, args: argparse.Namespace) -> dict:
+def _config(stage: Stage, rate: str, model: str, freeze: str, args: argparse.Namespace) -> dict:
     """One (model, freeze, rate): the planner's table, then every picked option in repeats."""
     base = _job_options(args, model, freeze)
     planned = stage.trainer({**base, "plan_only": True})
     assert planned is not None
-    options = _pick(planned["plan"])
+    options: list[list[float] | str] = [*_pick(planned["plan"]), "auto"]
     runs: dict[str, list[dict]] = {}
     for r in range(args.repeats):
-        # Interleaved: every option once per repeat, in an order rotated per repeat.
+        # Interleaved: every option once per repeat, in an order rotated per repeat; the
+        # `auto` job too, else it is always last in its process and an order effect shows
+        # as its regret.
         order = options[r % len(options) :] + options[: r % len(options)]
-        result = stage.trainer({**base, "options": order, "auto": True})
+        result = stage.trainer({**base, "options": order})
         assert result is not None
         for run in result["runs"]:
             runs.setdefault(run["label"], []).append(run)
@@ -299,7 +301,7 @@ def _pick(plan: dict) -> list[list[float]]:
     return unique
 
 
-def _link_change(stage: _Stage, args: argparse.Namespace) -> dict:
+def _link_change(stage: Stage, args: argparse.Namespace) -> dict:
     """An epoch whose link drops mid-way: the re-planning job against fixed plans."""
     before, after = args.link_change.split(":")
     model = args.models.split(",")[0]
@@ -321,7 +323,7 @@ def _link_change(stage: _Stage, args: argparse.Namespace) -> dict:
     runs: dict[str, list[float]] = {}
     for _ in range(args.repeats):
         for label, job in (
-            ("auto (re-plans)", {"auto": True, "options": []}),
+            ("auto (re-plans)", {"options": ["auto"]}),
             (f"plan for {before}", {"options": [option(for_before)]}),
             (f"plan for {after}", {"options": [option(for_after)]}),
         ):
@@ -376,9 +378,11 @@ def _worker(spec: dict) -> None:
     if spec.get("trace"):
         _trace_chunks(chunks)
     runs = []
-    jobs = [(f"{c}:{s}", {"cut": int(c), "local_share": s}) for c, s in spec["options"]]
-    if spec.get("auto"):
-        jobs.append(("auto", {}))
+    # Each option a fixed (cut, share), or "auto": a job that plans and re-plans itself.
+    jobs = [
+        ("auto", {}) if o == "auto" else (f"{o[0]}:{o[1]}", {"cut": int(o[0]), "local_share": o[1]})
+        for o in spec["options"]
+    ]
     for label, options in jobs:
         job = TransferJob(model, dataset, spec["address"], **common, **options)
         planned = job.plan.to_dict() if job.plan is not None else None
