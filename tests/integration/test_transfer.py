@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -117,6 +118,43 @@ def test_loader_delivers_every_key_once_per_epoch_in_a_seeded_order(server: Hapi
     orders = [loader.order(e).tolist() for e in (0, 1, 0)]
     assert orders[0] == orders[2] != orders[1]
     assert sorted(orders[1]) == list(range(24))
+
+
+def test_the_loader_reads_ahead_while_a_batch_trains_up_to_its_window(
+    server: HapiServer,
+) -> None:
+    """Chunk j+K is issued when chunk j is read, not when it is trained: while the
+    trainer holds its first batch the server works on, up to K chunks plus those a batch
+    spans plus one beyond the trained ones, and no further."""
+    conn = connect(server.address)
+    job = _job(server)
+    request = SessionRequest(
+        model=job.spec.to_dict(),
+        cut=job.cut,
+        freeze=job.freeze,
+        transforms=job.config.train_transforms.to_dict(),
+        image_size=SIZE,
+    )
+    info = conn.open_session(request)
+    delivered: list[str] = []
+    loader = FeatureLoader(
+        conn,
+        info.session,
+        conn.manifest("train"),  # 24 keys: 12 chunks of 2
+        batch_size=4,
+        chunk_size=2,
+        prefetch=2,
+        on_part=lambda _, keys: delivered.extend(keys),
+    )
+    batches = loader.epoch(0)
+    next(batches)  # the trainer holds batch 0 (chunks 0 and 1; chunk 0 done with)
+    deadline = time.monotonic() + 10
+    window = 1 + 2 + (-(-4 // 2) + 1)  # trained + K + (chunks a batch spans + 1)
+    while len(delivered) < 2 * window and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # were it unbounded, more would come now
+    assert len(delivered) == 2 * window  # issued at training, it stopped at 3 chunks
+    assert sum(len(y) for _, y in batches) == 20  # the rest of the epoch, every key once
 
 
 def test_a_corrupt_image_fails_the_epoch_naming_the_key(server: HapiServer) -> None:

@@ -158,10 +158,20 @@ class Fetcher:
         loader: the loader's connection, sessions, retry policy, local compute and hooks.
         epoch: the epoch (seeds the samples; tickets carry it).
         prefetch: chunks in flight, one thread each.
+        on_read: called in the fetching thread each time a chunk's stream is done (read,
+            or given up): the loader issues the next chunk then.
     """
 
-    def __init__(self, loader: FeatureLoader, epoch: int, prefetch: int) -> None:
+    def __init__(
+        self,
+        loader: FeatureLoader,
+        epoch: int,
+        prefetch: int,
+        *,
+        on_read: Callable[[], None] | None = None,
+    ) -> None:
         self.loader, self.epoch = loader, epoch
+        self.on_read = on_read
         self.stop = threading.Event()
         self.clock = busy_clock()
         self.retries = 0
@@ -207,6 +217,8 @@ class Fetcher:
             flow.queue.put(exc)
         finally:
             flow.read_done.set()
+            if self.on_read is not None:
+                self.on_read()
 
     def _attempt(self, flow: Flow) -> None:
         """One try at the keys of `flow` not yet delivered; again at once on a new route

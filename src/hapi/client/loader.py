@@ -7,6 +7,12 @@ thread). Batches are handed on as they arrive, not when their chunk is complete,
 epoch order; they are cut and joined into training batches (`hapi.client.rebatch`), so
 the request's size, the server's batch and the training batch are three numbers.
 
+K chunks are in flight at the servers and links: chunk j+K is issued as soon as chunk j
+has been read, not when it has been trained. (Issued at training, the server worked
+only K - 2 chunks ahead while the trainer held a training batch of two, and the two
+tiers ran in lockstep: 1.2x the slower one's time.) The chunks read but not yet trained
+are bounded too: at most those a training batch spans, plus one.
+
 The link serves chunks in order: every chunk's request goes out when it is issued, so
 the server works ahead, but a chunk's stream is read only once the one before it is
 read. Read at once, K streams would share the link and the first chunk would arrive
@@ -27,6 +33,7 @@ went missing or came twice.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -253,17 +260,20 @@ class _Epoch:
         self.stats = loader.stats
         self.flows: list[Flow] = []
         self.prefetch = loader.prefetch * len(loader.servers)
-        self.fetcher = Fetcher(loader, epoch, self.prefetch)
+        self.fetcher = Fetcher(loader, epoch, self.prefetch, on_read=self._read_one)
         self.clock = self.fetcher.clock
+        # The window (see the module's note): chunks issued, read, and trained so far.
+        self._window = threading.Lock()
+        self._issued = self._read = self._trained = 0
+        self._held = -(-loader.batch_size // loader.chunk_size) + 1
 
     def run(self) -> Iterator[Batch]:
         loader = self.loader
         rebatcher = Rebatcher(loader.convert, clock=self.clock)
         delivered: set[str] = set()
-        n, k = len(self.chunks), self.prefetch
+        n = len(self.chunks)
         try:
-            for j in range(min(k, n)):
-                self._issue(j)
+            self._advance()
             for j in range(n):
                 flow = self.flows[j]
                 while True:
@@ -282,13 +292,31 @@ class _Epoch:
                     while len(rebatcher) >= loader.batch_size:
                         yield from self._emit(rebatcher.take(loader.batch_size))
                 self._finish(flow)
-                if j + k < n:
-                    self._issue(j + k)
+                self._advance(trained=1)
             if len(rebatcher):
                 yield from self._emit(rebatcher.take(len(rebatcher)))
             self._check_complete(delivered)
         finally:
             self._shutdown()
+
+    def _read_one(self) -> None:
+        """A chunk's stream was read (or gave up): its place in flight is free."""
+        self._advance(read=1)
+
+    def _advance(self, *, read: int = 0, trained: int = 0) -> None:
+        """Issue, in order, the chunks the window allows now; from the consumer (a chunk
+        trained) and from the fetching threads (a chunk read)."""
+        with self._window:
+            self._read += read
+            self._trained += trained
+            while (
+                self._issued < len(self.chunks)
+                and self._issued - self._read < self.prefetch
+                and self._issued - self._trained < self.prefetch + self._held
+                and not self.fetcher.stop.is_set()
+            ):
+                self._issue(self._issued)
+                self._issued += 1
 
     def _issue(self, index: int) -> None:
         keys, labels = self.chunks[index]
