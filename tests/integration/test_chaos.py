@@ -39,7 +39,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[SeaweedS3, list[ServeProcess]]]:
         try:
             for server in servers:
                 # A shaped link keeps chunks in flight long enough to be cut.
-                server.start("--batch-size", "3", "--egress-limit", "2mbit")
+                server.start("--batch-size", "3", "--egress-limit", "1mbit")
             for server in servers:
                 server.wait_ready()
             yield store, servers

@@ -203,10 +203,10 @@ def test_a_local_chunk_on_a_slow_link_holds_the_window() -> None:
     # Per chunk of 10 at cut 1: pushed, server 0.21, link 0.01, trainer 0; local, the
     # server reads (0), the link carries 1.0 s of raw bytes, the trainer decodes and runs
     # the head in 0.05 s. At 1/6 the first chunk is local, and chunk 2 is requested only
-    # when it is delivered, at 1.05 s: then the server's chunks 2..5 (4 x 0.21, the share
+    # when it has been read, at 1.0 s: then the server's chunks 2..5 (4 x 0.21, the share
     # averaged over them: x 5/6) and the last chunk's link.
     hybrid = estimate(1, 1 / 6, server, trainer, link, work)
-    assert hybrid.epoch_s == pytest.approx(1.05 + 4 * 0.21 * 5 / 6 + 0.01)
+    assert hybrid.epoch_s == pytest.approx(1.0 + 4 * 0.21 * 5 / 6 + 0.01)
     # The stages alone bound it at 1.06 (the server's 5 x 0.21 and the last chunk's
     # link): the hybrid looked faster than the pure cut, which the server holds.
     plan = choose_plan(server, trainer, link, work, freeze=1)

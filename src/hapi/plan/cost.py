@@ -23,11 +23,10 @@ before all are done. With one chunk in flight (K = 1) the next chunk is requeste
 when one arrives, so the server's and the link's times add up into one stage.
 
 The loader also holds a *window*: K chunks in flight per server, and chunk j+K is
-requested only when chunk j has been delivered (read, and for a local chunk decoded and
-run to the cut). So the server cannot run ahead of the trainer by more than K chunks,
-and the epoch is also bounded by
+requested only when chunk j has been read (a local chunk is decoded afterwards, beside
+the next chunks' reads). So the epoch is also bounded by
 
-    window = first chunk's (server + link + trainer before delivery)
+    window = first chunk's (server + link)
              + the server's time for chunks K..m-1 + the last chunk's link and trainer
 
 A hybrid's local chunk over a slow link is where it binds: its raw bytes hold the link
@@ -174,7 +173,7 @@ def estimate(
     lines = _stage_lines(cut, server, trainer, link, workload)
     per_chunk = [a + b * share for a, b in lines]
     m = workload.chunks
-    epoch = _epoch(lines, _delivery_line(cut, trainer, workload), share, workload)
+    epoch = _epoch(lines, share, workload)
     mean_bytes = (1 - share) * server.wire_bytes(cut) + share * server.raw_bytes
     return Estimate(
         cut=cut,
@@ -207,17 +206,16 @@ def best_share(
     if cut < INPUT:
         raise InvalidRequest(f"a local share needs a cut >= INPUT (0), got {cut}")
     lines = _stage_lines(cut, server, trainer, link, workload)
-    delivery = _delivery_line(cut, trainer, workload)
     m = workload.chunks
 
     def epoch(f: float) -> float:
-        return _epoch(lines, delivery, f, workload)
+        return _epoch(lines, f, workload)
 
     candidates = {0.0, 1.0}
     if m > 1:
         low, high = 1 / m, (m - 1) / m
         candidates |= {low, high}
-        inner = _bounds(lines, delivery, workload, first=True, last=False)
+        inner = _bounds(lines, workload, first=True, last=False)
         for i, (a1, b1) in enumerate(inner):
             for a2, b2 in inner[i + 1 :]:
                 if b1 != b2:
@@ -237,23 +235,17 @@ def locals_before(share: float, i: int) -> int:
     return math.ceil(share * i - 1e-9)
 
 
-def _epoch(
-    lines: list[tuple[float, float]],
-    delivery: tuple[float, float],
-    f: float,
-    workload: Workload,
-) -> float:
+def _epoch(lines: list[tuple[float, float]], f: float, workload: Workload) -> float:
     """The epoch: the largest over the stages' and the window's bounds."""
     m = workload.chunks
     first = locals_before(f, 1) > 0
     last = locals_before(f, m) > locals_before(f, m - 1)
-    bounds = _bounds(lines, delivery, workload, first=first, last=last)
+    bounds = _bounds(lines, workload, first=first, last=last)
     return max(c + s * f for c, s in bounds)
 
 
 def _bounds(
     lines: list[tuple[float, float]],
-    delivery: tuple[float, float],
     workload: Workload,
     *,
     first: bool,
@@ -273,11 +265,11 @@ def _bounds(
     ahead = workload.prefetch * workload.servers
     if m > ahead:
         (sa, sb), (la, lb), (ta, tb) = lines
-        delivered = sa + sb * first + la + lb * first + delivery[0] + delivery[1] * first
+        read = sa + sb * first + la + lb * first
         after = la + lb * last + ta + tb * last
-        # Chunks K..m-1 are requested one by one as chunks 1.. are delivered; their
-        # local share is taken as f, which keeps the bound a line in f.
-        bounds.append((delivered + (m - ahead) * sa + after, (m - ahead) * sb))
+        # Chunks K..m-1 are requested one by one as chunks 1.. are read; their local
+        # share is taken as f, which keeps the bound a line in f.
+        bounds.append((read + (m - ahead) * sa + after, (m - ahead) * sb))
     return bounds
 
 
@@ -314,16 +306,6 @@ def _stage_lines(
     )
     trainer_line = (c * pushed[2], c * (local[2] - pushed[2]))
     return [server_line, link_line, trainer_line]
-
-
-def _delivery_line(cut: int, trainer: TrainerProfile, workload: Workload) -> tuple[float, float]:
-    """The trainer's time per chunk before the chunk counts as delivered, a line a + b·f:
-    a local chunk (RAW's every chunk) is decoded and run to the cut first; a pushed-down
-    chunk's features are delivered as they come."""
-    c = workload.samples / workload.chunks
-    if cut == RAW:
-        return (c * trainer.decode_s, 0.0)
-    return (0.0, c * (trainer.local_s(cut) - trainer.remote_s(cut)))
 
 
 def _check_option(cut: int, share: float, server: ServerProfile, trainer: TrainerProfile) -> None:
