@@ -218,6 +218,36 @@ def test_a_local_chunk_on_a_slow_link_holds_the_window() -> None:
     assert choose_plan(server, trainer, link, roomy, freeze=1).share == pytest.approx(1 / 6)
 
 
+def test_the_trainer_pays_for_the_bytes_it_receives() -> None:
+    # A fast link; per sample the server's cut 1 costs 0.007 and sends 50 kB, cut 2 costs
+    # 0.008 and sends 2 kB; the trainer's tails 0.004 and 0.003. At 20 ns per byte
+    # received (20 ms per MB), cut 1's 50 kB are 1 ms more a sample on the trainer, cut
+    # 2's 2 kB 0.04 ms.
+    link = LinkProfile(bytes_per_s=1e12)
+    work = Workload(samples=1000, chunk_size=100)
+    receiving = _trainer(receive_s=2e-8)
+    est = estimate(1, 0.0, _server(), receiving, link, work)
+    assert est.trainer_s == pytest.approx(1000 * (0.004 + 50_000 * 2e-8))
+    raw = estimate(RAW, 0.0, _server(), receiving, link, work)
+    assert raw.trainer_s == pytest.approx(1000 * (0.004 + 0.006 + 100_000 * 2e-8))
+    # A local chunk's raw bytes cost the trainer as much as RAW's.
+    hybrid = estimate(2, 0.5, _server(), receiving, link, work)
+    local = 0.004 + 0.003 + 0.003 + 100_000 * 2e-8
+    assert hybrid.trainer_s == pytest.approx(500 * (0.003 + 2_000 * 2e-8) + 500 * local)
+    # Per sample, the slowest stage of each pure cut. Receiving for free: INPUT's trainer
+    # (0.006) beats cut 1's server (0.007). At 20 ns a byte INPUT's 150 kB make its
+    # trainer 0.009, and cut 1 wins; at 100 ns cut 1's trainer is 0.009 too, and cut 2
+    # (its server's 0.008) wins.
+    pure = PlannerConfig(hybrid=False)
+
+    def chosen(trainer: TrainerProfile) -> int:
+        return choose_plan(_server(), trainer, link, work, freeze=2, config=pure).cut
+
+    assert chosen(_trainer()) == INPUT
+    assert chosen(receiving) == 1
+    assert chosen(_trainer(receive_s=1e-7)) == 2
+
+
 _cost = st.floats(0.0, 0.01)
 
 
@@ -230,6 +260,7 @@ _cost = st.floats(0.0, 0.01)
     chunk_size=st.integers(1, 64),
     prefetch=st.integers(1, 4),
     in_order=st.booleans(),
+    receive=st.floats(0.0, 1e-7),
 )
 def test_best_share_is_the_best_whole_chunk_share(
     costs: list[float],
@@ -239,6 +270,7 @@ def test_best_share_is_the_best_whole_chunk_share(
     chunk_size: int,
     prefetch: int,
     in_order: bool,
+    receive: float,
 ) -> None:
     read, decode, head, tdecode, thead, tail_in, tail_cut, latency = costs
     server = ServerProfile(
@@ -249,7 +281,9 @@ def test_best_share_is_the_best_whole_chunk_share(
         memory_bytes=(0, 0),
         raw_bytes=sizes[2],
     )
-    trainer = TrainerProfile(decode_s=tdecode, head_s=(0.0, thead), tail_s=(tail_in, tail_cut))
+    trainer = TrainerProfile(
+        decode_s=tdecode, head_s=(0.0, thead), tail_s=(tail_in, tail_cut), receive_s=receive
+    )
     link = LinkProfile(bytes_per_s=bytes_per_s, latency_s=latency)
     work = Workload(samples=samples, chunk_size=chunk_size, prefetch=prefetch, in_order=in_order)
     m = work.chunks

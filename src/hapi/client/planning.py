@@ -3,6 +3,8 @@
 The link, the objects' size and the trainer's decoding come from a probe chunk of the
 job's own objects in a RAW session: its bytes over the stream's time, less the server's
 wait for its store (the session's own counters, `stats`) and the request's round trip.
+The trainer's CPU time receiving it, per byte, is what every byte costs the core that
+trains (`TrainerProfile.receive_s`).
 The server measures its side itself when it answers the `profile` action: reading,
 decoding and the head to every cut, on the same objects, the head in batches of the
 job's chunk size. A probe at the freeze cut then sets their level: it runs the path
@@ -67,6 +69,8 @@ class _Probe:
     """The session's counters for this chunk alone."""
     blobs: list[bytes]
     round_trip_s: float
+    cpu_s: float
+    """The trainer process's CPU time receiving it (every thread's: gRPC's own too)."""
 
 
 def probe_keys(manifest: DatasetManifest, n: int, seed: int) -> tuple[list[str], list[int]]:
@@ -150,11 +154,15 @@ def measure_job(
     finally:
         connection.close_session(session)
     link = _link(raw)
-    trainer = measure_trainer(
-        graph,
-        freeze,
-        decode_s=measure_decode(raw.blobs, transforms, seed=seed),
-        batch_size=batch_size,
+    trainer = dataclasses.replace(
+        measure_trainer(
+            graph,
+            freeze,
+            decode_s=measure_decode(raw.blobs, transforms, seed=seed),
+            batch_size=batch_size,
+        ),
+        # The RAW probe's bytes, received while the trainer did nothing else.
+        receive_s=raw.cpu_s / raw.nbytes if raw.nbytes else 0.0,
     )
     if profiled is not None and profiled.last_cut < freeze:
         profiled = None
@@ -274,18 +282,18 @@ def _probe(
     for ticket in tickets:  # warm: the store's cache, the head's first call
         _read(connection, ticket)
     before, rtt1 = _counters(connection, session)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     nbytes = samples = 0
     blobs: list[bytes] = []
     for ticket in tickets:
         n, s, b = _read(connection, ticket)
         nbytes, samples, blobs = nbytes + n, samples + s, blobs + b
-    seconds = time.perf_counter() - t0
+    seconds, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
     after, rtt2 = _counters(connection, session)
     delta = SessionStats(
         **{name: getattr(after, name) - getattr(before, name) for name in SessionStats.model_fields}
     )
-    return _Probe(seconds, nbytes, samples, delta, blobs, min(rtt1, rtt2))
+    return _Probe(seconds, nbytes, samples, delta, blobs, min(rtt1, rtt2), cpu_s)
 
 
 def _read(connection: Connection, ticket: ChunkTicket) -> tuple[int, int, list[bytes]]:

@@ -6,7 +6,9 @@ Per sample, with the profiles' costs:
 
     server  = (1-f)·(read + decode + head_k) + f·read
     link    = ((1-f)·bytes_k + f·raw_bytes) / bandwidth     (+ latency per chunk / K)
-    trainer = (1-f)·tail_k + f·(decode + head_k + tail_k)
+    trainer = (1-f)·tail_k + f·(decode + head_k + tail_k) + receive·((1-f)·bytes_k + f·raw_bytes)
+
+(receive: the trainer's CPU per byte received, which its core spends beside training.)
 
 `cut = RAW` is the baseline: the server only reads, the trainer does everything.
 
@@ -293,11 +295,14 @@ def _stage_lines(
     """Each stage's time per chunk as a line a + b·f in the local share f."""
     c = workload.samples / workload.chunks
     per_request = link.latency_s / min(workload.prefetch, workload.chunks)
-    if cut == RAW:
-        pushed = (server.compute_s(RAW), server.raw_bytes, trainer.remote_s(RAW))
-    else:
-        pushed = (server.compute_s(cut), server.wire_bytes(cut), trainer.remote_s(cut))
-    local = (server.read_s, server.raw_bytes, trainer.local_s(max(cut, INPUT)))
+    wire = server.wire_bytes(cut)
+    receive = trainer.receive_s
+    pushed = (server.compute_s(cut), wire, trainer.remote_s(cut) + receive * wire)
+    local = (
+        server.read_s,
+        server.raw_bytes,
+        trainer.local_s(max(cut, INPUT)) + receive * server.raw_bytes,
+    )
     n = workload.servers
     server_line = (c * pushed[0] / n, c * (local[0] - pushed[0]) / n)
     link_line = (
