@@ -188,9 +188,6 @@ class Replanner:
             s: deque(maxlen=WINDOW_RUNS * self.config.min_chunks) for s in STAGES
         }
         self._drifting = 0
-        # Per stage, the pairs observed in the current run of drifting chunks: the rates
-        # a re-plan starts from are theirs alone (see `_restart_from_recent`).
-        self._run = dict.fromkeys(STAGES, 0)
 
     def scales(self) -> dict[str, float]:
         """Per stage: measured time / the first plan's profiled time (1 before any data).
@@ -251,17 +248,14 @@ class Replanner:
             self._profiled[stage] = decay * self._profiled[stage] + profiled
         self.chunks += 1
         if self._drift() is None:
-            self._end_run()
+            self._drifting = 0
             return None
         self._drifting += 1
-        for stage, pair in pairs.items():
-            if pair[1] > 1e-12:
-                self._run[stage] += 1
         if self._drifting < self.config.min_chunks:
             return None
+        self._drifting = 0
         averages = dict(self._measured), dict(self._profiled)
         self._restart_from_recent()
-        self._end_run()
         reason = self._drift()
         if reason is None:
             return None
@@ -305,11 +299,7 @@ class Replanner:
         """
         self.plan = plan
         self._planned_scales = self.scales()
-        self._end_run()
-
-    def _end_run(self) -> None:
         self._drifting = 0
-        self._run = dict.fromkeys(STAGES, 0)
 
     def _window_profiles(self) -> tuple[ServerProfile, TrainerProfile, LinkProfile]:
         """The first plan's profiles scaled to the longer window's rates: the ratio of its
@@ -324,11 +314,8 @@ class Replanner:
         return self._scaled(scales)
 
     def _restart_from_recent(self) -> None:
-        """Restart each stage's moving average at the rate of the drifting run's chunks.
+        """Restart each stage's moving average at the rate of the recent chunks.
 
-        Only the run's: a chunk's read and its training are observed apart, so the last
-        `min_chunks` of a stage's pairs can reach back before the change (a link that
-        dropped 26x read 1.7 MB/s, not its 1.25 MB/s, from two slow chunks and one fast).
         The server's and the trainer's: the median of the chunks' own ratios, so that one
         stalled chunk among them (a retry, a pause) does not set the rate, each weighted by
         its profiled time - a hybrid's raw chunk costs the server a read, mostly fixed
@@ -336,7 +323,7 @@ class Replanner:
         their sums, as the chunks shared it (see the module's note).
         """
         decay = 1.0 - self.config.weight
-        recent = {s: list(self._window[s])[len(self._window[s]) - self._run[s] :] for s in STAGES}
+        recent = {s: list(self._window[s])[-self.config.min_chunks :] for s in STAGES}
         totals = {s: sum(m for m, _ in recent[s]) for s in STAGES}
         busiest = max(totals.values())
         for stage in STAGES:
@@ -373,9 +360,15 @@ class Replanner:
             and transfer_s < link_s * self._planned_scales["link"]
         ):
             transfer_s = None  # faster than believed, but perhaps only out of the buffers
+        server_s = chunk.server_s
+        if chunk.cut == RAW and self.plan.cut != RAW:
+            # A hybrid's raw chunk: the server reads it beside the pushed chunks' heads, on
+            # their core, in 3-20x its planned read - fixed costs and their compute, not a
+            # rate of the server's. Its pushed chunks are the evidence.
+            server_s = None
         # A stage not measured (None) is no evidence: it weighs nothing.
         pairs = {
-            "server": (chunk.server_s, n * server.compute_s(chunk.cut)),
+            "server": (server_s, n * server.compute_s(chunk.cut)),
             "link": (transfer_s, link_s),
             "trainer": (chunk.trainer_s, n * trainer_s),
         }
