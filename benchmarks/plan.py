@@ -14,6 +14,7 @@ mean regret, the speed-up over RAW and over the freeze cut, and the hybrid's gai
 best pure option. `--link-change` adds a run whose link rate drops mid-epoch.
 
     python benchmarks/plan.py                  # writes benchmarks/out/plan.{json,png}
+    python benchmarks/plan.py --name plan-256 --images 256 ...   # out/plan-256.*, its section
     python benchmarks/plan.py --results        # ... and its section of benchmarks/RESULTS.md
 """
 
@@ -75,12 +76,15 @@ def main() -> None:
     )
     parser.add_argument(
         "--link-change-only", action="store_true",
-        help="run only the link-change run; keep the configurations saved in out/plan.json",
+        help="run only the link-change run; keep the configurations saved in out/NAME.json",
     )  # fmt: skip
     parser.add_argument("--out", type=Path, default=HERE / "out")
+    parser.add_argument(
+        "--name", default="plan", help="the files' stem in --out and the RESULTS section"
+    )
     parser.add_argument("--results", action="store_true", help="write benchmarks/RESULTS.md")
     parser.add_argument(
-        "--report-only", action="store_true", help="rewrite the report from out/plan.json"
+        "--report-only", action="store_true", help="rewrite the report from out/NAME.json"
     )
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one trainer run
     args = parser.parse_args()
@@ -89,9 +93,9 @@ def main() -> None:
         return
     args.out.mkdir(parents=True, exist_ok=True)
     if args.report_only:
-        saved = json.loads((args.out / "plan.json").read_text())
+        saved = json.loads((args.out / f"{args.name}.json").read_text())
         for key, value in saved["args"].items():
-            if key not in ("out", "results", "report_only", "worker"):
+            if key not in ("out", "name", "results", "report_only", "worker"):
                 setattr(args, key, value)
         _finish(saved["configs"], saved["link_change"], args)
         return
@@ -123,9 +127,17 @@ def main() -> None:
 def _link_change_only(args: argparse.Namespace, started: float) -> None:
     """The link-change run alone, saved beside the configurations of the last full run
     (whose arguments the report keeps: this run takes the same models and sizes)."""
-    saved = json.loads((args.out / "plan.json").read_text())
+    saved = json.loads((args.out / f"{args.name}.json").read_text())
     for key, value in saved["args"].items():
-        if key not in ("out", "results", "report_only", "worker", "link_change_only", "trace"):
+        if key not in (
+            "out",
+            "name",
+            "results",
+            "report_only",
+            "worker",
+            "link_change_only",
+            "trace",
+        ):
             setattr(args, key, value)
     with tempfile.TemporaryDirectory(prefix="hapi-plan-") as root:
         _make_dataset(root, args)
@@ -147,15 +159,15 @@ def _save(
         "configs": configs,
         "link_change": change,
     }
-    (args.out / "plan.json").write_text(json.dumps(result, indent=2))
+    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2))
 
 
 def _finish(configs: list[dict], change: dict | None, args: argparse.Namespace) -> None:
-    _plot(configs, args.out / "plan.png")
+    _plot(configs, args.out / f"{args.name}.png")
     text = _report(configs, change, args)
     print(text)
     if args.results:
-        write_section("plan", text)
+        write_section(args.name, text)
 
 
 class Stage:
@@ -516,7 +528,7 @@ def _report(configs: list[dict], change: dict | None, args: argparse.Namespace) 
         "interleaved repeats (spread = (max - min) / median of the plan's runs). `auto` is a "
         'job with `cut="auto"` planning and re-planning itself; `best` the fastest option '
         "measured; worst epoch / bound: the option furthest from its pipeline bound (its "
-        "slowest stage's busy time as the job measured it). Data in `out/plan.json`.",
+        f"slowest stage's busy time as the job measured it). Data in `out/{args.name}.json`.",
         "",
         "| link | model | freeze | plan (auto) | auto s | spread | best option | best s "
         "| regret | vs RAW | vs freeze cut | best hybrid / best pure | worst epoch / bound |",
@@ -579,7 +591,7 @@ def _report(configs: list[dict], change: dict | None, args: argparse.Namespace) 
             + ". Re-plans in the measured epoch of each `auto` run: "
             + "; ".join(" / ".join(c) or "none" for c in runs.get("auto changes", [])),
         ]
-    lines += ["", "![predicted vs measured epoch per option](out/plan.png)"]
+    lines += ["", f"![predicted vs measured epoch per option](out/{args.name}.png)"]
     return "\n".join(lines)
 
 
@@ -603,7 +615,7 @@ def _command(args: argparse.Namespace) -> str:
     parts = ["python benchmarks/plan.py --results", f"--models {args.models}"]
     for name, default in (
         ("images", 128), ("image_size", 112), ("rates", "10mbit,100mbit,1gbit"), ("repeats", 3),
-        ("chunk_size", 16), ("prefetch", 3), ("change_images", 512),
+        ("chunk_size", 16), ("prefetch", 3), ("change_images", 512), ("name", "plan"),
     ):  # fmt: skip
         value = getattr(args, name, default)
         if value != default:
