@@ -27,7 +27,6 @@ import http.client
 import io
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,7 +37,7 @@ from urllib.parse import quote, urlsplit
 import torch
 from _host import machine, pin
 from _results import write_section
-from plan import Stage
+from plan import Stage, _label, _median, _spread  # the sweep's stage and its run summaries
 
 HERE = Path(__file__).resolve().parent
 FILE_PORT = 18816
@@ -247,20 +246,6 @@ class _Objects(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
             raise RuntimeError(f"GET {self.keys[index]}: HTTP {response.status}")
         image = Image.open(io.BytesIO(body)).convert("RGB")
         return self.transform(image), self.labels[index]
-
-
-def _median(runs: list[dict]) -> float:
-    return statistics.median(r["epoch_s"] for r in runs)
-
-
-def _spread(runs: list[dict]) -> float:
-    values = [r["epoch_s"] for r in runs]
-    return (max(values) - min(values)) / statistics.median(values)
-
-
-def _label(cut: int, share: float) -> str:
-    base = {-1: "RAW", 0: "INPUT"}.get(cut, f"cut {cut}")
-    return f"{base} + {share:.0%} local" if share else base
 
 
 def _summary(row: dict) -> dict:
