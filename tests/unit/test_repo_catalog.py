@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import sqlite3
+import threading
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -14,6 +16,7 @@ import torch
 from hapi.data import StoreOptions, open_store
 from hapi.errors import RefNotFound
 from hapi.repo import ModelRepo, default_catalog_path
+from hapi.repo.catalog import Catalog
 
 
 def state(value: float) -> dict[str, torch.Tensor]:
@@ -137,3 +140,20 @@ def test_another_processes_removal_is_not_taken_for_a_stale_catalog(tmp_path: Pa
     assert reader.resolve("net").version == 2
     assert [v.version for v in reader.log("net")] == [2, 1]
     assert len(reader.ls()) == 1 and counting.manifest_reads == 3  # nothing read again
+
+
+def test_a_catalog_file_another_connection_holds_opens_once_it_is_let_go(
+    tmp_path: Path,
+) -> None:
+    """Switching a new catalog file to WAL takes its exclusive lock, and while another
+    connection holds the write lock SQLite refuses at once, without the busy timeout: a
+    shared catalog opened by two processes together failed with "database is locked"."""
+    path = tmp_path / "shared.sqlite"
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("CREATE TABLE t (x)")
+    other.execute("BEGIN IMMEDIATE")  # another process, mid-way through its own opening
+    other.execute("INSERT INTO t VALUES (1)")
+    threading.Timer(0.5, lambda: other.execute("COMMIT")).start()
+    catalog = Catalog(str(path))
+    assert catalog.query("PRAGMA journal_mode") == [("wal",)]
+    other.close()

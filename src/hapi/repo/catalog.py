@@ -14,6 +14,7 @@ import json
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -22,6 +23,9 @@ from hapi.repo.manifest import VersionManifest
 from hapi.repo.version import ModelVersion
 
 __all__ = ["Catalog"]
+
+_BUSY_S = 60.0
+"""How long a process waits for another's lock on a shared catalog file."""
 
 # Bump when the schema changes: an old catalog is then dropped and rebuilt from the store.
 _SCHEMA_VERSION = 2
@@ -87,11 +91,11 @@ class Catalog:
         if self.path != ":memory:":
             os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         conn = sqlite3.connect(
-            self.path, timeout=60.0, isolation_level=None, check_same_thread=False
+            self.path, timeout=_BUSY_S, isolation_level=None, check_same_thread=False
         )
         conn.execute("PRAGMA busy_timeout = 60000")
         if self.path != ":memory:":
-            conn.execute("PRAGMA journal_mode = WAL")
+            _use_wal(conn, _BUSY_S)
             conn.execute("PRAGMA synchronous = NORMAL")
         with _transaction(conn):
             if conn.execute("PRAGMA user_version").fetchone()[0] != _SCHEMA_VERSION:
@@ -252,6 +256,26 @@ def _version(row: tuple[Any, ...]) -> ModelVersion:
         tensors=tensors,
         nbytes=nbytes,
     )
+
+
+def _use_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
+    """Put the catalog file in WAL mode (a property of the file: set once, kept).
+
+    Switching takes the file's exclusive lock, and while another connection holds its
+    write lock SQLite answers "database is locked" at once, without the busy handler: two
+    processes opening a new shared catalog together failed that way (1 run in 12 of the
+    four-process repository test). So wait and look again, as the busy timeout would.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 @contextmanager
