@@ -93,7 +93,7 @@ class Catalog:
         conn = sqlite3.connect(
             self.path, timeout=_BUSY_S, isolation_level=None, check_same_thread=False
         )
-        conn.execute("PRAGMA busy_timeout = 60000")
+        conn.execute(f"PRAGMA busy_timeout = {int(_BUSY_S * 1000)}")
         if self.path != ":memory:":
             _use_wal(conn, _BUSY_S)
             conn.execute("PRAGMA synchronous = NORMAL")
