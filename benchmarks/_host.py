@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
 
-__all__ = ["machine", "pin", "taskset"]
+__all__ = ["end", "machine", "pin", "taskset"]
 
 
 def pin(core: int) -> None:
@@ -24,3 +25,13 @@ def taskset(core: int) -> list[str]:
 def machine() -> str:
     """The machine in a few words, for a results table."""
     return f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, CPU only"
+
+
+def end(proc: subprocess.Popen[bytes] | subprocess.Popen[str]) -> None:
+    """End a process this benchmark started: SIGTERM, then SIGKILL after 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

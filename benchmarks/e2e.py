@@ -23,7 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from _results import write_section  # benchmarks/, the script's own directory
+from _host import end  # benchmarks/, the script's own directory
+from _results import write_section
 
 HERE = Path(__file__).resolve().parent
 
@@ -130,12 +131,7 @@ class _Server:
                 time.sleep(0.2)
 
     def __exit__(self, *exc: object) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        end(self.proc)
 
 
 def _measure(server: _Server, mode: str, limit: str, args: argparse.Namespace) -> dict:

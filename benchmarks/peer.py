@@ -35,7 +35,7 @@ from pathlib import Path
 from urllib.parse import quote, urlsplit
 
 import torch
-from _host import machine, pin
+from _host import end, machine, pin
 from _results import write_section
 from plan import Stage, _label, _median, _spread  # the sweep's stage and its run summaries
 
@@ -111,12 +111,7 @@ class _FileServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        end(self.proc)
 
 
 def _make_dataset(root: str, args: argparse.Namespace) -> tuple[list[str], list[int]]:

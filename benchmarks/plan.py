@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _host import machine, pin
+from _host import end, machine, pin
 from _netns import ShapedLink
 from _results import write_section
 
@@ -244,12 +244,7 @@ class Stage:
     def _stop(self) -> None:
         if getattr(self, "proc", None) is None:
             return
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        end(self.proc)
 
     def __exit__(self, *exc: object) -> None:
         self._stop()

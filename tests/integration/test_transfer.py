@@ -8,12 +8,12 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from hapi.client import FeatureLoader, TransferJob, connect
+from hapi.client import Connection, FeatureLoader, TransferJob, connect
 from hapi.data import open_store, synth_dataset
 from hapi.errors import CorruptObject, InvalidCut
 from hapi.graph import RAW
 from hapi.server import HapiServer, serve
-from hapi.wire import SessionRequest
+from hapi.wire import SessionInfo, SessionRequest
 
 SIZE = 64
 
@@ -45,6 +45,19 @@ def _job(
     defaults.update(options)
     return TransferJob(
         {"name": "resnet18", "num_classes": classes}, dataset, server.address, **defaults
+    )
+
+
+def _open_session(conn: Connection, job: TransferJob) -> SessionInfo:
+    """A session at the job's cut, for a FeatureLoader of the test's own."""
+    return conn.open_session(
+        SessionRequest(
+            model=job.spec.to_dict(),
+            cut=job.cut,
+            freeze=job.freeze,
+            transforms=job.config.train_transforms.to_dict(),
+            image_size=SIZE,
+        )
     )
 
 
@@ -98,16 +111,8 @@ def test_fp16_wire_trains_close_to_fp32(server: HapiServer) -> None:
 
 def test_loader_delivers_every_key_once_per_epoch_in_a_seeded_order(server: HapiServer) -> None:
     conn = connect(server.address)
-    job = _job(server)
     manifest = conn.manifest("train")
-    request = SessionRequest(
-        model=job.spec.to_dict(),
-        cut=job.cut,
-        freeze=job.freeze,
-        transforms=job.config.train_transforms.to_dict(),
-        image_size=SIZE,
-    )
-    info = conn.open_session(request)
+    info = _open_session(conn, _job(server))
     loader = FeatureLoader(
         conn, info.session, manifest, batch_size=5, chunk_size=4, prefetch=3, seed=1
     )
@@ -127,15 +132,7 @@ def test_the_loader_reads_ahead_while_a_batch_trains_up_to_its_window(
     trainer holds its first batch the server works on, up to K chunks plus those a batch
     spans plus one beyond the trained ones, and no further."""
     conn = connect(server.address)
-    job = _job(server)
-    request = SessionRequest(
-        model=job.spec.to_dict(),
-        cut=job.cut,
-        freeze=job.freeze,
-        transforms=job.config.train_transforms.to_dict(),
-        image_size=SIZE,
-    )
-    info = conn.open_session(request)
+    info = _open_session(conn, _job(server))
     delivered: list[str] = []
     loader = FeatureLoader(
         conn,
