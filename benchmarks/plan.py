@@ -328,6 +328,7 @@ def _link_change(stage: Stage, args: argparse.Namespace) -> dict:
         return [plan["plan"]["cut"], plan["plan"]["share"]]
 
     runs: dict[str, list[float]] = {}
+    traces: dict[str, list[list[dict]]] = {}
     for _ in range(args.repeats):
         for label, job in (
             ("auto (re-plans)", {"options": ["auto"]}),
@@ -345,10 +346,15 @@ def _link_change(stage: Stage, args: argparse.Namespace) -> dict:
             runs.setdefault(label, []).append(result["runs"][0]["epoch_s"])
             if label.startswith("auto"):
                 runs.setdefault("auto changes", []).append(result["runs"][0]["changes"])
+            if args.trace:
+                traces.setdefault(label, []).append(result["runs"][0]["chunks"])
     stage.set_rate(args.rates.split(",")[0])
-    return {
+    change = {
         "from": before, "to": after, "freeze": freeze, "images": args.change_images, "runs": runs,
     }  # fmt: skip
+    if traces:
+        change["traces"] = traces
+    return change
 
 
 def _worker(spec: dict) -> None:

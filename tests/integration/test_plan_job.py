@@ -76,6 +76,22 @@ def test_an_automatic_plan_is_a_valid_choice_and_trains(server: HapiServer) -> N
     assert all(torch.isfinite(torch.tensor(job.history.losses)))
 
 
+def test_receiving_is_the_trainers_busy_time_on_one_core(
+    server: HapiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process's CPU beyond training and decoding is receiving the streams: part of
+    the trainer's busy time when the trainer has one core, beside it with more."""
+    job = _job(server, cut="input", replan=False)  # 48 KB a sample: receiving shows
+    monkeypatch.setattr("hapi.client.job._one_core", lambda: True)
+    (one,) = job.fit(1, lr=0.05).epochs[-1:]
+    assert one.receive_s > 0.0
+    assert one.trainer_s == pytest.approx(one.compute_s + one.decode_s + one.receive_s)
+    monkeypatch.setattr("hapi.client.job._one_core", lambda: False)
+    (many,) = job.fit(1, lr=0.05).epochs[-1:]
+    assert many.receive_s > 0.0
+    assert many.trainer_s == pytest.approx(many.compute_s + many.decode_s)
+
+
 def test_a_hybrid_plan_trains_like_pure_pushdown(server: HapiServer) -> None:
     pushdown = _job(server, cut="layer3")
     hybrid = _job(server, cut="layer3", local_share=0.5)
@@ -109,11 +125,13 @@ def test_the_baseline_is_the_plan_where_every_chunk_is_local(server: HapiServer)
 def test_a_mid_epoch_replan_keeps_every_key_once_and_the_losses(
     server: HapiServer, cut: int, share: float
 ) -> None:
-    # Chunks of 3: 8 an epoch, and the loader's window (2 in flight, plus the 3 a batch of
-    # 8 spans, plus one) cannot have issued the last one by the first step.
-    fixed = _job(server, freeze="layer4", cut=LAYER3, chunk_size=3)
+    # Chunks of 2: 12 an epoch. By the first step three are finished (the batch of 8
+    # ends in the fourth), and the loader's window lets at most 2 in flight + the 4 a
+    # batch spans + 1 be issued beyond them: 10, never the last two. (With chunks of 3,
+    # 8 an epoch, the window could issue all 8 when the reads won the race.)
+    fixed = _job(server, freeze="layer4", cut=LAYER3, chunk_size=2)
     fixed.fit(2, lr=0.05)
-    changed = _job(server, freeze="layer4", cut=LAYER3, chunk_size=3)
+    changed = _job(server, freeze="layer4", cut=LAYER3, chunk_size=2)
 
     def replan_after_the_first_step(step: int, total: int) -> None:
         if step == 1 and not changed.history.epochs:
@@ -122,7 +140,7 @@ def test_a_mid_epoch_replan_keeps_every_key_once_and_the_losses(
     changed.fit(2, lr=0.05, progress=replan_after_the_first_step)
     _same_losses(changed, fixed)
     (event,) = changed.history.plan_changes
-    assert event.epoch == 0 and 0 < event.chunk < 8  # mid-epoch
+    assert event.epoch == 0 and 0 < event.chunk < 12  # mid-epoch
     assert event.data["from"] == {"cut": LAYER3, "share": 0.0}
     first, second = changed.history.epochs
     assert first.samples == second.samples == 24

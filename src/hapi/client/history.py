@@ -62,8 +62,11 @@ class EpochStats:
     transfer_s: float = 0.0
     """The link's busy time: each chunk's stream while it had the link."""
     trainer_s: float = 0.0
-    """The trainer's busy time: `compute_s + decode_s` and carrying features across a
-    change of cut."""
+    """The trainer's busy time: `compute_s + decode_s`, carrying features across a
+    change of cut and, on a trainer confined to one core, `receive_s`."""
+    receive_s: float = 0.0
+    """The trainer process's CPU time besides those: receiving the streams (decoding
+    their bytes into tensors), which grows with the bytes a cut sends."""
     cut: int | None = None
     """The cut at the epoch's end (RAW: the baseline)."""
     share: float = 0.0

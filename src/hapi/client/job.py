@@ -344,7 +344,7 @@ class TransferJob:
                 keys = loader.manifest.keys
                 place = {keys[j]: i for i, j in enumerate(order)}
                 server_before = self._server_cpu(loader)
-                t0 = time.perf_counter()
+                t0, cpu0 = time.perf_counter(), time.process_time()
                 total_loss = correct = seen = compute = 0.0
                 batches: Iterable[Batch] = loader.batches(epoch, start=offset)
                 if self._dp is not None:  # every rank takes every step, its shard or not
@@ -364,6 +364,7 @@ class TransferJob:
                     if progress is not None:
                         progress(step, len(loader))
                 seconds = time.perf_counter() - t0
+                process_s = time.process_time() - cpu0
                 self.history.epochs.append(
                     self._epoch_stats(
                         epoch,
@@ -374,6 +375,7 @@ class TransferJob:
                         correct=correct,
                         seen=seen,
                         compute=compute,
+                        process_s=process_s,
                     )
                 )
                 self._next_epoch, self._position, self._step = epoch + 1, 0, 0
@@ -810,9 +812,16 @@ class TransferJob:
         correct: float,
         seen: float,
         compute: float,
+        process_s: float,
     ) -> EpochStats:
         cut, share = self._in_force()
         stats = loader.stats
+        busy = compute + stats.postprocess_s + stats.convert_s
+        # The rest of the process's CPU is receiving: the streams' bytes decoded into
+        # tensors in the fetching threads. On a trainer confined to one core it competes
+        # with training and is part of the stage's busy time; with more cores it runs
+        # beside it.
+        receive = max(0.0, process_s - busy)
         figures = EpochStats(
             epoch=epoch,
             loss=loss / max(seen, 1),
@@ -826,7 +835,8 @@ class TransferJob:
             decode_s=stats.postprocess_s,
             skipped=tuple(stats.skipped),
             transfer_s=stats.transfer_s,
-            trainer_s=compute + stats.postprocess_s + stats.convert_s,
+            trainer_s=busy + receive if _one_core() else busy,
+            receive_s=receive,
             cut=cut,
             share=share,
             chunks_local=stats.chunks_local,
@@ -836,3 +846,9 @@ class TransferJob:
             fallbacks=stats.fallbacks,
         )
         return figures if self._dp is None else self._dp.totals(figures)
+
+
+def _one_core() -> bool:
+    """Whether this process runs on one core (pinned, or a one-core machine): its
+    threads then take turns on it, and their CPU times add up to the core's busy time."""
+    return len(os.sched_getaffinity(0)) == 1

@@ -6,20 +6,22 @@ The profiles scaled by those ratios predict what each option would cost now. The
 has *drifted* when its predicted epoch at the measured rates, or a stage's rate, has
 moved more than `threshold` from what the plan was made with.
 
-A drift must last `min_chunks` chunks in a row. Then those chunks alone (all from after
-the change) set the rates - not the moving average, which still remembers the old rates
-and would re-plan again and again as it converges - and the job re-plans from them. The
-server's and the trainer's rate is the median of the chunks' ratios (weighted by their
-profiled time); the link's is their sum's ratio, because chunks in flight together share
-the link: a chunk whose bytes came while the one before it was read shows almost no time
-of its own, and the one before it shows the time of both. After a passing spike (one
-stalled chunk) the median of the recent chunks agrees with the plan, and nothing
-changes. The next re-plan needs another move of `threshold` from the new rates: that,
-the run of drifting chunks and the planner's preference for the plan in force within
-its tolerance are the hysteresis. Runs of a few chunks can also swing around a rate that
-has not changed (a server core that also serves the store and the link): a change that
-moves the plan's epoch by less than `swing` must pay off at a longer window's rates too,
-which no re-plan restarts; until it does, the averages stay as they were.
+A drift must last `min_chunks` chunks in a row, or show in one chunk whose link time no
+sharing of the link explains (a link 100x slower, `Replanner._sudden`). Then those
+chunks alone (all from after the change) set the rates - not the moving average, which
+still remembers the old rates and would re-plan again and again as it converges - and
+the job re-plans from them. The server's and the trainer's rate is the median of the
+chunks' ratios (weighted by their profiled time); the link's is their sum's ratio,
+because chunks in flight together share the link: a chunk whose bytes came while the one
+before it was read shows almost no time of its own, and the one before it shows the time
+of both. After a passing spike (one stalled chunk) the median of the recent chunks
+agrees with the plan, and nothing changes. The next re-plan needs another move of
+`threshold` from the new rates: that, the run of drifting chunks and the planner's
+preference for the plan in force within its tolerance are the hysteresis. Runs of a few
+chunks can also swing around a rate that has not changed (a server core that also serves
+the store and the link): a change that moves the plan's epoch by less than `swing` must
+pay off at a longer window's rates too, which no re-plan restarts; until it does, the
+averages stay as they were.
 A stage too idle to tell (a cut that sends a few bytes, a tail of one layer) keeps the
 rate its plan was made with, not the first profile's - else a link measured slow, then
 made idle by the re-plan it caused, would read as fast again and undo it - unless it
@@ -239,6 +241,7 @@ class Replanner:
     def observe(self, chunk: ChunkMeasurement) -> PlanChange | None:
         """Take in one chunk's measurements; a `PlanChange` when they call for a re-plan."""
         pairs = self._pair(chunk)
+        sudden = self._sudden(pairs["link"][0])
         for stage, pair in pairs.items():
             if pair[1] > 1e-12:
                 self._window[stage].append(pair)
@@ -251,11 +254,11 @@ class Replanner:
             self._drifting = 0
             return None
         self._drifting += 1
-        if self._drifting < self.config.min_chunks:
+        if self._drifting < self.config.min_chunks and not sudden:
             return None
-        self._drifting = 0
+        drifting, self._drifting = self._drifting, 0
         averages = dict(self._measured), dict(self._profiled)
-        self._restart_from_recent()
+        self._restart_from_recent(min(drifting, self.config.min_chunks))
         reason = self._drift()
         if reason is None:
             return None
@@ -313,8 +316,31 @@ class Replanner:
                 scales[stage] = totals[stage] / profiled
         return self._scaled(scales)
 
-    def _restart_from_recent(self) -> None:
-        """Restart each stage's moving average at the rate of the recent chunks.
+    def _sudden(self, link_s: float) -> bool:
+        """Whether one chunk's link time shows the link itself slowed, beyond doubt.
+
+        Chunks in flight share the link, so one chunk's turn may carry the bytes of
+        every chunk in flight (`prefetch` of them, at most raw-sized each); no sharing
+        explains a turn `swing` times longer than all of them take at the rate planned.
+        Such a chunk is acted on at once, not after `min_chunks`: after a 100x drop each
+        chunk the old plan still issues puts up to a second of raw bytes on the link (a
+        1 Gbit/s to 10 Mbit/s drop cost 0.3-0.7 s an epoch in chunks issued while the
+        re-planner waited for two more).
+
+        Its rate is read from its own bytes: the slowest the link can be. Its turn may
+        have carried the other chunks in flight too, but a rate read faster (between the
+        two) kept raw chunks on the dropped link (10% slower an epoch), while a rate too
+        slow costs at most a later cut than the best.
+        """
+        server, _, link = self._base
+        workload = self.plan.workload
+        widest = max(server.raw_bytes, server.wire_bytes(self.plan.cut))
+        in_flight = workload.prefetch * workload.chunk_size * widest / link.bytes_per_s
+        return link_s > self.config.swing * in_flight * self._planned_scales["link"]
+
+    def _restart_from_recent(self, count: int) -> None:
+        """Restart each stage's moving average at the rate of the last `count` chunks
+        (those that showed the drift).
 
         The server's and the trainer's: the median of the chunks' own ratios, so that one
         stalled chunk among them (a retry, a pause) does not set the rate, each weighted by
@@ -323,7 +349,7 @@ class Replanner:
         their sums, as the chunks shared it (see the module's note).
         """
         decay = 1.0 - self.config.weight
-        recent = {s: list(self._window[s])[-self.config.min_chunks :] for s in STAGES}
+        recent = {s: list(self._window[s])[-count:] for s in STAGES}
         totals = {s: sum(m for m, _ in recent[s]) for s in STAGES}
         busiest = max(totals.values())
         for stage in STAGES:
