@@ -417,6 +417,9 @@ def _worker(spec: dict) -> None:
                 "wait_s": last.wait_s,
                 "chunks_local": last.chunks_local,
                 "changes": [e.message for e in job.history.plan_changes if e.epoch == epochs - 1],
+                # Every epoch's: a job that re-planned in the first epoch runs the last
+                # at what it chose, and the figures alone do not say why.
+                "all_changes": [f"epoch {e.epoch}: {e.message}" for e in job.history.plan_changes],
                 "reroutes": len([e for e in job.history.reroutes if e.epoch == epochs - 1]),
                 "plan": planned,
                 "chunks": chunks[:],
