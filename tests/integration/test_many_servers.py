@@ -35,10 +35,10 @@ def two(tmp_path: Path) -> Iterator[list[ServeProcess]]:
             server.stop()
 
 
-def _job(server: str | list[str], **options: object) -> TransferJob:
+def _job(server: str | list[str], dataset: str = "train", **options: object) -> TransferJob:
     return TransferJob(
         {"name": "resnet18", "num_classes": 3},
-        "train",
+        dataset,
         server,
         freeze="layer3",
         cut="layer3",
@@ -115,26 +115,28 @@ def test_servers_are_named_once_each() -> None:
 def test_with_no_server_left_chunks_are_read_from_the_store_and_computed_here(
     two: list[ServeProcess],
 ) -> None:
-    reference = _job(two[0].address)
+    # 16 chunks of 3: after the first step at most 8 are issued - 4 in flight over two
+    # servers, and 4 more as the first 4 are read (the loader reads at most the 2 chunks
+    # a batch of 4 spans, plus one, ahead of training) - so the last ones go out to no
+    # server. (With 8 chunks all could be issued, read and buffered by then.)
+    synth_dataset(open_store(two[0].store), "long", classes=3, per_class=16, size=72, seed=5)
+    samples = 48
+    reference = _job(two[0].address, "long")
     reference.fit(1, lr=0.05)
     reference.fit(1, lr=0.05)  # as the job below: a fit's optimizer starts anew
 
-    job = _job([s.address for s in two], store=two[0].store)
+    job = _job([s.address for s in two], "long", store=two[0].store)
 
     def kill_both(step: int, total: int) -> None:
-        # After the first step one chunk is finished, and the loader's window (4 in
-        # flight over two servers, plus the 2 a batch of 4 spans, plus one) has issued
-        # at most 7 of the 8: the last goes out to no server. (After the second, all 8
-        # could be issued and read when the reads won the race.)
         if step == 1:
             for server in two:
                 server.kill()  # and they stay dead
 
     first = job.fit(1, lr=0.05, progress=kill_both).epochs[-1]
     second = job.fit(1, lr=0.05).epochs[-1]
-    assert first.samples == second.samples == SAMPLES
+    assert first.samples == second.samples == samples
     assert first.fallbacks >= 1
-    assert second.fallbacks == 8  # every chunk of the epoch (24 keys, chunks of 3)
+    assert second.fallbacks == 16  # every chunk of the epoch
     assert sum(e.fallbacks for e in job.history.epochs) == len(job.history.fallbacks)
     # The trainer's own sample pipeline and head: the same losses as the servers'.
     torch.testing.assert_close(

@@ -26,6 +26,10 @@ A stage too idle to tell (a cut that sends a few bytes, a tail of one layer) kee
 rate its plan was made with, not the first profile's - else a link measured slow, then
 made idle by the re-plan it caused, would read as fast again and undo it - unless it
 measures faster than that: fixed costs only add time, so a faster reading is real.
+A chunk whose bytes were buffered before its turn reads almost no time, and the turn
+before it, which carried them, reads long: the buffered chunk's bytes are credited to
+what that turn took beyond its own, so the two read at the link's pace - never faster
+than believed, as a short turn alone is no evidence of a fast link.
 """
 
 from __future__ import annotations
@@ -74,7 +78,8 @@ class ChunkMeasurement:
     chunk before it was read, and the buffers between took them in): `transfer_s` is then
     a lower bound, evidence of a link as slow as that but not of a faster one. At a late
     cut after a link drop, such chunks read 5-13x faster than the link, and the plan went
-    back to sending raw chunks over it."""
+    back to sending raw chunks over it. Their bytes are credited instead to what the turns
+    before them took beyond their own (`Replanner._pair`)."""
     feature_cut: int | None = None
     """Where a raw chunk's samples joined the stream (the hybrid's cut; None: INPUT,
     the trainer ran the whole model). Ignored for pushed-down chunks."""
@@ -189,7 +194,13 @@ class Replanner:
         self._window: dict[str, deque[tuple[float, float]]] = {
             s: deque(maxlen=WINDOW_RUNS * self.config.min_chunks) for s in STAGES
         }
-        self._drifting = 0
+        # The chunks (by id) observed in a row since the drift began: a chunk is observed
+        # twice, read and trained, and counts once - else a long turn and two chunks'
+        # training re-planned before the read that shows what the turn carried.
+        self._drifting: set[object] = set()
+        # Link time the last measured turn took beyond its own bytes: the bytes of the
+        # buffered chunks behind it crossed in it (`_pair`).
+        self._link_excess = 0.0
 
     def scales(self) -> dict[str, float]:
         """Per stage: measured time / the first plan's profiled time (1 before any data).
@@ -251,12 +262,13 @@ class Replanner:
             self._profiled[stage] = decay * self._profiled[stage] + profiled
         self.chunks += 1
         if self._drift() is None:
-            self._drifting = 0
+            self._drifting = set()
             return None
-        self._drifting += 1
-        if self._drifting < self.config.min_chunks and not sudden:
+        self._drifting.add(self.chunks if chunk.chunk is None else chunk.chunk)
+        if len(self._drifting) < self.config.min_chunks and not sudden:
             return None
-        drifting, self._drifting = self._drifting, 0
+        drifting = len(self._drifting)
+        self._drifting = set()
         averages = dict(self._measured), dict(self._profiled)
         self._restart_from_recent(min(drifting, self.config.min_chunks))
         reason = self._drift()
@@ -293,6 +305,7 @@ class Replanner:
         self.plan = plan
         self.changes.append(change)
         self._planned_scales = self.scales()
+        self._link_excess = 0.0
         return change
 
     def adopt(self, plan: Plan) -> None:
@@ -302,7 +315,8 @@ class Replanner:
         """
         self.plan = plan
         self._planned_scales = self.scales()
-        self._drifting = 0
+        self._drifting = set()
+        self._link_excess = 0.0
 
     def _window_profiles(self) -> tuple[ServerProfile, TrainerProfile, LinkProfile]:
         """The first plan's profiles scaled to the longer window's rates: the ratio of its
@@ -380,12 +394,25 @@ class Replanner:
         latency = link.latency_s / min(workload.prefetch, workload.chunks)
         link_s = chunk.bytes / link.bytes_per_s + latency
         transfer_s = chunk.transfer_s
-        if (
-            chunk.transfer_buffered
-            and transfer_s is not None
-            and transfer_s < link_s * self._planned_scales["link"]
-        ):
-            transfer_s = None  # faster than believed, but perhaps only out of the buffers
+        link_profiled = link_s
+        scale = self._planned_scales["link"]
+        if transfer_s is None:
+            if chunk.server_s is not None or chunk.trainer_s is None:
+                # Read, its turn waiting for the server: the link had time to spare, and
+                # the chunks behind it may have crossed in it. Their short turns say
+                # nothing. (A chunk observed as trained alone says nothing of the link.)
+                self._link_excess = 0.0
+        elif chunk.transfer_buffered and transfer_s < link_s * scale:
+            # Faster than believed, but perhaps only out of the buffers: its bytes crossed
+            # in the turns before it. What those turns took beyond their own bytes is
+            # where; credited against that, the two read at the link's pace together, and
+            # never faster than believed (no excess: no evidence).
+            link_profiled = min(link_s, self._link_excess / scale)
+            self._link_excess -= link_profiled * scale
+            if link_profiled <= 1e-12:
+                transfer_s = None
+        else:
+            self._link_excess = max(0.0, transfer_s - link_s * scale)
         server_s = chunk.server_s
         if chunk.cut == RAW and self.plan.cut != RAW:
             # A hybrid's raw chunk: the server reads it beside the pushed chunks' heads, on
@@ -395,7 +422,7 @@ class Replanner:
         # A stage not measured (None) is no evidence: it weighs nothing.
         pairs = {
             "server": (server_s, n * server.compute_s(chunk.cut)),
-            "link": (transfer_s, link_s),
+            "link": (transfer_s, link_profiled),
             "trainer": (chunk.trainer_s, n * trainer_s),
         }
         return {s: (0.0, 0.0) if m is None else (m, p) for s, (m, p) in pairs.items()}
