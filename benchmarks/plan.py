@@ -566,9 +566,8 @@ def _report(configs: list[dict], change: dict | None, args: argparse.Namespace) 
             f"| {_label(auto_plan['cut'], auto_plan['share'])} "
             f"| {auto:.2f} | {_spread(runs['auto']):.0%} | {_label_key(best_label)} "
             f"| {fixed[best_label]:.2f} | {regret:+.1%} "
-            f"| {raw / auto if raw else float('nan'):.2f}x "
-            f"| {at_freeze / auto if at_freeze else float('nan'):.2f}x "
-            f"| {min(pures) / min(hybrids) if hybrids else float('nan'):.2f}x "
+            f"| {_times(raw, auto)} | {_times(at_freeze, auto)} "
+            f"| {_times(min(pures), min(hybrids) if hybrids else None)} "
             f"| {_worst_to_bound(runs):.2f} |"
         )
     n = len(configs)
@@ -597,6 +596,12 @@ def _report(configs: list[dict], change: dict | None, args: argparse.Namespace) 
         ]
     lines += ["", f"![predicted vs measured epoch per option](out/{args.name}.png)"]
     return "\n".join(lines)
+
+
+def _times(slower: float | None, faster: float | None) -> str:
+    """`slower / faster` as a speed-up, or "-" where either was not measured (no hybrid
+    predicted within 3x of the fastest option)."""
+    return f"{slower / faster:.2f}x" if slower and faster else "-"
 
 
 def _worst_to_bound(runs: dict[str, list[dict]]) -> float:

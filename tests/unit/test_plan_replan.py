@@ -308,6 +308,27 @@ def test_a_turn_that_carried_the_next_chunks_bytes_is_not_a_slow_link() -> None:
     assert replanner.scales()["link"] == pytest.approx(1.0, rel=0.05)
 
 
+@pytest.mark.parametrize("issued, link_scale", [(1.0, 1.0), (3.0, 2.0)])
+def test_a_buffered_chunk_is_credited_to_a_turn_that_ended_after_it_was_requested(
+    issued: float, link_scale: float
+) -> None:
+    # A turn from t=0 to t=2 takes twice its bytes' time; then a turn that waited for the
+    # server; then a chunk whose bytes were buffered. Requested at t=1, they crossed in
+    # the long turn: the link is as believed. Requested at t=3, they could not have: the
+    # long turn is a link twice as slow.
+    plan = _plan(1e6)
+    replanner = Replanner(plan, ReplanConfig(min_chunks=100))
+    chunk = dataclasses.replace(_chunk(plan, 0, 1e6), cut=2, bytes=64_000, trainer_s=None)
+    own = chunk.bytes / 1e6
+    replanner.observe(dataclasses.replace(chunk, transfer_s=2 * own, issued=0.0, read_end=2.0))
+    replanner.observe(dataclasses.replace(chunk, transfer_s=None, issued=0.5, read_end=2.5))
+    buffered = dataclasses.replace(
+        chunk, transfer_s=0.01 * own, transfer_buffered=True, issued=issued, read_end=4.0
+    )
+    replanner.observe(buffered)
+    assert replanner.scales()["link"] == pytest.approx(link_scale, rel=0.1)
+
+
 def test_a_chunks_read_and_its_training_are_observed_apart() -> None:
     """The loader observes a chunk's server and link when it is read and its trainer when
     it is trained, a batch later: a link drop is seen from the reads alone."""

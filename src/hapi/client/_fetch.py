@@ -114,6 +114,8 @@ class Flow:
             transfer_s=self.link_s,
             transfer_buffered=self.link_buffered,
             trainer_s=trainer_s,
+            issued=self.issued,
+            read_end=self.read_end,
         )
 
     @property

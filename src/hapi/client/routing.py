@@ -58,6 +58,10 @@ class ChunkRecord:
     """The trainer's compute on it; None: not yet trained (a record of its read)."""
     transfer_buffered: bool = False
     """Its bytes may have crossed before its turn: `transfer_s` is a lower bound."""
+    issued: float | None = None
+    """When it was requested (`time.perf_counter`)."""
+    read_end: float | None = None
+    """When its read ended (`time.perf_counter`)."""
 
 
 class Router:
@@ -202,6 +206,8 @@ class Router:
             transfer_s=record.transfer_s,
             transfer_buffered=record.transfer_buffered,
             trainer_s=record.trainer_s,
+            issued=record.issued,
+            read_end=record.read_end,
             feature_cut=route.cut if route.local else None,
             chunk=record.chunk,
         )

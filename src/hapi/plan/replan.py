@@ -80,6 +80,11 @@ class ChunkMeasurement:
     cut after a link drop, such chunks read 5-13x faster than the link, and the plan went
     back to sending raw chunks over it. Their bytes are credited instead to what the turns
     before them took beyond their own (`Replanner._pair`)."""
+    issued: float | None = None
+    """When it was requested, on a clock every chunk shares (None: not known). A buffered
+    chunk's bytes crossed in a turn that ended after it was requested, not before."""
+    read_end: float | None = None
+    """When its read ended, on the same clock (None: not known)."""
     feature_cut: int | None = None
     """Where a raw chunk's samples joined the stream (the hybrid's cut; None: INPUT,
     the trainer ran the whole model). Ignored for pushed-down chunks."""
@@ -198,9 +203,9 @@ class Replanner:
         # twice, read and trained, and counts once - else a long turn and two chunks'
         # training re-planned before the read that shows what the turn carried.
         self._drifting: set[object] = set()
-        # Link time the last measured turn took beyond its own bytes: the bytes of the
-        # buffered chunks behind it crossed in it (`_pair`).
-        self._link_excess = 0.0
+        # Link time the last measured turn took beyond its own bytes, and when it ended:
+        # the bytes of the buffered chunks requested before then crossed in it (`_pair`).
+        self._link_excess: tuple[float, float | None] = (0.0, None)
 
     def scales(self) -> dict[str, float]:
         """Per stage: measured time / the first plan's profiled time (1 before any data).
@@ -305,7 +310,7 @@ class Replanner:
         self.plan = plan
         self.changes.append(change)
         self._planned_scales = self.scales()
-        self._link_excess = 0.0
+        self._link_excess = (0.0, None)
         return change
 
     def adopt(self, plan: Plan) -> None:
@@ -316,7 +321,7 @@ class Replanner:
         self.plan = plan
         self._planned_scales = self.scales()
         self._drifting = set()
-        self._link_excess = 0.0
+        self._link_excess = (0.0, None)
 
     def _window_profiles(self) -> tuple[ServerProfile, TrainerProfile, LinkProfile]:
         """The first plan's profiles scaled to the longer window's rates: the ratio of its
@@ -397,22 +402,21 @@ class Replanner:
         link_profiled = link_s
         scale = self._planned_scales["link"]
         if transfer_s is None:
-            if chunk.server_s is not None or chunk.trainer_s is None:
-                # Read, its turn waiting for the server: the link had time to spare, and
-                # the chunks behind it may have crossed in it. Their short turns say
-                # nothing. (A chunk observed as trained alone says nothing of the link.)
-                self._link_excess = 0.0
+            pass  # its turn waited for the server (or it is a training): no evidence
         elif chunk.transfer_buffered and transfer_s < link_s * scale:
             # Faster than believed, but perhaps only out of the buffers: its bytes crossed
-            # in the turns before it. What those turns took beyond their own bytes is
-            # where; credited against that, the two read at the link's pace together, and
-            # never faster than believed (no excess: no evidence).
-            link_profiled = min(link_s, self._link_excess / scale)
-            self._link_excess -= link_profiled * scale
+            # in the turns before it. What the last measured turn took beyond its own
+            # bytes is where, if it was requested before that turn ended; credited
+            # against that, the two read at the link's pace together, and never faster
+            # than believed (no excess: no evidence).
+            excess, ended = self._link_excess
+            carried = chunk.issued is None or ended is None or chunk.issued < ended
+            link_profiled = min(link_s, excess / scale) if carried else 0.0
+            self._link_excess = (excess - link_profiled * scale, ended)
             if link_profiled <= 1e-12:
                 transfer_s = None
         else:
-            self._link_excess = max(0.0, transfer_s - link_s * scale)
+            self._link_excess = (max(0.0, transfer_s - link_s * scale), chunk.read_end)
         server_s = chunk.server_s
         if chunk.cut == RAW and self.plan.cut != RAW:
             # A hybrid's raw chunk: the server reads it beside the pushed chunks' heads, on
