@@ -520,7 +520,8 @@ def _spread(runs: list[dict]) -> float:
 
 def _report(configs: list[dict], change: dict | None, args: argparse.Namespace) -> str:
     lines = [
-        "## The planner against brute force",
+        f"## The planner against brute force: {args.models.replace(',', ', ')} at "
+        f"{args.rates.replace(',', ', ')}, {args.images}-image epochs",
         "",
         f"`{_command(args)}` on {machine()}; "
         f"models at "
@@ -625,6 +626,7 @@ def _command(args: argparse.Namespace) -> str:
     for name, default in (
         ("images", 128), ("image_size", 112), ("rates", "10mbit,100mbit,1gbit"), ("repeats", 3),
         ("chunk_size", 16), ("prefetch", 3), ("change_images", 512), ("name", "plan"),
+        ("freezes", None), ("link_change", "1gbit:10mbit"),
     ):  # fmt: skip
         value = getattr(args, name, default)
         if value != default:
@@ -650,7 +652,9 @@ def _plot(configs: list[dict], path: Path) -> None:
 
     cols = min(6, len(configs))
     rows = -(-len(configs) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.4 * rows), squeeze=False)
+    # At least two columns wide, so that the title fits over a single configuration.
+    width = 3.2 * max(cols, 2)
+    fig, axes = plt.subplots(rows, cols, figsize=(width, 3.4 * rows), squeeze=False)
     for ax in axes.flat[len(configs) :]:
         ax.axis("off")
     for ax, c in zip(axes.flat, configs, strict=False):
