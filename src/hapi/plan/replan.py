@@ -28,8 +28,9 @@ made idle by the re-plan it caused, would read as fast again and undo it - unles
 measures faster than that: fixed costs only add time, so a faster reading is real.
 A chunk whose bytes were buffered before its turn reads almost no time, and the turn
 before it, which carried them, reads long: the buffered chunk's bytes are credited to
-what that turn took beyond its own, so the two read at the link's pace - never faster
-than believed, as a short turn alone is no evidence of a fast link.
+what that turn took beyond its own, if it was requested before that turn ended, so the
+two read at the link's pace - never faster than believed, as a short turn alone is no
+evidence of a fast link.
 """
 
 from __future__ import annotations
@@ -388,7 +389,8 @@ class Replanner:
             self._profiled[stage] = profiled
 
     def _pair(self, chunk: ChunkMeasurement) -> dict[str, tuple[float, float]]:
-        """(measured, profiled) seconds of each stage for this chunk."""
+        """(measured, profiled) seconds of each stage for this chunk; a measured turn
+        sets the link's credit for the buffered chunks behind it, and they spend it."""
         server, trainer, link = self._base
         n = chunk.samples
         if chunk.cut == RAW:
@@ -401,9 +403,9 @@ class Replanner:
         transfer_s = chunk.transfer_s
         link_profiled = link_s
         scale = self._planned_scales["link"]
-        if transfer_s is None:
-            pass  # its turn waited for the server (or it is a training): no evidence
-        elif chunk.transfer_buffered and transfer_s < link_s * scale:
+        # (A turn that waited for the server, or a training, is no evidence: the credit
+        # stands.)
+        if transfer_s is not None and chunk.transfer_buffered and transfer_s < link_s * scale:
             # Faster than believed, but perhaps only out of the buffers: its bytes crossed
             # in the turns before it. What the last measured turn took beyond its own
             # bytes is where, if it was requested before that turn ended; credited
@@ -415,7 +417,7 @@ class Replanner:
             self._link_excess = (excess - link_profiled * scale, ended)
             if link_profiled <= 1e-12:
                 transfer_s = None
-        else:
+        elif transfer_s is not None:
             self._link_excess = (max(0.0, transfer_s - link_s * scale), chunk.read_end)
         server_s = chunk.server_s
         if chunk.cut == RAW and self.plan.cut != RAW:
