@@ -41,6 +41,13 @@ def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True)
 
 
+def _mac(ns: str, dev: str) -> str:
+    shown = subprocess.run(
+        ["ip", "-n", ns, "-o", "link", "show", dev], check=True, capture_output=True, text=True
+    ).stdout.split()
+    return shown[shown.index("link/ether") + 1]
+
+
 class ShapedLink:
     """Two namespaces, `storage` and `trainer`, joined by a veth shaped on the storage side.
 
@@ -74,6 +81,16 @@ class ShapedLink:
                 _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
                 _ip("-n", ns, "link", "set", dev, "up")
                 _ip("-n", ns, "link", "set", "lo", "up")
+            # Each side knows the other's MAC for good: ARP goes through tbf's queue too,
+            # and with a small bucket a full queue dropped its probes until the neighbour
+            # failed and streams broke with "No route to host".
+            for ns, dev, peer_ns, peer_dev, peer_addr in (
+                (self.storage, vs, self.trainer, vt, self.trainer_ip),
+                (self.trainer, vt, self.storage, vs, self.storage_ip),
+            ):
+                mac = _mac(peer_ns, peer_dev)
+                _ip("-n", ns, "neigh", "replace", peer_addr, "lladdr", mac,
+                    "dev", dev, "nud", "permanent")  # fmt: skip
             self._tc("add")
         except BaseException:
             self.__exit__()
