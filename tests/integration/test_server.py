@@ -209,7 +209,7 @@ def test_egress_limit_shapes_what_is_sent(store_dir: Path) -> None:
         stats = conn.stats().sessions[info.session]
     # 2 Mbit/s is 250 kB/s: what the chunk sent beyond the burst had to wait for the link.
     assert stats.bytes_sent == result.nbytes
-    assert stats.shaping_wait_s >= (result.nbytes - 64 * 1024) / 250_000 * 0.9
+    assert stats.shaping_wait_s >= (result.nbytes - 4 * 1024) / 250_000 * 0.9
 
 
 def test_a_token_is_required_when_set(store_dir: Path) -> None:

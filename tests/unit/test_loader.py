@@ -21,7 +21,15 @@ from hapi.errors import (
     StoreUnavailable,
 )
 from hapi.graph import INPUT, RAW, ModelSpec, build_model, trace
-from hapi.plan import assign
+from hapi.plan import (
+    LinkProfile,
+    Replanner,
+    ServerProfile,
+    TrainerProfile,
+    Workload,
+    assign,
+    choose_plan,
+)
 
 
 def _piece(chunk: int, cut: int, start: int, n: int, width: int = 3) -> Piece:
@@ -121,6 +129,28 @@ def test_a_chunk_in_flight_follows_a_change_of_cut_or_a_fall_of_the_share() -> N
     router.set(RAW, reason="test")
     assert router.reroute(pushed) == Route(local=True, cut=INPUT)
     assert router.reroute(local) == local
+
+
+@pytest.mark.parametrize("link_bytes_per_s, moves", [(1e6, True), (1e7, False)])
+def test_under_a_plan_a_chunk_in_flight_moves_only_when_the_bytes_saved_pay(
+    link_bytes_per_s: float, moves: bool
+) -> None:
+    # From cut 1 (50 KB a sample) to cut 2 (2 KB) the server computes the keys again
+    # (31 ms a sample): worth it where 48 KB take 48 ms on the link, not where they take
+    # 4.8 ms - the chunk's bytes at cut 1 cross faster than its recompute at cut 2.
+    server = ServerProfile(
+        read_s=0.001, decode_s=0.010, head_s=(0.0, 0.010, 0.020),
+        out_bytes=(150_000, 50_000, 2_000), memory_bytes=(0, 0, 0), raw_bytes=100_000,
+    )  # fmt: skip
+    trainer = TrainerProfile(decode_s=0.002, head_s=(0.0, 0.0, 0.0), tail_s=(0.0, 0.0, 0.0))
+    link = LinkProfile(bytes_per_s=link_bytes_per_s)
+    plan = choose_plan(server, trainer, link, Workload(samples=640, chunk_size=64), freeze=2)
+    plan = plan.with_choice(1, 0.0, reason="test")
+    router = Router(1, replanner=Replanner(plan))
+    router.start(epoch=0, chunks=4)
+    pushed = router.route(0)
+    router.set(2, 0.0, reason="test", plan=plan.with_choice(2, 0.0, reason="test"))
+    assert router.reroute(pushed) == (Route(local=False, cut=2) if moves else pushed)
 
 
 def test_the_baseline_routes_every_chunk_local_at_the_input() -> None:

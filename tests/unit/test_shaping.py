@@ -91,9 +91,9 @@ def test_a_stream_of_small_messages_keeps_to_the_rate() -> None:
     assert clock.now - start == pytest.approx((2e6 - 5e4) / 2e6)
 
 
-def test_default_burst_is_50ms_of_rate_and_at_least_64kib() -> None:
-    assert TokenBucket(rate=1e8).burst == pytest.approx(5e6)
-    assert TokenBucket(rate=1e5).burst == 64 * 1024
+def test_default_burst_is_1ms_of_rate_and_at_least_4kib() -> None:
+    assert TokenBucket(rate=1e8).burst == pytest.approx(1e5)
+    assert TokenBucket(rate=1e5).burst == 4 * 1024
 
 
 @pytest.mark.parametrize(("rate", "burst"), [(0, None), (-1.0, None), (1e6, 0), (1e6, -5.0)])

@@ -70,8 +70,8 @@ class TokenBucket:
 
     Args:
         rate: bytes per second.
-        burst: bytes that may go out at once after a quiet spell; None: 50 ms of `rate`,
-            at least 64 KiB.
+        burst: bytes that may go out at once after a quiet spell; None: 1 ms of `rate`,
+            at least 4 KiB.
         clock: seconds, monotonic; tests pass a fake one to check the accounting exactly.
         sleep: waits the given seconds; a fake clock's tests pass one that advances it.
 
@@ -92,8 +92,11 @@ class TokenBucket:
         if burst is not None and not burst > 0:
             raise InvalidRequest(f"burst must be positive bytes or None, got {burst!r}")
         self.rate = rate
-        # A 50 ms burst keeps the shaped rate smooth without a sleep per tiny message.
-        self.burst = burst if burst is not None else max(rate * 0.05, 64 * 1024)
+        # A link emulated with a large bucket is not the link: after an idle spell a 50 ms
+        # bucket let a late cut's chunk (65 KB) out at once, faster than the rate, and the
+        # re-planner read that as a faster link. With 1 ms, what a chunk takes is its
+        # bytes at the rate; a message larger than the bucket waits for its own bytes.
+        self.burst = burst if burst is not None else max(rate * 0.001, 4 * 1024)
         self._clock = clock
         self._sleep = sleep
         self._tokens = self.burst
