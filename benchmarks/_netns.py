@@ -17,24 +17,23 @@ import os
 import subprocess
 from collections.abc import Sequence
 
-from hapi.server.shaping import parse_rate
-
-__all__ = ["ShapedLink", "burst_bytes"]
+__all__ = ["BURST", "ShapedLink"]
 
 
-def burst_bytes(rate: str) -> int:
-    """tbf's bucket for `rate`: 1 ms of its traffic, at least a few packets.
+BURST = "8kb"
+"""tbf's bucket, at every rate.
 
-    What fills the bucket while the link idles crosses at the veth's speed: with a fixed
-    64 KB bucket a 65 KB chunk crossed a 10 Mbit/s link in 2.5 ms (26 MB/s, 20x the rate)
-    and 130 KB at 2.3 MB/s, so late cuts ran faster than any real 10 Mbit/s link allows
-    and the re-planner, reading those turns, believed the link 2-4x faster than it was.
-    With 1 ms (4 KB below 33 Mbit/s) a 65 KB turn after an idle link reads at most 10%
-    faster than the rate from 5 to 100 Mbit/s, and a 1.6 MB one gets 0.95x of it (0.98x
-    with the 64 KB bucket; measured with a socket pair across the link; at 1 Gbit/s the
-    two buckets are alike, held by the CPU at ~0.85x).
-    """
-    return max(4 * 1024, round(parse_rate(rate) / 1000))
+What fills the bucket while the link idles crosses at the veth's speed: with a 64 KB
+bucket a 65 KB chunk crossed a 10 Mbit/s link in 2.5 ms (26 MB/s, 20x the rate) and
+130 KB at 2.3 MB/s, so late cuts ran faster than any real 10 Mbit/s link allows and the
+re-planner, reading those turns, believed the link 2-4x faster than it was. With 8 KB a
+65 KB turn after an idle link reads 1.35 MB/s at 10 Mbit/s and 12.4 MB/s at 100 Mbit/s,
+and a 1.6 MB one gets 0.95x of the rate (0.98x with 64 KB; 103 MB/s at 1 Gbit/s with
+either). One size for every rate: a bucket sized to each rate (1 ms of it) stalled the
+connection (30 s without a byte) in 3 of 4 changes from 1 Gbit/s (125 KB) to 10 Mbit/s
+(4-8 KB).
+Measured with a socket pair across the link.
+"""
 
 
 def _ip(*args: str) -> None:
@@ -105,8 +104,8 @@ class ShapedLink:
     def _tc(self, verb: str) -> None:
         subprocess.run(
             ["ip", "netns", "exec", self.storage, "tc", "qdisc", verb, "dev", self._veth[0],
-             "root", "tbf", "rate", self.rate, "burst", str(burst_bytes(self.rate)),
-             "latency", "100ms"],
+             "root", "tbf", "rate", self.rate, "burst", BURST, "latency",
+             "100ms"],
             check=True, capture_output=True,
         )  # fmt: skip
 

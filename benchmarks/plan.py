@@ -437,21 +437,24 @@ def _trace_chunks(into: list[dict]) -> None:
     started = time.perf_counter()
 
     def traced(self, record):  # type: ignore[no-untyped-def]
-        into.append(
-            {
-                "t": round(time.perf_counter() - started, 3),
-                "epoch": record.epoch,
-                "chunk": record.chunk,
-                "local": record.route.local,
-                "cut": record.route.cut,
-                "samples": record.samples,
-                "bytes": record.bytes,
-                "server_s": record.server_s,
-                "transfer_s": record.transfer_s,
-                "trainer_s": record.trainer_s,
-            }
-        )
+        row = {
+            "t": round(time.perf_counter() - started, 3),
+            "epoch": record.epoch,
+            "chunk": record.chunk,
+            "local": record.route.local,
+            "cut": record.route.cut,
+            "samples": record.samples,
+            "bytes": record.bytes,
+            "server_s": record.server_s,
+            "transfer_s": record.transfer_s,
+            "trainer_s": record.trainer_s,
+            "buffered": record.transfer_buffered,
+        }
+        into.append(row)
         observe(self, record)
+        if self.replanner is not None:
+            # What the re-planner believes after it: a misread shows where it came from.
+            row["scales"] = {k: round(v, 3) for k, v in self.replanner.scales().items()}
 
     Router.observe = traced  # type: ignore[method-assign]
 
