@@ -390,3 +390,24 @@ def test_one_turn_carrying_every_chunk_in_flight_is_not_sudden() -> None:
     for i in range(11, 30):
         replanner.observe(_chunk(plan, i, 1e9))
     assert not [c for c in replanner.changes if c.changed], [c.reason for c in replanner.changes]
+
+
+def test_a_drift_restarts_each_stage_from_what_the_drifting_chunks_measured() -> None:
+    # The link drops 1000x and one chunk's read re-plans for it. Then three chunks'
+    # trainings show a trainer 20x slower: they carry no link time, so the link keeps the
+    # rate the drop showed. Restarted from its last three pairs instead - two from before
+    # the drop - it read 3x faster than it was (a 10 Mbit/s link read 2.7 MB/s, and the
+    # plan sent a local share over it).
+    plan = _plan(1e9)
+    replanner = Replanner(plan)
+    for i in range(10):
+        replanner.observe(_chunk(replanner.plan, i, 1e9))
+    drop = _chunk(replanner.plan, 10, 1e6)
+    replanner.observe(dataclasses.replace(drop, trainer_s=None))
+    assert len(replanner.changes) == 1
+    assert replanner.plan.link.bytes_per_s == pytest.approx(1e6, rel=0.05)
+    for i in range(11, 14):
+        chunk = _chunk(replanner.plan, i, 1e6, trainer=20.0)
+        replanner.observe(dataclasses.replace(chunk, server_s=None, transfer_s=None))
+    assert len(replanner.changes) == 2 and "trainer measured" in replanner.changes[1].reason
+    assert replanner.plan.link.bytes_per_s == pytest.approx(1e6, rel=0.05)

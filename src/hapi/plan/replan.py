@@ -204,6 +204,12 @@ class Replanner:
         # twice, read and trained, and counts once - else a long turn and two chunks'
         # training re-planned before the read that shows what the turn carried.
         self._drifting: set[object] = set()
+        # Per stage, the pairs measured since the plan in force was made: a re-plan
+        # restarts from its last few of those only. A stage the drifting chunks did not
+        # measure (trainings carry no link time) keeps its average, not pairs from before
+        # the last change (a link restarted from one pair after its drop and two before it
+        # read 3x faster than it was).
+        self._fresh = dict.fromkeys(STAGES, 0)
         # Link time the last measured turn took beyond its own bytes, and when it ended:
         # the bytes of the buffered chunks requested before then crossed in it (`_pair`).
         self._link_excess: tuple[float, float | None] = (0.0, None)
@@ -262,6 +268,7 @@ class Replanner:
         for stage, pair in pairs.items():
             if pair[1] > 1e-12:
                 self._window[stage].append(pair)
+                self._fresh[stage] += 1
         decay = 1.0 - self.config.weight
         for stage, (measured, profiled) in pairs.items():
             self._measured[stage] = decay * self._measured[stage] + measured
@@ -312,6 +319,7 @@ class Replanner:
         self.changes.append(change)
         self._planned_scales = self.scales()
         self._link_excess = (0.0, None)
+        self._fresh = dict.fromkeys(STAGES, 0)
         return change
 
     def adopt(self, plan: Plan) -> None:
@@ -323,6 +331,7 @@ class Replanner:
         self._planned_scales = self.scales()
         self._drifting = set()
         self._link_excess = (0.0, None)
+        self._fresh = dict.fromkeys(STAGES, 0)
 
     def _window_profiles(self) -> tuple[ServerProfile, TrainerProfile, LinkProfile]:
         """The first plan's profiles scaled to the longer window's rates: the ratio of its
@@ -359,8 +368,8 @@ class Replanner:
         return link_s > self.config.swing * in_flight * self._planned_scales["link"]
 
     def _restart_from_recent(self, count: int) -> None:
-        """Restart each stage's moving average at the rate of the last `count` chunks
-        (those that showed the drift).
+        """Restart each stage's moving average at the rate of its last `count` pairs (the
+        chunks that showed the drift), of those measured under the plan in force.
 
         The server's and the trainer's: the median of the chunks' own ratios, so that one
         stalled chunk among them (a retry, a pause) does not set the rate, each weighted by
@@ -369,14 +378,15 @@ class Replanner:
         their sums, as the chunks shared it (see the module's note).
         """
         decay = 1.0 - self.config.weight
-        recent = {s: list(self._window[s])[-count:] for s in STAGES}
+        recent = {s: _last(self._window[s], min(count, self._fresh[s])) for s in STAGES}
         totals = {s: sum(m for m, _ in recent[s]) for s in STAGES}
         busiest = max(totals.values())
         for stage in STAGES:
             pairs = recent[stage]
             if not pairs or totals[stage] < self.config.min_stage_share * busiest:
-                # Too idle in these few chunks to tell (a link's few bytes may all have
-                # come during another chunk's turn): its longer average stands.
+                # Not measured since the plan in force was made, or too idle in these few
+                # chunks to tell (a link's few bytes may all have come during another
+                # chunk's turn): its longer average stands.
                 continue
             if stage == "link":
                 rate = sum(m for m, _ in pairs) / sum(p for _, p in pairs)
@@ -474,6 +484,10 @@ def _settled(
         return estimate(p.cut, p.share, server, trainer, link, workload).epoch_s
 
     return epoch(plan) <= epoch(previous)
+
+
+def _last(pairs: deque[tuple[float, float]], count: int) -> list[tuple[float, float]]:
+    return list(pairs)[-count:] if count > 0 else []
 
 
 def _weighted_median(pairs: list[tuple[float, float]]) -> float:
