@@ -4,9 +4,8 @@ The plan in force is a cut `k` and a local share `f`. Chunks are routed when the
 issued, so a change of plan (the re-planner's or the user's) applies to the chunks not
 yet issued; a chunk in flight follows a change of cut, or a fall of the share, with the
 keys it has not yet delivered, when that saves time (`reroute`): each key is still
-delivered once. Local
-chunks are spread evenly over the rest of the epoch (`hapi.plan.assign`) from the chunk
-where the share took effect.
+delivered once. Local chunks are spread evenly over the rest of the epoch
+(`hapi.plan.assign`) from the chunk where the share took effect.
 """
 
 from __future__ import annotations
