@@ -17,7 +17,13 @@ from hapi.errors import InvalidRequest, OverBudget
 from hapi.graph import ModelSpec, build_model, trace
 from hapi.server.budget import MemoryModel, default_budget, format_bytes, parse_bytes
 from hapi.server.head_cache import HeadCache
-from hapi.server.memory import decode_bytes, measure_head, static_bytes, tensor_bytes
+from hapi.server.memory import (
+    decode_bytes,
+    measure_head,
+    measured_batches,
+    static_bytes,
+    tensor_bytes,
+)
 from hapi.server.scheduler import Scheduler
 
 SIZE = 64
@@ -118,6 +124,27 @@ def test_the_measured_model_holds_what_the_head_really_allocates(name: str, cut:
         # (input and features counted again for stacking and encoding).
         assert held <= model.batch_bytes(batch) <= 2.5 * held
     assert static_bytes(graph, cut) < 4 * model.per_sample
+
+
+class _Workspace(torch.nn.Module):
+    """A head whose scratch is no line in the batch: 1 MB more for batches of 8, as
+    cuDNN's workspace for one algorithm that it chooses for some batch sizes."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 8:
+            torch.empty(1 << 20, dtype=torch.uint8).fill_(0)
+        return x * 2
+
+
+def test_the_measured_model_is_above_every_batch_it_measured() -> None:
+    batches = measured_batches(torch.device("cuda"), 16)
+    assert batches == (1, 2, 4, 8, 16) and measured_batches(torch.device("cuda"), 6)[-1] == 6
+    assert measured_batches(torch.device("cpu"), 32) == (1, 4)
+    assert measured_batches(torch.device("cpu"), 1) == (1,)
+    model = measure_head(_Workspace(), (3, 8, 8), torch.device("cpu"), out_bytes=0, batches=batches)
+    assert model.batch_bytes(8) >= 1 << 20  # not the line through batches 1 and 16 alone
+    line = measure_head(_Workspace(), (3, 8, 8), torch.device("cpu"), out_bytes=0)
+    assert line.batch_bytes(16) <= model.batch_bytes(16)
 
 
 def test_heads_of_one_model_count_once_and_idle_ones_are_evicted_for_memory() -> None:

@@ -15,8 +15,10 @@ How the head is measured, and why:
   (`tests/unit/test_budget.py` holds it against glibc's own count of allocated bytes).
   Dispatch modes are per thread, so measuring one session does not see another's chunks.
 
-The head runs at two batch sizes and a line through the two peaks gives the model's
-`fixed + per_sample * batch`. Decoding is not measured but computed from the image's
+The head runs at a few batch sizes (two on the CPU; on CUDA up to the server's batch,
+where cuDNN's workspaces make the peak no line: `measured_batches`) and the line through
+the smallest one's peak and above the others gives the model's `fixed + per_sample *
+batch`. Decoding is not measured but computed from the image's
 size (`decode_bytes`), since it depends on each image and must be known before one is
 decoded: a 60000-pixel crop has to be refused, not tried.
 """
@@ -47,6 +49,7 @@ __all__ = [
     "LiveTensors",
     "decode_bytes",
     "measure_head",
+    "measured_batches",
     "session_memory",
     "static_bytes",
     "tensor_bytes",
@@ -130,30 +133,49 @@ def measure_head(
     out_bytes: int,
     batches: tuple[int, ...] = MEASURED_BATCHES,
 ) -> MemoryModel:
-    """The memory model of a session's batches, from its head run at two batch sizes.
+    """The memory model of a session's batches, from its head run at a few batch sizes.
 
     Args:
         head: the head on `device`, in eval mode; None for INPUT (no layer runs).
         input_shape: per-sample input shape (C, H, W).
         device: where the head runs.
         out_bytes: encoded feature bytes per sample on the wire.
-        batches: the two batch sizes; one alone counts all it measures per sample.
+        batches: the batch sizes, smallest first (`measured_batches`); one alone counts
+            all it measures per sample.
 
     Returns:
         `fixed` and `per_sample` for the head; the caller adds decoding (`decode_bytes`).
     """
     peaks = [_peak(head, input_shape, device, b) for b in batches]
-    if len(batches) < 2 or batches[0] == batches[-1]:
+    if len(set(batches)) < 2:
         fixed, per_sample = 0.0, peaks[0] / batches[0]
     else:
-        (b1, b2), (p1, p2) = (batches[0], batches[-1]), (peaks[0], peaks[-1])
-        per_sample = max((p2 - p1) / (b2 - b1), 0.0)
+        # The line through the smallest batch's peak and above every other one.
+        b1, p1 = batches[0], peaks[0]
+        slopes = [(p - p1) / (b - b1) for b, p in zip(batches, peaks, strict=True) if b > b1]
+        per_sample = max(*slopes, 0.0)
         fixed = max(p1 - per_sample * b1, 0.0)
     # Each sample's input exists twice while a batch is stacked (the list and the batch),
     # and its features once more when encoded for the wire.
     input_bytes = 4 * math.prod(input_shape)
     per_sample += input_bytes + out_bytes
     return MemoryModel(fixed=int(fixed * MARGIN), per_sample=int(per_sample * MARGIN))
+
+
+def measured_batches(device: torch.device, most: int) -> tuple[int, ...]:
+    """The batch sizes a head is measured at, for batches of up to `most` samples.
+
+    On the CPU, 1 and 4 (`MEASURED_BATCHES`): the tensors an operator returns grow with
+    the batch, and running the largest batch when a session opens would cost a second.
+    On CUDA the peak is no line: cuDNN chooses its algorithms, and their workspaces, by
+    batch size (ResNet-18 to `layer3` at 64 px on an H200: a line through batches 1 and 4
+    gave 14.1 MB for 32 samples, which allocated 20.0 MB), and a forward costs
+    milliseconds, so the head runs at each power of two up to `most`, and `most` itself.
+    """
+    if device.type != "cuda":
+        return tuple(sorted({1, min(most, MEASURED_BATCHES[-1])}))
+    powers = itertools.takewhile(lambda b: b < most, (1 << i for i in itertools.count()))
+    return (*powers, most)
 
 
 def static_bytes(graph: ModelGraph, cut: int) -> int:
@@ -179,6 +201,7 @@ def session_memory(
     read_bytes: int,
     what: str,
     measured_as: str | None = None,
+    max_batch: int = MEASURED_BATCHES[-1],
 ) -> MemoryModel:
     """A new session's memory model, measured within the budget; refused when no batch
     of it could ever fit.
@@ -200,6 +223,8 @@ def session_memory(
         what: names the session in a refusal.
         measured_as: a key naming the head's content (the head cache's): sessions with
             equal keys reuse one measurement (each epoch of a job opens a session).
+        max_batch: the largest batch the server runs (on CUDA the head is measured up
+            to it: `measured_batches`).
 
     Raises:
         OverBudget: one sample cannot fit, naming the budget.
@@ -217,7 +242,9 @@ def session_memory(
     with _MEASURED_LOCK:
         model = _MEASURED.get(key) if key is not None else None
     if model is None:
-        model = _measure_within(scheduler, head, graph.input_shape, device, out_bytes, static)
+        model = _measure_within(
+            scheduler, head, graph.input_shape, device, out_bytes, static, max_batch
+        )
         if key is not None:
             with _MEASURED_LOCK:
                 _MEASURED[key] = model
@@ -248,12 +275,14 @@ def _measure_within(
     device: torch.device,
     out_bytes: int,
     static: int,
+    max_batch: int,
 ) -> MemoryModel:
     """`measure_head` under a grant with room for three times the static estimate."""
     room = MemoryModel(fixed=0, per_sample=3 * static)
-    probe = Demand(model=room, max_batch=MEASURED_BATCHES[-1])
+    most = max(measured_batches(device, max_batch))
+    probe = Demand(model=room, max_batch=most)
     with scheduler.run(_OPENING, (0, 0), probe) as grant:
-        batches = (1, grant.batch) if grant.batch > 1 else (1,)
+        batches = measured_batches(device, grant.batch)
         # On a GPU the allocator's peak counts every thread's tensors: measure alone.
         lock = TRACING.exclusive() if device.type == "cuda" else TRACING.shared()
         with lock:

@@ -495,6 +495,7 @@ class HapiServer(flight.FlightServerBase):
             read_bytes=self._read_ahead * _READ_AHEAD_OBJECT,
             what=f"a session of {shorten(repr(request.model), 100)} at cut {request.cut}",
             measured_as=lease.key if lease is not None else "input",
+            max_batch=self.config.batch_size,
         )
 
     def manifest(self, prefix: str, *, tenant: Tenant) -> dict[str, Any]:
