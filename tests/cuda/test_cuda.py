@@ -191,6 +191,11 @@ def test_a_gpu_server_keeps_its_real_allocations_inside_a_tight_budget(store_dir
         got, batches = _features(conn, info.session, keys)
         stats = conn.stats()
         real = _peak_since(base)
+        scraped = tight.metrics.render().decode()
+    # The allocator's own counts, beside the scheduler's: every server in this process.
+    assert stats.device_reserved is not None and stats.device_allocated is not None
+    assert stats.device_reserved >= stats.device_allocated > 0
+    assert 'hapi_device_memory_bytes{kind="allocated"}' in scraped
     print(f"tight budget {budget / 2**20:.1f} MiB: allocator peak {real / 2**20:.1f} MiB")
     # What the allocator really handed out - weights, inputs, activations, cuDNN's
     # workspaces - stayed inside the budget the server accounted against.

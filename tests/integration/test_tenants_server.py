@@ -263,6 +263,9 @@ def test_metrics_report_what_each_tenant_did(
     assert grew("hapi_batch_size_sum") == 2 and grew("hapi_batch_size_count") >= 1
     assert value(during, "hapi_heads_loaded") is not None
     assert value(during, "hapi_memory_budget_bytes") == a.stats().memory_budget
+    # A CPU server has no CUDA allocator to show.
+    assert value(during, "hapi_device_memory_bytes", kind="allocated") is None
+    assert a.stats().device_allocated is None and a.stats().device_reserved is None
     assert value(during, "hapi_queue_depth") == 0  # nothing waits once the chunks are done
 
     a.close_session(sa)

@@ -106,17 +106,21 @@ def test_closed_session_leaves_only_tenant_totals(metrics: Metrics) -> None:
 
 
 def test_followed_gauges_are_read_at_each_scrape(metrics: Metrics) -> None:
-    state = {"waiting": 3, "used": 100, "budget": 1000, "heads": 1}
+    state = {"waiting": 3, "used": 100, "budget": 1000, "heads": 1, "cuda": 50}
     metrics.follow(
         queue_depth=lambda: state["waiting"],
         memory=lambda: (state["used"], state["budget"]),
         heads=lambda: state["heads"],
+        device_memory=lambda: (state["cuda"], 2 * state["cuda"]),
     )
     metrics.serve_http()
     assert metrics.url is not None
     first = scrape(metrics.url)
-    state.update(waiting=0, used=640, heads=2)
+    state.update(waiting=0, used=640, heads=2, cuda=70)
     second = scrape(metrics.url)
+    for kind, before, after in [("allocated", 50, 70), ("reserved", 100, 140)]:
+        got = value(first, "hapi_device_memory_bytes", kind=kind)
+        assert (got, value(second, "hapi_device_memory_bytes", kind=kind)) == (before, after)
     for name, before, after in [
         ("hapi_queue_depth", 3, 0),
         ("hapi_memory_used_bytes", 100, 640),

@@ -48,6 +48,7 @@ from hapi.server.scheduler import Demand, Scheduler
 __all__ = [
     "LiveTensors",
     "decode_bytes",
+    "device_memory",
     "measure_head",
     "measured_batches",
     "session_memory",
@@ -309,6 +310,15 @@ def _peak(head: nn.Module | None, shape: tuple[int, ...], device: torch.device, 
             with tracker:
                 head(x)
     return tracker.peak
+
+
+def device_memory(device: torch.device) -> tuple[int, int] | None:
+    """What the CUDA allocator holds on `device`: bytes handed out for tensors, and bytes
+    reserved from the device (its cache included: what the process takes from the GPU,
+    less the CUDA context). None on the CPU, whose allocator keeps no such count."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
 
 
 def tensor_bytes(module: nn.Module) -> int:

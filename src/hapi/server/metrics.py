@@ -77,6 +77,12 @@ class Metrics:
         self._used = Gauge("hapi_memory_used_bytes", "Memory held by heads and chunks.", registry=r)
         self._budget = Gauge("hapi_memory_budget_bytes", "The server's memory budget.", registry=r)
         self._heads = Gauge("hapi_heads_loaded", "Heads in memory.", registry=r)
+        self._device = Gauge(
+            "hapi_device_memory_bytes",
+            "A GPU server's CUDA allocator: bytes allocated to tensors, or reserved from the GPU.",
+            ["kind"],
+            registry=r,
+        )
         ProcessCollector(registry=r)
         self._open: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
@@ -157,6 +163,7 @@ class Metrics:
         queue_depth: Callable[[], float] | None = None,
         memory: Callable[[], tuple[float, float]] | None = None,
         heads: Callable[[], float] | None = None,
+        device_memory: Callable[[], tuple[float, float]] | None = None,
     ) -> None:
         """Read gauges from the server's own state at each scrape instead of setting them.
 
@@ -167,6 +174,8 @@ class Metrics:
             queue_depth: chunks waiting for the scheduler.
             memory: bytes held by heads and running chunks, and the budget.
             heads: heads in memory.
+            device_memory: a GPU server's CUDA allocator, bytes allocated and reserved
+                (the series exist only when it is given).
         """
         if queue_depth is not None:
             self._queue.set_function(queue_depth)
@@ -175,6 +184,9 @@ class Metrics:
             self._budget.set_function(lambda: memory()[1])
         if heads is not None:
             self._heads.set_function(heads)
+        if device_memory is not None:
+            self._device.labels("allocated").set_function(lambda: device_memory()[0])
+            self._device.labels("reserved").set_function(lambda: device_memory()[1])
 
     def render(self) -> bytes:
         """The metrics in Prometheus' text format, as a scrape would get them."""

@@ -34,7 +34,7 @@ from hapi.server.auth import caller
 from hapi.server.budget import MemoryModel, default_budget, parse_bytes
 from hapi.server.config import ServerConfig
 from hapi.server.head_cache import HeadCache, HeadLease, LoadedModel
-from hapi.server.memory import session_memory, tensor_bytes
+from hapi.server.memory import device_memory, session_memory, tensor_bytes
 from hapi.server.metrics import Metrics
 from hapi.server.profiler import Profiler
 from hapi.server.scheduler import Scheduler
@@ -170,6 +170,11 @@ class HapiServer(flight.FlightServerBase):
             heads=lambda: len(self.heads),
             queue_depth=lambda: self.scheduler.stats().waiting,
             memory=lambda: (self.scheduler.stats().used, self.scheduler.budget),
+            device_memory=(
+                (lambda: device_memory(self.heads.device) or (0, 0))
+                if self.heads.device.type == "cuda"
+                else None
+            ),
         )
         if config.metrics_port is not None:
             serve_metrics(self.metrics, config)
@@ -557,6 +562,7 @@ class HapiServer(flight.FlightServerBase):
                 if tenant is None or name == tenant.name
             )
         budget = self.scheduler.stats()
+        allocated, reserved = device_memory(self.heads.device) or (None, None)
         return ServerStats(
             store=self.store.uri,
             egress_limit_bytes_per_s=self.shaper.rate if self.shaper else None,
@@ -569,6 +575,8 @@ class HapiServer(flight.FlightServerBase):
             memory_budget=budget.budget,
             memory_used=budget.used,
             memory_peak=budget.peak,
+            device_allocated=allocated,
+            device_reserved=reserved,
             compute_slots=budget.slots,
             batches_running=budget.running,
             batches_waiting=budget.waiting,

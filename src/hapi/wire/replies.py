@@ -114,6 +114,13 @@ class ServerStats(_Reply):
     """Bytes they hold now."""
     memory_peak: int = 0
     """The most they have held since the server started."""
+    device_allocated: int | None = None
+    """On a GPU server, bytes the CUDA allocator hands out for tensors now (every
+    tenant's heads and batches: what `memory_used` accounts for, measured). None on the
+    CPU."""
+    device_reserved: int | None = None
+    """On a GPU server, bytes the CUDA allocator holds from the device, its cache
+    included. None on the CPU."""
     compute_slots: int = 0
     """Batches that compute at once."""
     batches_running: int = 0

@@ -1,0 +1,206 @@
+"""Where the planner stands against issue 12's goals, over the sweeps `plan.py` saved.
+
+Reads `out/NAME.json` of each source (a `plan.py --name NAME` sweep, optionally only some
+of its link rates: `plan-256-vit:1gbit`; by default `SOURCES`) and `out/peer.json`, and
+writes a table of each goal, its target and the figure measured - no new measurement, so
+it runs in a second:
+
+    python benchmarks/plan_goals.py --results    # its section of benchmarks/RESULTS.md
+
+A configuration (link rate, model, freeze) measured in two sources counts once, from the
+later source on the command line: re-measurements replace what they re-measure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from _results import write_section
+
+HERE = Path(__file__).resolve().parent
+SOURCES = (
+    "plan-256:1gbit",
+    "plan-256-vit:1gbit",
+    "plan-256-10mbit",
+    "plan-256-vit-10mbit",
+    "plan-256-5-100",
+)
+"""The 256-image sweeps measured through the 8 KB tc bucket (`_netns.BURST`), or at
+1 Gbit/s, where the bucket did not matter."""
+FAST = "1gbit"
+"""The link rate the hybrid goal is stated for ("the link is fast")."""
+
+
+def _median(runs: list[dict]) -> float:
+    return statistics.median(r["epoch_s"] for r in runs)
+
+
+def _bound_ratio(run: dict) -> float | None:
+    """Epoch / pipeline bound: the slowest stage's busy time as the job measured it."""
+    bound = max(run["server_s"], run["transfer_s"], run["trainer_s"])
+    return run["epoch_s"] / bound if bound > 0 else None
+
+
+def load(sources: list[str], out: Path) -> tuple[list[dict], dict | None]:
+    """The configurations of `sources` (later ones replace earlier ones' equal keys) and
+    the link-change run of the last source that has one."""
+    configs: dict[tuple[str, str, str], dict] = {}
+    change = None
+    for source in sources:
+        name, _, rates = source.partition(":")
+        data = json.loads((out / f"{name}.json").read_text())
+        for config in data["configs"]:
+            if rates and config["rate"] not in rates.split(","):
+                continue
+            key = (config["rate"], config.get("model", ""), config["freeze"])
+            configs[key] = {**config, "source": name}
+        if data.get("link_change"):
+            change = data["link_change"]
+    return list(configs.values()), change
+
+
+def goals(configs: list[dict], change: dict | None, peer: dict | None) -> list[tuple[str, ...]]:
+    """Rows of (goal, target, measured, met)."""
+    regrets, vs_raw, vs_freeze, hybrid, auto_fast, bounds = [], [], [], [], [], []
+    for c in configs:
+        runs = c["runs"]
+        auto = _median(runs["auto"])
+        fixed = {k: _median(v) for k, v in runs.items() if k != "auto"}
+        regrets.append(max(auto / min(min(fixed.values()), auto) - 1, 0.0))
+        freeze_cut = max(int(k.split(":")[0]) for k in fixed if k.endswith(":0.0"))
+        vs_raw.append(fixed["-1:0.0"] / auto)
+        vs_freeze.append(fixed[f"{freeze_cut}:0.0"] / auto)
+        if c["rate"] == FAST:
+            hybrids = [v for k, v in fixed.items() if not k.endswith(":0.0")]
+            if hybrids:
+                hybrid.append(fixed["-1:0.0"] / min(hybrids))
+            auto_fast.append(fixed["-1:0.0"] / auto)
+        for label, option_runs in runs.items():
+            ratios = [r for r in map(_bound_ratio, option_runs) if r is not None]
+            if label != "auto" and ratios:
+                bounds.append(statistics.median(ratios))
+    n = len(configs)
+    within = sum(r <= 0.05 for r in regrets)
+    rows = [
+        (
+            "plans within 5% of the best measured option",
+            ">= 95%",
+            f"{within / n:.0%} ({within} of {n})",
+            within >= 0.95 * n,
+        ),
+        (
+            "mean regret",
+            "<= 2%",
+            f"{statistics.mean(regrets):.1%} (worst {max(regrets):.1%})",
+            statistics.mean(regrets) <= 0.02,
+        ),
+        (
+            "the plan at least as fast as RAW",
+            "every configuration",
+            f"{sum(x >= 1 for x in vs_raw)} of {n} ({min(vs_raw):.2f}-{max(vs_raw):.2f}x)",
+            min(vs_raw) >= 1,
+        ),
+        (
+            "the plan at least as fast as the freeze cut",
+            "every configuration",
+            f"{sum(x >= 1 for x in vs_freeze)} of {n} ({min(vs_freeze):.2f}-{max(vs_freeze):.2f}x)",
+            min(vs_freeze) >= 1,
+        ),
+    ]
+    if hybrid:
+        reach = sum(x >= 1.6 for x in hybrid)
+        rows.append(
+            (
+                f"the best hybrid against RAW at {FAST}",
+                ">= 1.6x",
+                f"{reach} of {len(hybrid)} reach it ({min(hybrid):.2f}-{max(hybrid):.2f}x; "
+                f"`auto` {min(auto_fast):.2f}-{max(auto_fast):.2f}x)",
+                reach == len(hybrid),
+            )
+        )
+    if change is not None:
+        times = {k: statistics.median(v) for k, v in change["runs"].items() if "changes" not in k}
+        ratio = times["auto (re-plans)"] / times[f"plan for {change['to']}"]
+        rows.append(
+            (
+                f"after a link change ({change['from']} -> {change['to']}) against the plan "
+                "made for the new rate",
+                "<= 1.10x",
+                f"{ratio:.2f}x",
+                ratio <= 1.10,
+            )
+        )
+    close = sum(b <= 1.1 for b in bounds)
+    rows.append(
+        (
+            "every option within 1.1x of its pipeline bound",
+            "every option",
+            f"{close} of {len(bounds)} (median {statistics.median(bounds):.2f}x, "
+            f"worst {max(bounds):.2f}x)",
+            close == len(bounds),
+        )
+    )
+    if peer is not None:
+        to_peer = {
+            r["rate"]: _median(r["runs"]["hapi RAW"]) / _median(r["runs"]["peer"])
+            for r in peer["rates"]
+        }
+        rows.append(
+            (
+                "the RAW path against the peer on the same link",
+                "<= 1.0x",
+                ", ".join(f"{rate} {x:.2f}x" for rate, x in to_peer.items()),
+                max(to_peer.values()) <= 1.0,
+            )
+        )
+    return [
+        (goal, target, measured, "yes" if met else "no") for goal, target, measured, met in rows
+    ]
+
+
+def report(sources: list[str], configs: list[dict], rows: list[tuple[str, ...]]) -> str:
+    by_source: dict[str, int] = {}
+    for c in configs:
+        by_source[c["source"]] = by_source.get(c["source"], 0) + 1
+    lines = [
+        "## The planner against its goals (issue 12)",
+        "",
+        f"`python benchmarks/plan_goals.py --results {' '.join(sources)}`: no new "
+        "measurement; the configurations of those sweeps' `out/*.json` (a later source "
+        "replaces an earlier one's equal configuration) and `out/peer.json`. Counted: "
+        + ", ".join(f"{n} from `{s}`" for s, n in by_source.items())
+        + ". Medians of each sweep's interleaved repeats; `auto` is the job that plans and "
+        "re-plans itself; regret = `auto` / the fastest of every option and `auto` - 1.",
+        "",
+        "| goal | target | measured | met |",
+        "|---|---|---|---|",
+        *(f"| {' | '.join(row)} |" for row in rows),
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "sources",
+        nargs="*",
+        default=list(SOURCES),
+        help="NAME or NAME:RATE,RATE (default: SOURCES)",
+    )
+    parser.add_argument("--out", type=Path, default=HERE / "out")
+    parser.add_argument("--results", action="store_true", help="write benchmarks/RESULTS.md")
+    args = parser.parse_args()
+    configs, change = load(args.sources, args.out)
+    peer_path = args.out / "peer.json"
+    peer = json.loads(peer_path.read_text()) if peer_path.exists() else None
+    text = report(args.sources, configs, goals(configs, change, peer))
+    print(text)
+    if args.results:
+        write_section("plan-goals", text)
+
+
+if __name__ == "__main__":
+    main()
