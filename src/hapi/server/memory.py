@@ -16,11 +16,11 @@ How the head is measured, and why:
   Dispatch modes are per thread, so measuring one session does not see another's chunks.
 
 The head runs at a few batch sizes (two on the CPU; on CUDA up to the server's batch,
-where cuDNN's workspaces make the peak no line: `measured_batches`) and the line through
+where cuDNN's workspaces make the peak no line: `measured_batches`), and the line through
 the smallest one's peak and above the others gives the model's `fixed + per_sample *
-batch`. Decoding is not measured but computed from the image's
-size (`decode_bytes`), since it depends on each image and must be known before one is
-decoded: a 60000-pixel crop has to be refused, not tried.
+batch`. Decoding is not measured but computed from the image's size (`decode_bytes`),
+since it depends on each image and must be known before one is decoded: a 60000-pixel
+crop has to be refused, not tried.
 """
 
 from __future__ import annotations
