@@ -22,14 +22,16 @@ from _results import write_section
 
 HERE = Path(__file__).resolve().parent
 SOURCES = (
-    "plan-256:1gbit",
+    "plan-256",
+    "plan-256-r18-1gbit",
     "plan-256-vit:1gbit",
     "plan-256-10mbit",
     "plan-256-vit-10mbit",
     "plan-256-5-100",
 )
-"""The 256-image sweeps measured through the 8 KB tc bucket (`_netns.BURST`), or at
-1 Gbit/s, where the bucket did not matter."""
+"""The 256-image sweeps: measured through the 8 KB tc bucket (`_netns.BURST`), or at
+1 Gbit/s, where the bucket did not matter; `plan-256-r18-1gbit` re-measures ResNet-18 of
+`plan-256` with the trainer's receiving in its busy time."""
 FAST = "1gbit"
 """The link rate the hybrid goal is stated for ("the link is fast")."""
 
@@ -64,12 +66,17 @@ def load(sources: list[str], out: Path) -> tuple[list[dict], dict | None]:
 
 def goals(configs: list[dict], change: dict | None, peer: dict | None) -> list[tuple[str, ...]]:
     """Rows of (goal, target, measured, met)."""
-    regrets, vs_raw, vs_freeze, hybrid, auto_fast, bounds = [], [], [], [], [], []
+    regrets, chosen, vs_raw, vs_freeze, hybrid, auto_fast, bounds = [], [], [], [], [], [], []
     for c in configs:
         runs = c["runs"]
         auto = _median(runs["auto"])
         fixed = {k: _median(v) for k, v in runs.items() if k != "auto"}
         regrets.append(max(auto / min(min(fixed.values()), auto) - 1, 0.0))
+        # The plan's choice run as a fixed option in the same rounds: the cost model's
+        # choice without the `auto` job's own probes and re-plans.
+        choice = fixed.get(f"{c['plan']['cut']}:{c['plan']['share']}")
+        if choice is not None:
+            chosen.append(choice / min(fixed.values()) - 1)
         freeze_cut = max(int(k.split(":")[0]) for k in fixed if k.endswith(":0.0"))
         vs_raw.append(fixed["-1:0.0"] / auto)
         vs_freeze.append(fixed[f"{freeze_cut}:0.0"] / auto)
@@ -96,6 +103,14 @@ def goals(configs: list[dict], change: dict | None, peer: dict | None) -> list[t
             "<= 2%",
             f"{statistics.mean(regrets):.1%} (worst {max(regrets):.1%})",
             statistics.mean(regrets) <= 0.02,
+        ),
+        (
+            "the same, for the plan's choice run as a fixed option",
+            ">= 95%, <= 2%",
+            f"{sum(r <= 0.05 for r in chosen)} of {len(chosen)}, mean regret "
+            f"{statistics.mean(chosen):.1%}",
+            sum(r <= 0.05 for r in chosen) >= 0.95 * len(chosen)
+            and statistics.mean(chosen) <= 0.02,
         ),
         (
             "the plan at least as fast as RAW",
