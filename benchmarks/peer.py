@@ -37,7 +37,7 @@ from urllib.parse import quote, urlsplit
 import torch
 from _host import end, machine, pin
 from _results import write_section
-from plan import Stage, _label, _median, _spread  # the sweep's stage and its run summaries
+from plan import Stage, _label, _spread, median_epoch  # the sweep's stage and its run summaries
 
 HERE = Path(__file__).resolve().parent
 FILE_PORT = 18816
@@ -244,7 +244,7 @@ class _Objects(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
 
 
 def _summary(row: dict) -> dict:
-    return {"rate": row["rate"], **{k: round(_median(v), 3) for k, v in row["runs"].items()}}
+    return {"rate": row["rate"], **{k: round(median_epoch(v), 3) for k, v in row["runs"].items()}}
 
 
 def _report(rows: list[dict], args: argparse.Namespace) -> str:
@@ -269,10 +269,11 @@ def _report(rows: list[dict], args: argparse.Namespace) -> str:
         peer, raw, auto = (row["runs"][k] for k in ("peer", "hapi RAW", "hapi auto"))
         plans = sorted({r["label"] for r in auto})
         lines.append(
-            f"| {row['rate']} | {_median(peer):.2f} | {_spread(peer):.0%} | {_median(raw):.2f} "
-            f"| {_spread(raw):.0%} | {_median(raw) / _median(peer):.2f}x "
-            f"| {_median(auto):.2f} | {' / '.join(plans)} "
-            f"| {_median(peer) / _median(auto):.2f}x |"
+            f"| {row['rate']} | {median_epoch(peer):.2f} | {_spread(peer):.0%} "
+            f"| {median_epoch(raw):.2f} | {_spread(raw):.0%} "
+            f"| {median_epoch(raw) / median_epoch(peer):.2f}x "
+            f"| {median_epoch(auto):.2f} | {' / '.join(plans)} "
+            f"| {median_epoch(peer) / median_epoch(auto):.2f}x |"
         )
     lines += ["", "![epoch time per link: peer, hapi RAW, hapi auto](out/peer.png)"]
     return "\n".join(lines)
@@ -301,7 +302,7 @@ def _plot(rows: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     for i, name in enumerate(names):
         xs = [j + (i - 1) * width for j in range(len(rows))]
-        ax.bar(xs, [_median(row["runs"][name]) for row in rows], width, label=name)
+        ax.bar(xs, [median_epoch(row["runs"][name]) for row in rows], width, label=name)
     ax.set_xticks(range(len(rows)), [row["rate"] for row in rows])
     ax.set_ylabel("epoch s (median)")
     ax.set_title("ResNet-18 to avgpool+flatten: epoch time per link", fontsize=9)

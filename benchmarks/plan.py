@@ -508,12 +508,20 @@ def _summary(config: dict) -> dict:
         "model": config["model"],
         "freeze": config["freeze"],
         "plan": [config["plan"]["cut"], config["plan"]["share"]],
-        "medians": {k: round(_median(v), 3) for k, v in config["runs"].items()},
+        "medians": {k: round(median_epoch(v), 3) for k, v in config["runs"].items()},
     }
 
 
-def _median(runs: list[dict]) -> float:
+def median_epoch(runs: list[dict]) -> float:
+    """The median epoch time of an option's repeats."""
     return statistics.median(r["epoch_s"] for r in runs)
+
+
+def bound_ratio(run: dict) -> float | None:
+    """Epoch / pipeline bound: the slowest stage's busy time as the job measured it
+    (server, link, trainer); None where no stage was measured."""
+    bound = max(run["server_s"], run["transfer_s"], run["trainer_s"])
+    return run["epoch_s"] / bound if bound > 0 else None
 
 
 def _spread(runs: list[dict]) -> float:
@@ -545,8 +553,8 @@ def _report(configs: list[dict], change: dict | None, args: argparse.Namespace) 
     within = regrets = chosen_within = chosen_regrets = 0.0
     for c in configs:
         runs = c["runs"]
-        auto = _median(runs["auto"])
-        fixed = {k: _median(v) for k, v in runs.items() if k != "auto"}
+        auto = median_epoch(runs["auto"])
+        fixed = {k: median_epoch(v) for k, v in runs.items() if k != "auto"}
         best_label = min(fixed, key=fixed.__getitem__)
         best = min(fixed[best_label], auto)
         regret = auto / best - 1
@@ -613,11 +621,7 @@ def _worst_to_bound(runs: dict[str, list[dict]]) -> float:
     slowest stage's busy time as the job measured it (server, link, trainer)."""
     ratios = []
     for label, option_runs in runs.items():
-        bounds = [
-            r["epoch_s"] / max(r["server_s"], r["transfer_s"], r["trainer_s"])
-            for r in option_runs
-            if max(r["server_s"], r["transfer_s"], r["trainer_s"]) > 0
-        ]
+        bounds = [b for b in map(bound_ratio, option_runs) if b is not None]
         if bounds and label != "auto":
             ratios.append(statistics.median(bounds))
     return max(ratios, default=float("nan"))
@@ -669,8 +673,10 @@ def _plot(configs: list[dict], path: Path) -> None:
             x = predicted.get((int(cut), float(share)))
             if x is None:
                 continue
-            ax.scatter(x, _median(runs), s=14, color="tab:orange" if float(share) else "tab:blue")
-        auto = _median(c["runs"]["auto"])
+            ax.scatter(
+                x, median_epoch(runs), s=14, color="tab:orange" if float(share) else "tab:blue"
+            )
+        auto = median_epoch(c["runs"]["auto"])
         ax.axhline(auto, color="tab:red", linewidth=1, label="auto (measured)")
         top = max([*predicted.values(), auto]) * 1.1
         ax.plot([0, top], [0, top], color="gray", linestyle="--", linewidth=0.8)

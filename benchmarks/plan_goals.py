@@ -19,6 +19,7 @@ import statistics
 from pathlib import Path
 
 from _results import write_section
+from plan import bound_ratio, median_epoch
 
 HERE = Path(__file__).resolve().parent
 SOURCES = (
@@ -35,16 +36,6 @@ SOURCES = (
 re-measure configurations of `plan-256` with the trainer's receiving in its busy time."""
 FAST = "1gbit"
 """The link rate the hybrid goal is stated for ("the link is fast")."""
-
-
-def _median(runs: list[dict]) -> float:
-    return statistics.median(r["epoch_s"] for r in runs)
-
-
-def _bound_ratio(run: dict) -> float | None:
-    """Epoch / pipeline bound: the slowest stage's busy time as the job measured it."""
-    bound = max(run["server_s"], run["transfer_s"], run["trainer_s"])
-    return run["epoch_s"] / bound if bound > 0 else None
 
 
 def load(sources: list[str], out: Path) -> tuple[list[dict], dict | None]:
@@ -70,8 +61,8 @@ def goals(configs: list[dict], change: dict | None, peer: dict | None) -> list[t
     regrets, chosen, vs_raw, vs_freeze, hybrid, auto_fast, bounds = [], [], [], [], [], [], []
     for c in configs:
         runs = c["runs"]
-        auto = _median(runs["auto"])
-        fixed = {k: _median(v) for k, v in runs.items() if k != "auto"}
+        auto = median_epoch(runs["auto"])
+        fixed = {k: median_epoch(v) for k, v in runs.items() if k != "auto"}
         regrets.append(max(auto / min(min(fixed.values()), auto) - 1, 0.0))
         # The plan's choice run as a fixed option in the same rounds: the cost model's
         # choice without the `auto` job's own probes and re-plans.
@@ -87,7 +78,7 @@ def goals(configs: list[dict], change: dict | None, peer: dict | None) -> list[t
                 hybrid.append(fixed["-1:0.0"] / min(hybrids))
             auto_fast.append(fixed["-1:0.0"] / auto)
         for label, option_runs in runs.items():
-            ratios = [r for r in map(_bound_ratio, option_runs) if r is not None]
+            ratios = [r for r in map(bound_ratio, option_runs) if r is not None]
             if label != "auto" and ratios:
                 bounds.append(statistics.median(ratios))
     n = len(configs)
@@ -161,7 +152,7 @@ def goals(configs: list[dict], change: dict | None, peer: dict | None) -> list[t
     )
     if peer is not None:
         to_peer = {
-            r["rate"]: _median(r["runs"]["hapi RAW"]) / _median(r["runs"]["peer"])
+            r["rate"]: median_epoch(r["runs"]["hapi RAW"]) / median_epoch(r["runs"]["peer"])
             for r in peer["rates"]
         }
         rows.append(
