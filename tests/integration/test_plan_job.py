@@ -14,7 +14,7 @@ from hapi.data import open_store, synth_dataset
 from hapi.errors import InvalidCut
 from hapi.graph import INPUT, RAW
 from hapi.server import HapiServer, serve
-from hapi.wire import SessionRequest
+from hapi.wire import ChunkTicket, SessionRequest
 
 SIZE = 64
 LAYER3 = 10  # resnet18's cut after layer3 (its 15 cuts: conv1, bn1, ..., fc)
@@ -224,6 +224,44 @@ def test_a_replanner_that_always_drifts_keeps_every_key_once(server: HapiServer)
     fixed.fit(2, lr=0.05)
     _same_losses(job, fixed)
     assert [e.samples for e in job.history.epochs] == [24, 24]
+
+
+def test_a_chunk_is_timed_from_its_request_not_from_its_sessions_opening(
+    server: HapiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hapi.client.connection import ChunkStream, Connection
+    from hapi.client.routing import ChunkRecord, Router
+    from hapi.client.sessions import Sessions
+
+    # Opening a session takes as long as the server needs to trace the model; the first
+    # chunk at a cut waits for it. Timed from before the opening, the opening read as the
+    # link's time (a 1 Gbit/s link at 2 MB/s, and a re-plan away from the cut).
+    open_session, stream, observe = Sessions._open, Connection.stream, Router.observe
+    requested: dict[int, float] = {}
+    records: list[ChunkRecord] = []
+
+    def slow_open(self: Sessions, cut: int) -> str:
+        time.sleep(0.5)
+        return open_session(self, cut)
+
+    def timed_stream(self: Connection, ticket: ChunkTicket) -> ChunkStream:
+        requested.setdefault(ticket.chunk, time.perf_counter())
+        return stream(self, ticket)
+
+    def recorded(self: Router, record: ChunkRecord) -> None:
+        records.append(record)
+        observe(self, record)
+
+    monkeypatch.setattr(Sessions, "_open", slow_open)
+    monkeypatch.setattr(Connection, "stream", timed_stream)
+    monkeypatch.setattr(Router, "observe", recorded)
+    job = _job(server, cut=LAYER3)
+    job.fit(1, lr=0.05)
+    reads = [r for r in records if r.trainer_s is None]
+    assert sorted(r.chunk for r in reads) == list(range(5))  # 24 keys in chunks of 5
+    for record in reads:
+        assert record.issued is not None
+        assert 0 <= requested[record.chunk] - record.issued < 0.25, record.chunk
 
 
 def test_batches_stream_before_their_chunk_is_complete(server: HapiServer) -> None:
