@@ -63,6 +63,9 @@ def test_an_automatic_plan_is_a_valid_choice_and_trains(server: HapiServer) -> N
     # Receiving costs the trainer CPU, measured on the RAW probe: above nothing, and far
     # below a second per MB (5-6 ms per MB here).
     assert 0.0 < plan.trainer.receive_s < 1e-6
+    # Serving an object raw, as the RAW probe's report said: its read and more.
+    assert plan.server.raw_s is not None and plan.server.raw_s >= plan.server.read_s > 0
+    assert plan.server.compute_s(RAW) == plan.server.raw_s
     explained = plan.explain()
     assert plan.reason in explained and "*" in explained
     assert "plan:" in job.summary() and "1,539 parameters train" in job.summary()

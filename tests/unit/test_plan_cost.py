@@ -248,6 +248,21 @@ def test_the_trainer_pays_for_the_bytes_it_receives() -> None:
     assert chosen(_trainer(receive_s=1e-7)) == 2
 
 
+def test_the_server_pays_for_serving_raw_objects_beside_its_heads() -> None:
+    # Serving an object raw - reading it and encoding it onto the wire - costs the server
+    # 2 ms, not its 1 ms read: a hybrid's local chunks cost its core that much each.
+    link = LinkProfile(bytes_per_s=1e12)
+    work = Workload(samples=1000, chunk_size=100)
+    server = _server(raw_s=0.002)
+    hybrid = estimate(2, 0.5, server, _trainer(), link, work)
+    assert hybrid.server_s == pytest.approx(500 * (0.001 + 0.004 + 0.003) + 500 * 0.002)
+    assert estimate(RAW, 0.0, server, _trainer(), link, work).server_s == pytest.approx(2.0)
+    # Not measured apart: the read stands for it (500 ms for the same local share).
+    unmeasured = estimate(2, 0.5, _server(), _trainer(), link, work)
+    assert hybrid.server_s - unmeasured.server_s == pytest.approx(500 * (0.002 - 0.001))
+    assert server.scaled(2.0).compute_s(RAW) == pytest.approx(0.004)
+
+
 _cost = st.floats(0.0, 0.01)
 
 
@@ -370,7 +385,7 @@ def test_freeze_limits_the_cuts_weighed() -> None:
 
 def test_profiles_round_trip_through_json() -> None:
     key = ProfileKey.of("sha256:ab", (3, 32, 32), {"ops": [{"op": "resize", "size": 32}]}, "cpu")
-    server = _server(key=key, wire_dtype="fp16", batch_size=8)
+    server = _server(key=key, wire_dtype="fp16", batch_size=8, raw_s=0.002)
     trainer = _trainer(batch_size=32, device="cuda:0")
     link = LinkProfile(bytes_per_s=12.5e6, latency_s=0.002)
     for profile in (server, trainer, link, key):
@@ -385,6 +400,8 @@ def test_profiles_refuse_bad_values() -> None:
         _server(out_bytes=(1, 2))
     with pytest.raises(InvalidRequest, match="read_s"):
         _server(read_s=-1.0)
+    with pytest.raises(InvalidRequest, match="raw_s"):
+        _server(raw_s=float("nan"))
     with pytest.raises(InvalidRequest, match="wire_dtype"):
         _server(wire_dtype="int8")
     with pytest.raises(InvalidRequest, match="no field"):

@@ -4,7 +4,8 @@ The link, the objects' size and the trainer's decoding come from a probe chunk o
 job's own objects in a RAW session: its bytes over the stream's time, less the server's
 wait for its store (the session's own counters, `stats`) and the request's round trip.
 The trainer's CPU time receiving it, per byte, is what every byte costs the core that
-trains (`TrainerProfile.receive_s`).
+trains (`TrainerProfile.receive_s`); the server's time on it, as its report says, is what
+serving an object raw costs the server (`ServerProfile.raw_s`: reading and encoding).
 The server measures its side itself when it answers the `profile` action: reading,
 decoding and the head to every cut, on the same objects, the head in batches of the
 job's chunk size. A probe at the freeze cut then sets their level: it runs the path
@@ -71,6 +72,9 @@ class _Probe:
     round_trip_s: float
     cpu_s: float
     """The trainer process's CPU time receiving it (every thread's: gRPC's own too)."""
+    reported_s: float
+    """The server's time on it as its chunks' reports said (what a chunk of the job's
+    reports, and the re-planner weighs against the plan)."""
 
 
 def probe_keys(manifest: DatasetManifest, n: int, seed: int) -> tuple[list[str], list[int]]:
@@ -192,14 +196,16 @@ def _calibrated(
     profile gives the cuts' relative costs, the probe their level.
     """
     raw_bytes = raw.nbytes / max(raw.samples, 1)  # what RAW carries per sample, as seen
+    profiled = dataclasses.replace(
+        profiled, raw_bytes=raw_bytes, raw_s=_raw_s(profiled.read_s, raw)
+    )
     if at_freeze is None or not at_freeze.samples:
-        return dataclasses.replace(profiled, raw_bytes=raw_bytes)
+        return profiled
     m = at_freeze.samples
     head = at_freeze.server.head_s / m
     ratio = head / profiled.head_s[freeze] if profiled.head_s[freeze] > 0 else 1.0
     return dataclasses.replace(
         profiled,
-        raw_bytes=raw_bytes,
         decode_s=at_freeze.server.transform_s / m,
         head_s=tuple(t * ratio for t in profiled.head_s),
     )
@@ -241,8 +247,10 @@ def _scaled_trainer(
     # Bytes on the wire beyond the tensor itself (key, label, Arrow's buffers), measured.
     overhead = max(0, round(at_freeze.nbytes / m) - wire_bytes(graph, freeze, wire_dtype))
     cuts = range(freeze + 1)
+    read_s = raw.server.read_s / n
     return ServerProfile(
-        read_s=raw.server.read_s / n,
+        read_s=read_s,
+        raw_s=_raw_s(read_s, raw),
         decode_s=at_freeze.server.transform_s / m,
         head_s=tuple(trainer.head_s[k] * ratio for k in cuts),
         out_bytes=tuple(wire_bytes(graph, k, wire_dtype, overhead=overhead) for k in cuts),
@@ -250,6 +258,15 @@ def _scaled_trainer(
         raw_bytes=raw.nbytes / n,
         wire_dtype=wire_dtype,
     )
+
+
+def _raw_s(read_s: float, raw: _Probe) -> float | None:
+    """What serving an object raw costs the server per sample, from the RAW probe's
+    reports (its reading and encoding), or None where it reported nothing (an older
+    server): `read_s` then stands."""
+    if not raw.samples or raw.reported_s <= 0:
+        return None
+    return max(read_s, raw.reported_s / raw.samples)
 
 
 def _link(raw: _Probe) -> LinkProfile:
@@ -284,27 +301,32 @@ def _probe(
     before, rtt1 = _counters(connection, session)
     t0, cpu0 = time.perf_counter(), time.process_time()
     nbytes = samples = 0
+    reported_s = 0.0
     blobs: list[bytes] = []
     for ticket in tickets:
-        n, s, b = _read(connection, ticket)
-        nbytes, samples, blobs = nbytes + n, samples + s, blobs + b
+        n, s, b, r = _read(connection, ticket)
+        nbytes, samples, blobs, reported_s = nbytes + n, samples + s, blobs + b, reported_s + r
     seconds, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
     after, rtt2 = _counters(connection, session)
     delta = SessionStats(
         **{name: getattr(after, name) - getattr(before, name) for name in SessionStats.model_fields}
     )
-    return _Probe(seconds, nbytes, samples, delta, blobs, min(rtt1, rtt2), cpu_s)
+    return _Probe(seconds, nbytes, samples, delta, blobs, min(rtt1, rtt2), cpu_s, reported_s)
 
 
-def _read(connection: Connection, ticket: ChunkTicket) -> tuple[int, int, list[bytes]]:
+def _read(connection: Connection, ticket: ChunkTicket) -> tuple[int, int, list[bytes], float]:
+    """The chunk's bytes, samples, raw objects and the server's reported time on it."""
     nbytes = samples = 0
+    reported_s = 0.0
     blobs: list[bytes] = []
     for part in connection.stream(ticket):
         nbytes += part.nbytes
         if part.batch is not None:
             samples += len(part.batch)
             blobs += part.batch.data or []
-    return nbytes, samples, blobs
+        if part.report is not None:
+            reported_s += part.report.server_s
+    return nbytes, samples, blobs, reported_s
 
 
 def _counters(connection: Connection, session: str) -> tuple[SessionStats, float]:

@@ -4,11 +4,12 @@ An option is a cut `k` and a local share `f`: a share `f` of the epoch's chunks 
 computed entirely by the trainer from raw bytes, the rest is pushed down at cut `k`.
 Per sample, with the profiles' costs:
 
-    server  = (1-f)·(read + decode + head_k) + f·read
+    server  = (1-f)·(read + decode + head_k) + f·raw
     link    = ((1-f)·bytes_k + f·raw_bytes) / bandwidth     (+ latency per chunk / K)
     trainer = (1-f)·tail_k + f·(decode + head_k + tail_k) + receive·((1-f)·bytes_k + f·raw_bytes)
 
-(receive: the trainer's CPU per byte received, which its core spends beside training.)
+(raw: the server's time to read an object and encode it onto the wire; receive: the
+trainer's CPU per byte received, which its core spends beside training.)
 
 `cut = RAW` is the baseline: the server only reads, the trainer does everything.
 
@@ -299,7 +300,7 @@ def _stage_lines(
     receive = trainer.receive_s
     pushed = (server.compute_s(cut), wire, trainer.remote_s(cut) + receive * wire)
     local = (
-        server.read_s,
+        server.compute_s(RAW),
         server.raw_bytes,
         trainer.local_s(max(cut, INPUT)) + receive * server.raw_bytes,
     )
