@@ -28,14 +28,15 @@ SOURCES = (
     "plan-256-r50-1gbit",
     "plan-256-r50-layer3-1gbit",
     "plan-256-vgg11-1gbit",
+    "plan-256-densenet-1gbit",
     "plan-256-vit:1gbit",
     "plan-256-10mbit",
     "plan-256-vit-10mbit",
     "plan-256-5-100",
 )
 """The 256-image sweeps: measured through the 8 KB tc bucket (`_netns.BURST`), or at
-1 Gbit/s, where the bucket did not matter; `plan-256-r18-1gbit` and `plan-256-r50-1gbit`
-re-measure configurations of `plan-256` with the trainer's receiving in its busy time."""
+1 Gbit/s, where the bucket did not matter; the `-1gbit` sweeps re-measure configurations
+of `plan-256` with the trainer's receiving in its busy time."""
 FAST = "1gbit"
 """The link rate the hybrid goal is stated for ("the link is fast")."""
 
