@@ -29,6 +29,7 @@ SOURCES = (
     "plan-256-r50-layer3-1gbit",
     "plan-256-vgg11-1gbit",
     "plan-256-densenet-1gbit",
+    "plan-256-densenet-ff-1gbit",
     "plan-256-vit:1gbit",
     "plan-256-10mbit",
     "plan-256-vit-10mbit",
