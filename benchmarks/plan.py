@@ -524,6 +524,23 @@ def bound_ratio(run: dict) -> float | None:
     return run["epoch_s"] / bound if bound > 0 else None
 
 
+def ends_bound_ratio(run: dict, steps: int) -> float | None:
+    """Epoch / the pipeline bound with the ends no pipeline overlaps, for an epoch of
+    `steps` training steps: the trainer's first step waits for the first batch to be
+    computed and carried, and the last step starts only after the last has been, so a
+    pure option's epoch is at least max(feed / steps + trainer, feed + trainer / steps),
+    feed the slower of the server and the link. With two stages balanced over 8 steps
+    that is 1.125x the slowest alone. A hybrid's first chunk is local and needs no
+    server; its ends are not charged (the slowest stage alone). None where no stage was
+    measured."""
+    server, link, trainer = run["server_s"], run["transfer_s"], run["trainer_s"]
+    bound = max(server, link, trainer)
+    if run["share"] == 0.0 and steps > 0:
+        feed = max(server, link)
+        bound = max(bound, feed / steps + trainer, feed + trainer / steps)
+    return run["epoch_s"] / bound if bound > 0 else None
+
+
 def _spread(runs: list[dict]) -> float:
     times = [r["epoch_s"] for r in runs]
     return (max(times) - min(times)) / statistics.median(times)

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 from pathlib import Path
 
 from _results import write_section
-from plan import bound_ratio, median_epoch
+from plan import bound_ratio, ends_bound_ratio, median_epoch
 
 HERE = Path(__file__).resolve().parent
 SOURCES = (
@@ -30,6 +31,7 @@ SOURCES = (
     "plan-256-vgg11-1gbit",
     "plan-256-densenet-1gbit",
     "plan-256-densenet-ff-1gbit",
+    "plan-256-vgg11-c5-1gbit",
     "plan-256-vit:1gbit",
     "plan-256-10mbit",
     "plan-256-vit-10mbit",
@@ -54,7 +56,8 @@ def load(sources: list[str], out: Path) -> tuple[list[dict], dict | None]:
             if rates and config["rate"] not in rates.split(","):
                 continue
             key = (config["rate"], config.get("model", ""), config["freeze"])
-            configs[key] = {**config, "source": name}
+            steps = math.ceil(data["args"]["images"] / data["args"]["batch_size"])
+            configs[key] = {**config, "source": name, "steps": steps}
         if data.get("link_change"):
             change = data["link_change"]
     return list(configs.values()), change
@@ -62,7 +65,8 @@ def load(sources: list[str], out: Path) -> tuple[list[dict], dict | None]:
 
 def goals(configs: list[dict], change: dict | None, peer: dict | None) -> list[tuple[str, ...]]:
     """Rows of (goal, target, measured, met)."""
-    regrets, chosen, vs_raw, vs_freeze, hybrid, auto_fast, bounds = [], [], [], [], [], [], []
+    regrets, chosen, vs_raw, vs_freeze, hybrid, auto_fast = [], [], [], [], [], []
+    bounds, ends, modelled = [], [], []
     for c in configs:
         runs = c["runs"]
         auto = median_epoch(runs["auto"])
@@ -80,11 +84,15 @@ def goals(configs: list[dict], change: dict | None, peer: dict | None) -> list[t
             hybrids = [v for k, v in fixed.items() if not k.endswith(":0.0")]
             if hybrids:
                 hybrid.append(fixed["-1:0.0"] / min(hybrids))
+                modelled.append(_modelled_hybrid(c["plan"]["options"]))
             auto_fast.append(fixed["-1:0.0"] / auto)
         for label, option_runs in runs.items():
             ratios = [r for r in map(bound_ratio, option_runs) if r is not None]
             if label != "auto" and ratios:
                 bounds.append(statistics.median(ratios))
+                ends.append(
+                    statistics.median(ends_bound_ratio(r, c["steps"]) or 0.0 for r in option_runs)
+                )
     n = len(configs)
     within = sum(r <= 0.05 for r in regrets)
     rows = [
@@ -132,6 +140,16 @@ def goals(configs: list[dict], change: dict | None, peer: dict | None) -> list[t
                 reach == len(hybrid),
             )
         )
+        able = [x for x in modelled if x >= 1.6]
+        rows.append(
+            (
+                "the same, as the cost model predicts it from the plan's profiles",
+                "(what the hardware allows)",
+                f"{len(able)} of {len(modelled)} predicted able to reach 1.6x "
+                f"({min(modelled):.2f}-{max(modelled):.2f}x)",
+                len(able) == len(modelled),
+            )
+        )
     if change is not None:
         times = {k: statistics.median(v) for k, v in change["runs"].items() if "changes" not in k}
         ratio = times["auto (re-plans)"] / times[f"plan for {change['to']}"]
@@ -154,6 +172,16 @@ def goals(configs: list[dict], change: dict | None, peer: dict | None) -> list[t
             close == len(bounds),
         )
     )
+    close = sum(b <= 1.1 for b in ends)
+    rows.append(
+        (
+            "the same, with the first and the last training step in the bound",
+            "every option",
+            f"{close} of {len(ends)} (median {statistics.median(ends):.2f}x, "
+            f"worst {max(ends):.2f}x)",
+            close == len(ends),
+        )
+    )
     if peer is not None:
         to_peer = {
             r["rate"]: median_epoch(r["runs"]["hapi RAW"]) / median_epoch(r["runs"]["peer"])
@@ -170,6 +198,12 @@ def goals(configs: list[dict], change: dict | None, peer: dict | None) -> list[t
     return [
         (goal, target, measured, "yes" if met else "no") for goal, target, measured, met in rows
     ]
+
+
+def _modelled_hybrid(options: list[dict]) -> float:
+    """RAW's predicted epoch over the fastest predicted hybrid's, in a plan's table."""
+    raw = next(o["epoch_s"] for o in options if o["cut"] == -1)
+    return raw / min((o["epoch_s"] for o in options if o["share"] > 0), default=math.inf)
 
 
 def report(sources: list[str], configs: list[dict], rows: list[tuple[str, ...]]) -> str:

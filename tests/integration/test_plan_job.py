@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from hapi.client import FeatureLoader, TransferJob, connect
+from hapi.client.connection import ChunkPart, Connection
 from hapi.data import open_store, synth_dataset
 from hapi.errors import InvalidCut
 from hapi.graph import INPUT, RAW
@@ -77,6 +78,36 @@ def test_an_automatic_plan_is_a_valid_choice_and_trains(server: HapiServer) -> N
     assert epoch.server_s > 0 and epoch.trainer_s > 0 and epoch.transfer_s >= 0
     assert epoch.binding in ("server", "link", "trainer")
     assert all(torch.isfinite(torch.tensor(job.history.losses)))
+
+
+def test_the_plan_predicts_the_freeze_cut_at_what_its_probe_chunks_reported(
+    server: HapiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's profile is levelled on the probe at the freeze cut: its head, its wait
+    for the store and the rest of its chunks' reported time, so the plan's server time at
+    the freeze cut is what those chunks reported - the figure the re-planner weighs the
+    job's chunks against - not the profile action's reads, timed one by one."""
+    seen: list[tuple[str, int, float]] = []  # session, keys, reported server time
+    stream = Connection.stream
+
+    def recorded(self: Connection, ticket: ChunkTicket) -> Iterator[ChunkPart]:
+        reported = 0.0
+        for part in stream(self, ticket):
+            reported += part.report.server_s if part.report is not None else 0.0
+            yield part
+        seen.append((ticket.session, len(ticket.keys), reported))
+
+    monkeypatch.setattr(Connection, "stream", recorded)
+    job = _job(server, replan=False)
+    assert job.plan is not None
+    # The probes: RAW, then the freeze cut; each ran its chunks twice, the second measured.
+    sessions = list(dict.fromkeys(session for session, _, _ in seen))
+    assert len(sessions) == 2
+    at_freeze = [chunk for chunk in seen if chunk[0] == sessions[-1]]
+    measured = at_freeze[len(at_freeze) // 2 :]
+    reported = sum(r for *_, r in measured) / sum(n for _, n, _ in measured)
+    assert reported > 0.0
+    assert job.plan.server.compute_s(job.freeze) == pytest.approx(reported, rel=1e-9)
 
 
 def test_receiving_is_the_trainers_busy_time_on_one_core(

@@ -189,11 +189,18 @@ def measure_job(
 def _calibrated(
     profiled: ServerProfile, *, raw: _Probe, at_freeze: _Probe | None, freeze: int
 ) -> ServerProfile:
-    """The server's own profile, its head and decoding rescaled to a real chunk's.
+    """The server's own profile, its head, reading and decoding rescaled to a real chunk's.
 
     The profile times each cut's head on a small batch of its own; the probe at the
     freeze cut runs the path every chunk runs, in chunks of the job's size. The
-    profile gives the cuts' relative costs, the probe their level.
+    profile gives the cuts' relative costs, the probe their level: its head, its wait
+    for the store, and the rest of what its chunks' reports say they cost - decoding and
+    transforming, and encoding and handing on each batch - as `decode_s`. So the plan
+    predicts the freeze cut at what its chunks will report, which is what the re-planner
+    weighs them against: the profile action's store reads, one after another on an idle
+    core, took a third of the 0.6 ms a sample a chunk waited for them beside its decoding
+    (ResNet-50's INPUT chunks reported 1.14x the plan), and a re-plan in the first epoch
+    answered a drift that was only the profile's.
     """
     raw_bytes = raw.nbytes / max(raw.samples, 1)  # what RAW carries per sample, as seen
     profiled = dataclasses.replace(
@@ -202,11 +209,17 @@ def _calibrated(
     if at_freeze is None or not at_freeze.samples:
         return profiled
     m = at_freeze.samples
-    head = at_freeze.server.head_s / m
+    counters = at_freeze.server
+    head = counters.head_s / m
     ratio = head / profiled.head_s[freeze] if profiled.head_s[freeze] > 0 else 1.0
+    read, decode = profiled.read_s, counters.transform_s / m
+    rest = (at_freeze.reported_s - counters.head_s - counters.read_s) / m
+    if rest >= decode:  # else an older server, which reports no time
+        read, decode = counters.read_s / m, rest
     return dataclasses.replace(
         profiled,
-        decode_s=at_freeze.server.transform_s / m,
+        read_s=read,
+        decode_s=decode,
         head_s=tuple(t * ratio for t in profiled.head_s),
     )
 
