@@ -85,9 +85,11 @@ class ServerProfile:
     """The storage side's costs, measured by the server on the job's own objects."""
 
     read_s: float
-    """Reading one object from the store."""
+    """Reading one object from the store (once levelled on a probe chunk, what a chunk
+    waits for it beside its decoding: `hapi.client.planning`)."""
     decode_s: float
-    """Decoding and transforming one object into the input tensor."""
+    """Decoding and transforming one object into the input tensor (once levelled, with
+    the rest of a chunk's cost per sample beside its reads and its head: encoding)."""
     head_s: tuple[float, ...]
     """The head from the input up to each cut (`head_s[0]` = 0: INPUT runs no layer)."""
     out_bytes: tuple[int, ...]
