@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hapi.client import FeatureLoader, TransferJob, connect
-from hapi.client.connection import ChunkPart, Connection
+from hapi.client.connection import ChunkPart, ChunkStream, Connection
 from hapi.data import open_store, synth_dataset
 from hapi.errors import InvalidCut
 from hapi.graph import INPUT, RAW
@@ -263,7 +263,6 @@ def test_a_replanner_that_always_drifts_keeps_every_key_once(server: HapiServer)
 def test_a_chunk_is_timed_from_its_request_not_from_its_sessions_opening(
     server: HapiServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hapi.client.connection import ChunkStream, Connection
     from hapi.client.routing import ChunkRecord, Router
     from hapi.client.sessions import Sessions
 
