@@ -203,11 +203,10 @@ def _calibrated(
     answered a drift that was only the profile's.
     """
     raw_bytes = raw.nbytes / max(raw.samples, 1)  # what RAW carries per sample, as seen
-    profiled = dataclasses.replace(
-        profiled, raw_bytes=raw_bytes, raw_s=_raw_s(profiled.read_s, raw)
-    )
     if at_freeze is None or not at_freeze.samples:
-        return profiled
+        return dataclasses.replace(
+            profiled, raw_bytes=raw_bytes, raw_s=_raw_s(profiled.read_s, raw)
+        )
     m = at_freeze.samples
     counters = at_freeze.server
     head = counters.head_s / m
@@ -218,7 +217,9 @@ def _calibrated(
         read, decode = counters.read_s / m, rest
     return dataclasses.replace(
         profiled,
+        raw_bytes=raw_bytes,
         read_s=read,
+        raw_s=_raw_s(read, raw),  # serving an object raw reads it too
         decode_s=decode,
         head_s=tuple(t * ratio for t in profiled.head_s),
     )
