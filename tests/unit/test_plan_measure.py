@@ -132,6 +132,26 @@ def test_tails_measured_one_by_one(resnet18: ModelGraph) -> None:
     assert all(p.grad is None for p in resnet18.model.parameters())
 
 
+def test_decoding_is_measured_warm(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A job measures decoding first thing in its process, where the codec's first call
+    # is slow: that call must not set the plan's decoding cost.
+    import hapi.plan.measure as measure
+
+    real = measure.load_sample
+    calls = itertools.count()
+
+    def first_call_slow(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if next(calls) == 0:
+            time.sleep(0.3)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(measure, "load_sample", first_call_slow)
+    blobs = [jpeg(40, 40, seed) for seed in range(3)]
+    decode = measure_decode(blobs, Transforms.eval(32))
+    assert 0 < decode < 0.05  # the cold pass would read 0.1 s a sample
+    assert next(calls) == 3 * 4  # one warm pass, then three measured
+
+
 def test_server_profile_and_a_plan_from_measurements(resnet18: ModelGraph) -> None:
     blobs = [jpeg(40, 40, seed) for seed in range(3)]
     decode = measure_decode(blobs, Transforms.eval(32))
