@@ -67,6 +67,10 @@ def test_an_automatic_plan_is_a_valid_choice_and_trains(server: HapiServer) -> N
     # Serving an object raw, as the RAW probe's report said: its read and more.
     assert plan.server.raw_s is not None and plan.server.raw_s >= plan.server.read_s > 0
     assert plan.server.compute_s(RAW) == plan.server.raw_s
+    # Sending costs the server's cores too, measured on the same probe (the process's CPU
+    # beyond its chunks' threads): above nothing, far below a second per MB.
+    assert 0.0 < plan.server.send_s < 1e-6
+    assert plan.server.serve_s(RAW) > plan.server.compute_s(RAW)
     explained = plan.explain()
     assert plan.reason in explained and "*" in explained
     assert "plan:" in job.summary() and "1,539 parameters train" in job.summary()

@@ -196,6 +196,8 @@ def test_sessions_share_heads_and_close_with_stats(conn: Connection) -> None:
     assert second.session in server_stats.sessions
     assert server_stats.closed_sessions[first.session] == stats
     assert server_stats.bytes_sent >= stats.bytes_sent
+    # The process's CPU time, every thread's: it has served a chunk, and it only grows.
+    assert 0 < server_stats.cpu_s <= conn.stats().cpu_s
 
 
 def test_egress_limit_shapes_what_is_sent(store_dir: Path) -> None:

@@ -263,6 +263,23 @@ def test_the_server_pays_for_serving_raw_objects_beside_its_heads() -> None:
     assert server.scaled(2.0).compute_s(RAW) == pytest.approx(0.004)
 
 
+def test_the_server_pays_for_every_byte_it_sends() -> None:
+    # Sending costs the server's core 10 ms per MB beyond what its chunks report: 1 ms
+    # for each 100 KB object served raw, 0.02 ms for each 2 KB feature.
+    link = LinkProfile(bytes_per_s=1e12)
+    work = Workload(samples=1000, chunk_size=100)
+    server = _server(raw_s=0.002, send_s=1e-8)
+    hybrid = estimate(2, 0.5, server, _trainer(), link, work)
+    assert hybrid.server_s == pytest.approx(500 * (0.008 + 0.00002) + 500 * (0.002 + 0.001))
+    assert estimate(RAW, 0.0, server, _trainer(), link, work).server_s == pytest.approx(3.0)
+    assert estimate(INPUT, 0.0, server, _trainer(), link, work).server_s == pytest.approx(
+        1000 * (0.005 + 0.0015)
+    )
+    # What the chunks report, which the re-planner weighs them against, leaves it out.
+    assert server.compute_s(RAW) == 0.002
+    assert server.scaled(2.0).serve_s(RAW) == pytest.approx(0.006)
+
+
 _cost = st.floats(0.0, 0.01)
 
 
@@ -385,7 +402,7 @@ def test_freeze_limits_the_cuts_weighed() -> None:
 
 def test_profiles_round_trip_through_json() -> None:
     key = ProfileKey.of("sha256:ab", (3, 32, 32), {"ops": [{"op": "resize", "size": 32}]}, "cpu")
-    server = _server(key=key, wire_dtype="fp16", batch_size=8, raw_s=0.002)
+    server = _server(key=key, wire_dtype="fp16", batch_size=8, raw_s=0.002, send_s=3e-9)
     trainer = _trainer(batch_size=32, device="cuda:0")
     link = LinkProfile(bytes_per_s=12.5e6, latency_s=0.002)
     for profile in (server, trainer, link, key):
@@ -402,6 +419,8 @@ def test_profiles_refuse_bad_values() -> None:
         _server(read_s=-1.0)
     with pytest.raises(InvalidRequest, match="raw_s"):
         _server(raw_s=float("nan"))
+    with pytest.raises(InvalidRequest, match="send_s"):
+        _server(send_s=-1e-9)
     with pytest.raises(InvalidRequest, match="wire_dtype"):
         _server(wire_dtype="int8")
     with pytest.raises(InvalidRequest, match="no field"):

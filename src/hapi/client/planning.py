@@ -75,6 +75,9 @@ class _Probe:
     reported_s: float
     """The server's time on it as its chunks' reports said (what a chunk of the job's
     reports, and the re-planner weighs against the plan)."""
+    server_cpu_s: float
+    """The server process's CPU time while it ran (every thread's), 0 from a server that
+    does not report it."""
 
 
 def probe_keys(manifest: DatasetManifest, n: int, seed: int) -> tuple[list[str], list[int]]:
@@ -205,7 +208,7 @@ def _calibrated(
     raw_bytes = raw.nbytes / max(raw.samples, 1)  # what RAW carries per sample, as seen
     if at_freeze is None or not at_freeze.samples:
         return dataclasses.replace(
-            profiled, raw_bytes=raw_bytes, raw_s=_raw_s(profiled.read_s, raw)
+            profiled, raw_bytes=raw_bytes, raw_s=_raw_s(profiled.read_s, raw), send_s=_send_s(raw)
         )
     m = at_freeze.samples
     counters = at_freeze.server
@@ -220,6 +223,7 @@ def _calibrated(
         raw_bytes=raw_bytes,
         read_s=read,
         raw_s=_raw_s(read, raw),  # serving an object raw reads it too
+        send_s=_send_s(raw),
         decode_s=decode,
         head_s=tuple(t * ratio for t in profiled.head_s),
     )
@@ -265,6 +269,7 @@ def _scaled_trainer(
     return ServerProfile(
         read_s=read_s,
         raw_s=_raw_s(read_s, raw),
+        send_s=_send_s(raw),
         decode_s=at_freeze.server.transform_s / m,
         head_s=tuple(trainer.head_s[k] * ratio for k in cuts),
         out_bytes=tuple(wire_bytes(graph, k, wire_dtype, overhead=overhead) for k in cuts),
@@ -281,6 +286,16 @@ def _raw_s(read_s: float, raw: _Probe) -> float | None:
     if not raw.samples or raw.reported_s <= 0:
         return None
     return max(read_s, raw.reported_s / raw.samples)
+
+
+def _send_s(raw: _Probe) -> float:
+    """What each byte sent costs the server's cores beyond its chunks' own threads, from
+    the RAW probe: the process's CPU time less theirs, per byte (0 from a server that
+    reports no process CPU). The probe is the one chunk in flight, as in a job's
+    steady state the server's core sends one chunk's bytes beside computing the next."""
+    if not raw.nbytes or raw.server_cpu_s <= 0:
+        return 0.0
+    return max(0.0, raw.server_cpu_s - raw.server.cpu_s) / raw.nbytes
 
 
 def _link(raw: _Probe) -> LinkProfile:
@@ -312,7 +327,7 @@ def _probe(
     ]
     for ticket in tickets:  # warm: the store's cache, the head's first call
         _read(connection, ticket)
-    before, rtt1 = _counters(connection, session)
+    before, cpu1, rtt1 = _counters(connection, session)
     t0, cpu0 = time.perf_counter(), time.process_time()
     nbytes = samples = 0
     reported_s = 0.0
@@ -321,11 +336,13 @@ def _probe(
         n, s, b, r = _read(connection, ticket)
         nbytes, samples, blobs, reported_s = nbytes + n, samples + s, blobs + b, reported_s + r
     seconds, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
-    after, rtt2 = _counters(connection, session)
+    after, cpu2, rtt2 = _counters(connection, session)
     delta = SessionStats(
         **{name: getattr(after, name) - getattr(before, name) for name in SessionStats.model_fields}
     )
-    return _Probe(seconds, nbytes, samples, delta, blobs, min(rtt1, rtt2), cpu_s, reported_s)
+    return _Probe(
+        seconds, nbytes, samples, delta, blobs, min(rtt1, rtt2), cpu_s, reported_s, cpu2 - cpu1
+    )
 
 
 def _read(connection: Connection, ticket: ChunkTicket) -> tuple[int, int, list[bytes], float]:
@@ -343,8 +360,9 @@ def _read(connection: Connection, ticket: ChunkTicket) -> tuple[int, int, list[b
     return nbytes, samples, blobs, reported_s
 
 
-def _counters(connection: Connection, session: str) -> tuple[SessionStats, float]:
-    """The session's counters, and the action's round trip (the request latency)."""
+def _counters(connection: Connection, session: str) -> tuple[SessionStats, float, float]:
+    """The session's counters, the server process's CPU time, and the action's round trip
+    (the request latency)."""
     t0 = time.perf_counter()
     stats = connection.stats()
-    return stats.sessions.get(session, SessionStats()), time.perf_counter() - t0
+    return stats.sessions.get(session, SessionStats()), stats.cpu_s, time.perf_counter() - t0

@@ -4,12 +4,12 @@ An option is a cut `k` and a local share `f`: a share `f` of the epoch's chunks 
 computed entirely by the trainer from raw bytes, the rest is pushed down at cut `k`.
 Per sample, with the profiles' costs:
 
-    server  = (1-f)·(read + decode + head_k) + f·raw
+    server  = (1-f)·(read + decode + head_k) + f·raw + send·((1-f)·bytes_k + f·raw_bytes)
     link    = ((1-f)·bytes_k + f·raw_bytes) / bandwidth     (+ latency per chunk / K)
     trainer = (1-f)·tail_k + f·(decode + head_k + tail_k) + receive·((1-f)·bytes_k + f·raw_bytes)
 
-(raw: the server's time to read an object and encode it onto the wire; receive: the
-trainer's CPU per byte received, which its core spends beside training.)
+(raw: the server's time to read an object and encode it onto the wire; send and receive:
+each end's CPU per byte on the wire, which its core spends beside its compute.)
 
 `cut = RAW` is the baseline: the server only reads, the trainer does everything.
 
@@ -298,9 +298,9 @@ def _stage_lines(
     per_request = link.latency_s / min(workload.prefetch, workload.chunks)
     wire = server.wire_bytes(cut)
     receive = trainer.receive_s
-    pushed = (server.compute_s(cut), wire, trainer.remote_s(cut) + receive * wire)
+    pushed = (server.serve_s(cut), wire, trainer.remote_s(cut) + receive * wire)
     local = (
-        server.compute_s(RAW),
+        server.serve_s(RAW),
         server.raw_bytes,
         trainer.local_s(max(cut, INPUT)) + receive * server.raw_bytes,
     )

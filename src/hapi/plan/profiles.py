@@ -109,10 +109,18 @@ class ServerProfile:
     reported a RAW chunk's time - what each sample of a RAW or local chunk costs it, which
     is more than `read_s` alone (ResNet-50's RAW epochs: 1.3 ms a sample against a read of
     0.1 ms). None: not measured apart, `read_s`."""
+    send_s: float = 0.0
+    """The server's core seconds per byte it sends beyond what its chunks report: gRPC's
+    threads and the kernel handing the bytes to the network (the RAW probe's process CPU
+    less its chunk threads'). Charged to the server for every byte on the wire, as the
+    trainer's `receive_s` is to the trainer: 100 KB photos served raw cost a server core
+    0.8 ms each where its chunks reported 0.16 ms, and a hybrid's server ran 1.08-1.17x
+    the time predicted without it."""
 
     def __post_init__(self) -> None:
         if self.raw_s is not None:
             _check_seconds("raw_s", self.raw_s)
+        _check_seconds("send_s", self.send_s)
         object.__setattr__(self, "head_s", _seconds("head_s", self.head_s))
         object.__setattr__(self, "out_bytes", _sizes("out_bytes", self.out_bytes))
         object.__setattr__(self, "memory_bytes", _sizes("memory_bytes", self.memory_bytes))
@@ -147,6 +155,11 @@ class ServerProfile:
         """Bytes per sample on the wire at `cut` (RAW: the object itself)."""
         return self.raw_bytes if cut == RAW else float(self.out_bytes[cut])
 
+    def serve_s(self, cut: int) -> float:
+        """The server core's time per sample at `cut`: its work (`compute_s`, what its
+        chunks report) and sending the sample's bytes."""
+        return self.compute_s(cut) + self.send_s * self.wire_bytes(cut)
+
     def with_wire_dtype(self, dtype: str) -> ServerProfile:
         """The same profile with features sent in `dtype` (sizes scaled by element size)."""
         if dtype not in WIRE_ITEMSIZE:
@@ -163,6 +176,7 @@ class ServerProfile:
             self,
             read_s=self.read_s * factor,
             raw_s=None if self.raw_s is None else self.raw_s * factor,
+            send_s=self.send_s * factor,
             decode_s=self.decode_s * factor,
             head_s=tuple(t * factor for t in self.head_s),
         )

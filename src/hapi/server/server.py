@@ -580,6 +580,7 @@ class HapiServer(flight.FlightServerBase):
             compute_slots=budget.slots,
             batches_running=budget.running,
             batches_waiting=budget.waiting,
+            cpu_s=time.process_time(),
         )
 
     def _session(self, session_id: str, tenant: Tenant) -> Session:

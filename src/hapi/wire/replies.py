@@ -126,6 +126,10 @@ class ServerStats(_Reply):
     batches_running: int = 0
     batches_waiting: int = 0
     """Batches waiting for the scheduler now: above zero, the server is saturated."""
+    cpu_s: float = 0.0
+    """CPU time of the server's process since it started, every thread's: a probe's
+    difference, less its chunks' own threads' (`SessionStats.cpu_s`), is what handing its
+    bytes to the network cost the server's cores (gRPC's threads and the kernel's)."""
 
 
 class SkippedKey(_Reply):
