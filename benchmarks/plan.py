@@ -126,7 +126,8 @@ def main() -> None:
 
 def _link_change_only(args: argparse.Namespace, started: float) -> None:
     """The link-change run alone, saved beside the configurations of the last full run
-    (whose arguments the report keeps: this run takes the same models and sizes)."""
+    (whose arguments the report keeps: this run takes the same models and sizes, and
+    the change asked for now - a sweep saved with `--link-change none` can gain one)."""
     saved = json.loads((args.out / f"{args.name}.json").read_text())
     for key, value in saved["args"].items():
         if key not in (
@@ -136,6 +137,8 @@ def _link_change_only(args: argparse.Namespace, started: float) -> None:
             "report_only",
             "worker",
             "link_change_only",
+            "link_change",
+            "change_images",
             "trace",
         ):
             setattr(args, key, value)
