@@ -291,8 +291,9 @@ def _raw_s(read_s: float, raw: _Probe) -> float | None:
 def _send_s(raw: _Probe) -> float:
     """What each byte sent costs the server's cores beyond its chunks' own threads, from
     the RAW probe: the process's CPU time less theirs, per byte (0 from a server that
-    reports no process CPU). The probe is the one chunk in flight, as in a job's
-    steady state the server's core sends one chunk's bytes beside computing the next."""
+    reports no process CPU). Whatever else the server's process did meanwhile counts as
+    sending too - another tenant's chunks, or, in a test, a trainer in the same process -
+    so a busy server reads dearer, as a busy trainer's `receive_s` does."""
     if not raw.nbytes or raw.server_cpu_s <= 0:
         return 0.0
     return max(0.0, raw.server_cpu_s - raw.server.cpu_s) / raw.nbytes

@@ -113,9 +113,10 @@ class ServerProfile:
     """The server's core seconds per byte it sends beyond what its chunks report: gRPC's
     threads and the kernel handing the bytes to the network (the RAW probe's process CPU
     less its chunk threads'). Charged to the server for every byte on the wire, as the
-    trainer's `receive_s` is to the trainer: 100 KB photos served raw cost a server core
-    0.8 ms each where its chunks reported 0.16 ms, and a hybrid's server ran 1.08-1.17x
-    the time predicted without it."""
+    trainer's `receive_s` is to the trainer: 100 KB photos served raw beside pushed chunks
+    cost a server core 0.65-0.88 ms each where their chunks reported 0.16 ms (2.5-2.8 ms
+    per MB of it shows in the process's CPU; the rest is the kernel's, outside it), and
+    hybrids' servers ran 1.08-1.17x the time predicted without it."""
 
     def __post_init__(self) -> None:
         if self.raw_s is not None:
