@@ -329,6 +329,33 @@ def test_a_buffered_chunk_is_credited_to_a_turn_that_ended_after_it_was_requeste
     assert replanner.scales()["link"] == pytest.approx(link_scale, rel=0.1)
 
 
+def test_a_buffered_chunk_is_credited_past_a_short_turn_between() -> None:
+    # Three chunks in flight: a pushed chunk's turn carried the raw chunk two behind it
+    # (its bytes, 100x the pushed chunk's, in the buffers by their turn); the pushed
+    # chunk between took only its own bytes' time. The long turn is the link carrying
+    # both, not a link 100x slower: at 100 Mbit/s every `auto` job left its hybrid in its
+    # first epoch, on a link read at half its rate.
+    plan = _plan(1e6)
+    replanner = Replanner(plan, ReplanConfig(min_chunks=100))
+    pushed = dataclasses.replace(_chunk(plan, 0, 1e6), cut=2, bytes=64_000, trainer_s=None)
+    raw = dataclasses.replace(pushed, cut=RAW, bytes=6_400_000)
+    own, carried = pushed.bytes / 1e6, raw.bytes / 1e6
+    long_turn = dataclasses.replace(pushed, transfer_s=own + carried, issued=0.0, read_end=6.5)
+    replanner.observe(long_turn)
+    replanner.observe(dataclasses.replace(pushed, transfer_s=own, issued=0.1, read_end=6.6))
+    buffered = dataclasses.replace(
+        raw, transfer_s=0.01, transfer_buffered=True, issued=0.5, read_end=6.61
+    )
+    replanner.observe(buffered)
+    assert replanner.scales()["link"] == pytest.approx(1.0, rel=0.05)
+    # Requested after the long turn ended, its bytes could not have crossed in it.
+    late = Replanner(plan, ReplanConfig(min_chunks=100))
+    late.observe(long_turn)
+    late.observe(dataclasses.replace(pushed, transfer_s=own, issued=0.1, read_end=6.6))
+    late.observe(dataclasses.replace(buffered, issued=6.55))
+    assert late.scales()["link"] > 10
+
+
 def test_a_chunks_read_and_its_training_are_observed_apart() -> None:
     """The loader observes a chunk's server and link when it is read and its trainer when
     it is trained, a batch later: a link drop is seen from the reads alone."""

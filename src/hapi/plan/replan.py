@@ -26,11 +26,11 @@ A stage too idle to tell (a cut that sends a few bytes, a tail of one layer) kee
 rate its plan was made with, not the first profile's - else a link measured slow, then
 made idle by the re-plan it caused, would read as fast again and undo it - unless it
 measures faster than that: fixed costs only add time, so a faster reading is real.
-A chunk whose bytes were buffered before its turn reads almost no time, and the turn
+A chunk whose bytes were buffered before its turn reads almost no time, and a turn
 before it, which carried them, reads long: the buffered chunk's bytes are credited to
-what that turn took beyond its own, if it was requested before that turn ended, so the
-two read at the link's pace - never faster than believed, as a short turn alone is no
-evidence of a fast link.
+what the last few turns took beyond their own, those that ended after it was requested,
+so they read at the link's pace together - never faster than believed, as a short turn
+alone is no evidence of a fast link.
 """
 
 from __future__ import annotations
@@ -210,9 +210,20 @@ class Replanner:
         # the last change (a link restarted from one pair after its drop and two before it
         # read 3x faster than it was).
         self._fresh = dict.fromkeys(STAGES, 0)
-        # Link time the last measured turn took beyond its own bytes, and when it ended:
-        # the bytes of the buffered chunks requested before then crossed in it (`_pair`).
-        self._link_excess: tuple[float, float | None] = (0.0, None)
+        # Per measured turn: the link time it took beyond its own bytes, when it ended
+        # (nan: not known) and the observation it was: the bytes of the buffered chunks
+        # requested before then crossed in it (`_pair`). The last K turns, not the last
+        # one: with K chunks in flight a chunk's bytes may cross in any of the K-1 turns
+        # before its own, and a short turn between (its own bytes only) must not hide
+        # the long one. Crediting only the last turn read a 100 Mbit/s link at half its
+        # rate - a pushed chunk's turn carried the raw chunk two behind it - and every
+        # `auto` job there left its hybrid in its first epoch.
+        self._link_credit: deque[list[float]] = deque(
+            maxlen=max(1, plan.workload.prefetch * plan.workload.servers)
+        )
+        # The credit a buffered chunk spent, as the moving average would have weighed it
+        # at the turns that carried its bytes (`observe`).
+        self._credited = 0.0
 
     def scales(self) -> dict[str, float]:
         """Per stage: measured time / the first plan's profiled time (1 before any data).
@@ -263,6 +274,7 @@ class Replanner:
 
     def observe(self, chunk: ChunkMeasurement) -> PlanChange | None:
         """Take in one chunk's measurements; a `PlanChange` when they call for a re-plan."""
+        self._credited = -1.0
         pairs = self._pair(chunk)
         sudden = self._sudden(pairs["link"][0])
         for stage, pair in pairs.items():
@@ -271,6 +283,11 @@ class Replanner:
                 self._fresh[stage] += 1
         decay = 1.0 - self.config.weight
         for stage, (measured, profiled) in pairs.items():
+            if stage == "link" and self._credited >= 0.0:
+                # A buffered chunk's credit weighs what the turns that carried its bytes
+                # weigh by now: else a long turn, decayed, against a credit that is not
+                # would read the link faster than it is.
+                profiled = self._credited
             self._measured[stage] = decay * self._measured[stage] + measured
             self._profiled[stage] = decay * self._profiled[stage] + profiled
         self.chunks += 1
@@ -318,7 +335,7 @@ class Replanner:
         self.plan = plan
         self.changes.append(change)
         self._planned_scales = self.scales()
-        self._link_excess = (0.0, None)
+        self._link_credit.clear()
         self._fresh = dict.fromkeys(STAGES, 0)
         return change
 
@@ -330,7 +347,7 @@ class Replanner:
         self.plan = plan
         self._planned_scales = self.scales()
         self._drifting = set()
-        self._link_excess = (0.0, None)
+        self._link_credit.clear()
         self._fresh = dict.fromkeys(STAGES, 0)
 
     def _window_profiles(self) -> tuple[ServerProfile, TrainerProfile, LinkProfile]:
@@ -417,18 +434,30 @@ class Replanner:
         # stands.)
         if transfer_s is not None and chunk.transfer_buffered and transfer_s < link_s * scale:
             # Faster than believed, but perhaps only out of the buffers: its bytes crossed
-            # in the turns before it. What the last measured turn took beyond its own
-            # bytes is where, if it was requested before that turn ended; credited
-            # against that, the two read at the link's pace together, and never faster
-            # than believed (no excess: no evidence).
-            excess, ended = self._link_excess
-            carried = chunk.issued is None or ended is None or chunk.issued < ended
-            link_profiled = min(link_s, excess / scale) if carried else 0.0
-            self._link_excess = (excess - link_profiled * scale, ended)
+            # in the turns before it. What the last measured turns took beyond their own
+            # bytes is where - those that ended after it was requested, oldest first (not
+            # knowing when, the last turn only); credited against that, they read at the
+            # link's pace together, and never faster than believed (no excess: no
+            # evidence).
+            decay = 1.0 - self.config.weight
+            turns = list(self._link_credit)
+            wanted = left = link_s * scale
+            credited = 0.0
+            for credit in turns if chunk.issued is not None else turns[-1:]:
+                excess, ended, at = credit
+                if chunk.issued is None or math.isnan(ended) or chunk.issued < ended:
+                    spent = min(excess, left)
+                    credit[0], left = excess - spent, left - spent
+                    credited += spent / scale * decay ** (self.chunks - at)
+            link_profiled = (wanted - left) / scale
             if link_profiled <= 1e-12:
                 transfer_s = None
+            else:
+                self._credited = credited
         elif transfer_s is not None:
-            self._link_excess = (max(0.0, transfer_s - link_s * scale), chunk.read_end)
+            ended = math.nan if chunk.read_end is None else chunk.read_end
+            excess = max(0.0, transfer_s - link_s * scale)
+            self._link_credit.append([excess, ended, float(self.chunks)])
         server_s = chunk.server_s
         if chunk.cut == RAW and self.plan.cut != RAW:
             # A hybrid's raw chunk: the server reads it beside the pushed chunks' heads, on
