@@ -154,6 +154,19 @@ class ReplanConfig:
             raise ValueError(f"weight must be in (0, 1], got {self.weight}")
 
 
+@dataclass
+class _Turn:
+    """A measured turn's link time beyond its own bytes: credit for the buffered chunks
+    whose bytes crossed in it."""
+
+    excess: float
+    """Seconds left to credit (spent as buffered chunks claim it)."""
+    ended: float | None
+    """When its read ended (None: not known)."""
+    at: int
+    """The observation it was (`Replanner.chunks`), for the moving average's weight."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class PlanChange:
     """A re-plan: the plan before, the plan after and why."""
@@ -210,20 +223,16 @@ class Replanner:
         # the last change (a link restarted from one pair after its drop and two before it
         # read 3x faster than it was).
         self._fresh = dict.fromkeys(STAGES, 0)
-        # Per measured turn: the link time it took beyond its own bytes, when it ended
-        # (nan: not known) and the observation it was: the bytes of the buffered chunks
-        # requested before then crossed in it (`_pair`). The last K turns, not the last
-        # one: with K chunks in flight a chunk's bytes may cross in any of the K-1 turns
-        # before its own, and a short turn between (its own bytes only) must not hide
-        # the long one. Crediting only the last turn read a 100 Mbit/s link at half its
-        # rate - a pushed chunk's turn carried the raw chunk two behind it - and every
-        # `auto` job there left its hybrid in its first epoch.
-        self._link_credit: deque[list[float]] = deque(
+        # The last measured turns: the bytes of the buffered chunks requested before one
+        # ended crossed in it (`_pair`). The last K turns, not the last one: with K
+        # chunks in flight a chunk's bytes may cross in any of the K-1 turns before its
+        # own, and a short turn between (its own bytes only) must not hide the long one.
+        # Crediting only the last turn read a 100 Mbit/s link at half its rate - a pushed
+        # chunk's turn carried the raw chunk two behind it - and every `auto` job there
+        # left its hybrid in its first epoch.
+        self._link_credit: deque[_Turn] = deque(
             maxlen=max(1, plan.workload.prefetch * plan.workload.servers)
         )
-        # The credit a buffered chunk spent, as the moving average would have weighed it
-        # at the turns that carried its bytes (`observe`).
-        self._credited = 0.0
 
     def scales(self) -> dict[str, float]:
         """Per stage: measured time / the first plan's profiled time (1 before any data).
@@ -274,8 +283,7 @@ class Replanner:
 
     def observe(self, chunk: ChunkMeasurement) -> PlanChange | None:
         """Take in one chunk's measurements; a `PlanChange` when they call for a re-plan."""
-        self._credited = -1.0
-        pairs = self._pair(chunk)
+        pairs, credited = self._pair(chunk)
         sudden = self._sudden(pairs["link"][0])
         for stage, pair in pairs.items():
             if pair[1] > 1e-12:
@@ -283,11 +291,11 @@ class Replanner:
                 self._fresh[stage] += 1
         decay = 1.0 - self.config.weight
         for stage, (measured, profiled) in pairs.items():
-            if stage == "link" and self._credited >= 0.0:
+            if stage == "link" and credited is not None:
                 # A buffered chunk's credit weighs what the turns that carried its bytes
                 # weigh by now: else a long turn, decayed, against a credit that is not
                 # would read the link faster than it is.
-                profiled = self._credited
+                profiled = credited
             self._measured[stage] = decay * self._measured[stage] + measured
             self._profiled[stage] = decay * self._profiled[stage] + profiled
         self.chunks += 1
@@ -415,10 +423,13 @@ class Replanner:
             self._measured[stage] = rate * profiled
             self._profiled[stage] = profiled
 
-    def _pair(self, chunk: ChunkMeasurement) -> dict[str, tuple[float, float]]:
-        """(measured, profiled) seconds of each stage for this chunk; a measured turn
-        sets the link's credit for the buffered chunks behind it, and they spend it."""
+    def _pair(self, chunk: ChunkMeasurement) -> tuple[dict[str, tuple[float, float]], float | None]:
+        """(measured, profiled) seconds of each stage for this chunk, and for a buffered
+        chunk the link credit it spent as the moving average weighs it now (else None);
+        a measured turn sets the link's credit for the buffered chunks behind it, and
+        they spend it."""
         server, trainer, link = self._base
+        credited = None
         n = chunk.samples
         if chunk.cut == RAW:
             trainer_s = trainer.local_s(INPUT if chunk.feature_cut is None else chunk.feature_cut)
@@ -442,22 +453,20 @@ class Replanner:
             decay = 1.0 - self.config.weight
             turns = list(self._link_credit)
             wanted = left = link_s * scale
-            credited = 0.0
-            for credit in turns if chunk.issued is not None else turns[-1:]:
-                excess, ended, at = credit
-                if chunk.issued is None or math.isnan(ended) or chunk.issued < ended:
-                    spent = min(excess, left)
-                    credit[0], left = excess - spent, left - spent
-                    credited += spent / scale * decay ** (self.chunks - at)
+            weighed = 0.0
+            for turn in turns if chunk.issued is not None else turns[-1:]:
+                if chunk.issued is None or turn.ended is None or chunk.issued < turn.ended:
+                    spent = min(turn.excess, left)
+                    turn.excess, left = turn.excess - spent, left - spent
+                    weighed += spent / scale * decay ** (self.chunks - turn.at)
             link_profiled = (wanted - left) / scale
             if link_profiled <= 1e-12:
                 transfer_s = None
             else:
-                self._credited = credited
+                credited = weighed
         elif transfer_s is not None:
-            ended = math.nan if chunk.read_end is None else chunk.read_end
             excess = max(0.0, transfer_s - link_s * scale)
-            self._link_credit.append([excess, ended, float(self.chunks)])
+            self._link_credit.append(_Turn(excess=excess, ended=chunk.read_end, at=self.chunks))
         server_s = chunk.server_s
         if chunk.cut == RAW and self.plan.cut != RAW:
             # A hybrid's raw chunk: the server reads it beside the pushed chunks' heads, on
@@ -470,7 +479,7 @@ class Replanner:
             "link": (transfer_s, link_profiled),
             "trainer": (chunk.trainer_s, n * trainer_s),
         }
-        return {s: (0.0, 0.0) if m is None else (m, p) for s, (m, p) in pairs.items()}
+        return {s: (0.0, 0.0) if m is None else (m, p) for s, (m, p) in pairs.items()}, credited
 
     def _drift(self) -> str | None:
         """Why the plan in force no longer fits the measurements, or None if it does."""
