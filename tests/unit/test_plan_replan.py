@@ -356,6 +356,49 @@ def test_a_buffered_chunk_is_credited_past_a_short_turn_between() -> None:
     assert late.scales()["link"] > 10
 
 
+def test_a_long_turn_waits_for_every_chunk_that_could_have_crossed_in_it() -> None:
+    # As a hybrid at 100 Mbit/s showed it: a pushed chunk's turn carried the raw chunk two
+    # behind it; the pushed chunk between took its own bytes' time; the chunk after the
+    # raw one, buffered too, was read first. Counted at once, the long turn made a drift
+    # run with the two after it, and the job re-planned on a link read 7x slow before the
+    # raw chunk's read showed what the turn had carried.
+    plan = _plan(1e6)
+    replanner = Replanner(plan)
+    pushed = dataclasses.replace(_chunk(plan, 0, 1e6), cut=2, bytes=64_000, trainer_s=None)
+    raw = dataclasses.replace(pushed, cut=RAW, bytes=6_400_000)
+    own, carried = pushed.bytes / 1e6, raw.bytes / 1e6
+    replanner.observe(
+        dataclasses.replace(pushed, transfer_s=own + carried + own, issued=0.0, read_end=6.6)
+    )
+    replanner.observe(dataclasses.replace(pushed, transfer_s=own, issued=0.1, read_end=6.7))
+    buffered = {"transfer_s": 0.001, "transfer_buffered": True}
+    replanner.observe(dataclasses.replace(pushed, **buffered, issued=0.3, read_end=6.71))
+    assert replanner.changes == [], replanner.changes[0].reason
+    replanner.observe(dataclasses.replace(raw, **buffered, issued=0.2, read_end=6.72))
+    assert replanner.changes == [], replanner.changes[0].reason
+    assert replanner.scales()["link"] == pytest.approx(1.0, rel=0.05)
+    # What none of them claims is the link's own time, once a chunk requested after the
+    # turn ended is read: no chunk after it could have crossed in it.
+    slow = Replanner(plan, ReplanConfig(min_chunks=100))
+    slow.observe(dataclasses.replace(pushed, transfer_s=own + carried, issued=0.0, read_end=6.5))
+    assert slow.scales()["link"] == pytest.approx(1.0)
+    slow.observe(dataclasses.replace(pushed, transfer_s=own, issued=6.51, read_end=6.6))
+    assert slow.scales()["link"] > 10
+
+
+def test_a_turn_longer_than_every_chunk_in_flight_is_counted_at_once() -> None:
+    """Held back is at most what the chunks in flight could have put in the turn."""
+    plan = _plan(1e6)
+    replanner = Replanner(plan, ReplanConfig(min_chunks=100, swing=100.0))
+    pushed = dataclasses.replace(_chunk(plan, 0, 1e6), cut=2, bytes=64_000, trainer_s=None)
+    own = pushed.bytes / 1e6
+    workload = plan.workload
+    widest = max(SERVER.raw_bytes, SERVER.wire_bytes(plan.cut))
+    in_flight = workload.prefetch * workload.chunk_size * widest / 1e6
+    replanner.observe(dataclasses.replace(pushed, transfer_s=own + 2 * in_flight))
+    assert replanner.scales()["link"] == pytest.approx((own + in_flight) / own, rel=1e-6)
+
+
 def test_a_chunks_read_and_its_training_are_observed_apart() -> None:
     """The loader observes a chunk's server and link when it is read and its trainer when
     it is trained, a batch later: a link drop is seen from the reads alone."""
@@ -390,7 +433,8 @@ def test_a_link_stall_is_undone_when_the_link_is_fast_again() -> None:
 
 def test_a_moderate_link_slowdown_waits_for_min_chunks() -> None:
     """A link 3x slower: one chunk's turn could be other chunks' bytes crossing in it,
-    so the drift must last `min_chunks` chunks."""
+    so its excess waits for the chunks that could claim it (here, with no times known,
+    the next read), and the drift must then last `min_chunks` chunks."""
     plan = _plan(1e7)
     replanner = Replanner(plan)
     for i in range(10):
@@ -400,7 +444,7 @@ def test_a_moderate_link_slowdown_waits_for_min_chunks() -> None:
         if replanner.observe(_chunk(replanner.plan, i, 1e7 / 3)) is not None:
             seen = i
             break
-    assert seen == 12
+    assert seen == 13
 
 
 def test_one_turn_carrying_every_chunk_in_flight_is_not_sudden() -> None:

@@ -27,10 +27,14 @@ rate its plan was made with, not the first profile's - else a link measured slow
 made idle by the re-plan it caused, would read as fast again and undo it - unless it
 measures faster than that: fixed costs only add time, so a faster reading is real.
 A chunk whose bytes were buffered before its turn reads almost no time, and a turn
-before it, which carried them, reads long: the buffered chunk's bytes are credited to
-what the last few turns took beyond their own, those that ended after it was requested,
-so they read at the link's pace together - never faster than believed, as a short turn
-alone is no evidence of a fast link.
+before it, which carried them, reads long. So a turn's time beyond its own bytes' (at
+the rate believed) is held back, not counted as a slow link, until every chunk that
+could have crossed in it - those requested before it ended - has been read: the
+buffered ones among them claim it, at the link's pace, and only what none claims is
+counted, late but at the turn's weight. Counted at once, one long turn made a drift
+run with the chunks read before the one it carried, and a hybrid at 100 Mbit/s left
+its plan in its first epoch. A slower link is seen `prefetch` chunks later for it,
+except a drop no sharing explains (`_sudden`), acted on at once.
 """
 
 from __future__ import annotations
@@ -156,15 +160,17 @@ class ReplanConfig:
 
 @dataclass
 class _Turn:
-    """A measured turn's link time beyond its own bytes: credit for the buffered chunks
-    whose bytes crossed in it."""
+    """A measured turn's link time beyond its own bytes, held back: the buffered chunks
+    whose bytes crossed in it claim it, and what none claims is a slower link."""
 
     excess: float
-    """Seconds left to credit (spent as buffered chunks claim it)."""
+    """Seconds not yet claimed (spent as buffered chunks claim it)."""
     ended: float | None
     """When its read ended (None: not known)."""
     at: int
     """The observation it was (`Replanner.chunks`), for the moving average's weight."""
+    pair: list[float]
+    """Its (measured, profiled) link pair in the window, which what is left joins."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -210,7 +216,7 @@ class Replanner:
         # link are observed when it is read, its trainer when it is trained: the last
         # `min_chunks` restart the averages, the whole window is what `_settled` weighs a
         # change by (no re-plan restarts it).
-        self._window: dict[str, deque[tuple[float, float]]] = {
+        self._window: dict[str, deque[list[float]]] = {
             s: deque(maxlen=WINDOW_RUNS * self.config.min_chunks) for s in STAGES
         }
         # The chunks (by id) observed in a row since the drift began: a chunk is observed
@@ -223,14 +229,12 @@ class Replanner:
         # the last change (a link restarted from one pair after its drop and two before it
         # read 3x faster than it was).
         self._fresh = dict.fromkeys(STAGES, 0)
-        # The last measured turns: the bytes of the buffered chunks requested before one
-        # ended crossed in it (`_pair`). The last K turns, not the last one: with K
-        # chunks in flight a chunk's bytes may cross in any of the K-1 turns before its
-        # own, and a short turn between (its own bytes only) must not hide the long one.
-        # Crediting only the last turn read a 100 Mbit/s link at half its rate - a pushed
-        # chunk's turn carried the raw chunk two behind it - and every `auto` job there
-        # left its hybrid in its first epoch.
-        self._link_credit: deque[_Turn] = deque(
+        # The last measured turns' time beyond their own bytes, held back (see the
+        # module's note): the last K, not the last one - with K chunks in flight a chunk's
+        # bytes may cross in any of the K-1 turns before its own, and a short turn between
+        # (its own bytes only) must not hide the long one. Not cleared by a re-plan: the
+        # chunks that may claim them are still in flight.
+        self._held: deque[_Turn] = deque(
             maxlen=max(1, plan.workload.prefetch * plan.workload.servers)
         )
 
@@ -283,19 +287,14 @@ class Replanner:
 
     def observe(self, chunk: ChunkMeasurement) -> PlanChange | None:
         """Take in one chunk's measurements; a `PlanChange` when they call for a re-plan."""
-        pairs, credited = self._pair(chunk)
-        sudden = self._sudden(pairs["link"][0])
+        pairs, averaged = self._pair(chunk)
+        sudden = self._sudden(chunk.transfer_s or 0.0)
         for stage, pair in pairs.items():
             if pair[1] > 1e-12:
                 self._window[stage].append(pair)
                 self._fresh[stage] += 1
         decay = 1.0 - self.config.weight
-        for stage, (measured, profiled) in pairs.items():
-            if stage == "link" and credited is not None:
-                # A buffered chunk's credit weighs what the turns that carried its bytes
-                # weigh by now: else a long turn, decayed, against a credit that is not
-                # would read the link faster than it is.
-                profiled = credited
+        for stage, (measured, profiled) in averaged.items():
             self._measured[stage] = decay * self._measured[stage] + measured
             self._profiled[stage] = decay * self._profiled[stage] + profiled
         self.chunks += 1
@@ -343,7 +342,6 @@ class Replanner:
         self.plan = plan
         self.changes.append(change)
         self._planned_scales = self.scales()
-        self._link_credit.clear()
         self._fresh = dict.fromkeys(STAGES, 0)
         return change
 
@@ -355,7 +353,6 @@ class Replanner:
         self.plan = plan
         self._planned_scales = self.scales()
         self._drifting = set()
-        self._link_credit.clear()
         self._fresh = dict.fromkeys(STAGES, 0)
 
     def _window_profiles(self) -> tuple[ServerProfile, TrainerProfile, LinkProfile]:
@@ -386,11 +383,16 @@ class Replanner:
         two) kept raw chunks on the dropped link (10% slower an epoch), while a rate too
         slow costs at most a later cut than the best.
         """
+        return link_s > self.config.swing * self._in_flight_s()
+
+    def _in_flight_s(self) -> float:
+        """The link's time, at the rate believed, for every chunk in flight at their
+        widest (raw or the plan's cut): the most one turn can carry of others' bytes."""
         server, _, link = self._base
         workload = self.plan.workload
         widest = max(server.raw_bytes, server.wire_bytes(self.plan.cut))
         in_flight = workload.prefetch * workload.chunk_size * widest / link.bytes_per_s
-        return link_s > self.config.swing * in_flight * self._planned_scales["link"]
+        return in_flight * self._planned_scales["link"]
 
     def _restart_from_recent(self, count: int) -> None:
         """Restart each stage's moving average at the rate of its last `count` pairs (the
@@ -423,13 +425,13 @@ class Replanner:
             self._measured[stage] = rate * profiled
             self._profiled[stage] = profiled
 
-    def _pair(self, chunk: ChunkMeasurement) -> tuple[dict[str, tuple[float, float]], float | None]:
-        """(measured, profiled) seconds of each stage for this chunk, and for a buffered
-        chunk the link credit it spent as the moving average weighs it now (else None);
-        a measured turn sets the link's credit for the buffered chunks behind it, and
-        they spend it."""
+    def _pair(
+        self, chunk: ChunkMeasurement
+    ) -> tuple[dict[str, list[float]], dict[str, tuple[float, float]]]:
+        """Per stage, this chunk's (measured, profiled) seconds for the window, and what
+        the moving averages take in now: the link's differs by what the turns held back
+        weigh by now - the credit a buffered chunk claims, a turn's excess none claimed."""
         server, trainer, link = self._base
-        credited = None
         n = chunk.samples
         if chunk.cut == RAW:
             trainer_s = trainer.local_s(INPUT if chunk.feature_cut is None else chunk.feature_cut)
@@ -438,35 +440,46 @@ class Replanner:
         workload = self.plan.workload
         latency = link.latency_s / min(workload.prefetch, workload.chunks)
         link_s = chunk.bytes / link.bytes_per_s + latency
-        transfer_s = chunk.transfer_s
-        link_profiled = link_s
         scale = self._planned_scales["link"]
-        # (A turn that waited for the server, or a training, is no evidence: the credit
-        # stands.)
-        if transfer_s is not None and chunk.transfer_buffered and transfer_s < link_s * scale:
+        believed = link_s * scale
+        transfer_s = chunk.transfer_s
+        # (A turn that waited for the server, or a training, is no evidence: it holds or
+        # claims nothing.)
+        link_pair = [0.0, 0.0]
+        link_average = (0.0, 0.0)
+        if transfer_s is not None and chunk.transfer_buffered and transfer_s < believed:
             # Faster than believed, but perhaps only out of the buffers: its bytes crossed
-            # in the turns before it. What the last measured turns took beyond their own
-            # bytes is where - those that ended after it was requested, oldest first (not
-            # knowing when, the last turn only); credited against that, they read at the
-            # link's pace together, and never faster than believed (no excess: no
-            # evidence).
+            # in the turns before it that ended after it was requested (not knowing when,
+            # the last turn only). What they held back pays for its bytes at the pace
+            # believed - never faster: no excess, no evidence.
             decay = 1.0 - self.config.weight
-            turns = list(self._link_credit)
-            wanted = left = link_s * scale
-            weighed = 0.0
+            left = believed
+            spent = weighed = 0.0
+            turns = list(self._held)
             for turn in turns if chunk.issued is not None else turns[-1:]:
                 if chunk.issued is None or turn.ended is None or chunk.issued < turn.ended:
-                    spent = min(turn.excess, left)
-                    turn.excess, left = turn.excess - spent, left - spent
-                    weighed += spent / scale * decay ** (self.chunks - turn.at)
-            link_profiled = (wanted - left) / scale
-            if link_profiled <= 1e-12:
-                transfer_s = None
-            else:
-                credited = weighed
-        elif transfer_s is not None:
-            excess = max(0.0, transfer_s - link_s * scale)
-            self._link_credit.append(_Turn(excess=excess, ended=chunk.read_end, at=self.chunks))
+                    claim = min(turn.excess, left)
+                    turn.excess, left, spent = turn.excess - claim, left - claim, spent + claim
+                    # As the moving average weighs the turn by now.
+                    weighed += claim * decay ** (self.chunks - turn.at)
+            if spent > 1e-12:
+                link_pair = [transfer_s + spent, spent / scale]
+                link_average = (transfer_s + weighed, weighed / scale)
+        expired = self._expire(chunk)
+        if transfer_s is not None and link_pair[1] == 0.0 and not chunk.transfer_buffered:
+            # Held back: what other chunks in flight could have put in its turn, unless
+            # the turn is sudden - no sharing explains it, so it is the link's own pace.
+            excess = max(0.0, transfer_s - believed)
+            held = 0.0 if self._sudden(transfer_s) else min(excess, self._in_flight_s())
+            link_pair = [transfer_s - held, link_s]
+            link_average = (transfer_s - held, link_s)
+            expired += self._hold(
+                _Turn(excess=held, ended=chunk.read_end, at=self.chunks, pair=link_pair)
+            )
+        elif transfer_s is not None and link_pair[1] == 0.0 and transfer_s >= believed:
+            # Buffered, yet as slow as believed or slower: its own turn, all of it.
+            link_pair = [transfer_s, link_s]
+            link_average = (transfer_s, link_s)
         server_s = chunk.server_s
         if chunk.cut == RAW and self.plan.cut != RAW:
             # A hybrid's raw chunk: the server reads it beside the pushed chunks' heads, on
@@ -474,12 +487,55 @@ class Replanner:
             # rate of the server's. Its pushed chunks are the evidence.
             server_s = None
         # A stage not measured (None) is no evidence: it weighs nothing.
+        measured = {"server": server_s, "trainer": chunk.trainer_s}
+        profiled = {"server": n * server.compute_s(chunk.cut), "trainer": n * trainer_s}
         pairs = {
-            "server": (server_s, n * server.compute_s(chunk.cut)),
-            "link": (transfer_s, link_profiled),
-            "trainer": (chunk.trainer_s, n * trainer_s),
+            s: [0.0, 0.0] if measured[s] is None else [measured[s] or 0.0, profiled[s]]
+            for s in ("server", "trainer")
         }
-        return {s: (0.0, 0.0) if m is None else (m, p) for s, (m, p) in pairs.items()}, credited
+        pairs["link"] = link_pair
+        averaged = {s: (pair[0], pair[1]) for s, pair in pairs.items()}
+        averaged["link"] = (link_average[0] + expired, link_average[1])
+        return pairs, averaged
+
+    def _hold(self, turn: _Turn) -> float:
+        """Hold back a measured turn's excess for the buffered chunks to claim: the last
+        K turns (K chunks in flight), the oldest counted when a newer one needs room
+        (returned as `_count` does)."""
+        added = self._count(self._held.popleft()) if len(self._held) == self._held.maxlen else 0.0
+        self._held.append(turn)
+        return added
+
+    def _expire(self, chunk: ChunkMeasurement) -> float:
+        """Count the held turns no chunk after `chunk` can claim; what they add to the
+        link's moving average, weighed as their turns are.
+
+        Chunks are read in the order they were requested: once a chunk requested after a
+        turn ended is observed, every chunk that could have crossed in it has been read.
+        Where that time is not known, only the next read could have.
+        """
+        read = chunk.transfer_s is not None
+        kept: list[_Turn] = []
+        added = 0.0
+        for turn in self._held:
+            if chunk.issued is None or turn.ended is None:
+                done = read
+            else:
+                done = turn.ended <= chunk.issued
+            if done:
+                added += self._count(turn)
+            else:
+                kept.append(turn)
+        self._held = deque(kept, maxlen=self._held.maxlen)
+        return added
+
+    def _count(self, turn: _Turn) -> float:
+        """Count what no chunk claimed of a turn's excess as the link's own time: in the
+        turn's window pair, and returned as the moving average weighs the turn by now."""
+        turn.pair[0] += turn.excess
+        weighed = turn.excess * (1.0 - self.config.weight) ** (self.chunks - turn.at)
+        turn.excess = 0.0
+        return weighed
 
     def _drift(self) -> str | None:
         """Why the plan in force no longer fits the measurements, or None if it does."""
@@ -524,11 +580,11 @@ def _settled(
     return epoch(plan) <= epoch(previous)
 
 
-def _last(pairs: deque[tuple[float, float]], count: int) -> list[tuple[float, float]]:
+def _last(pairs: deque[list[float]], count: int) -> list[list[float]]:
     return list(pairs)[-count:] if count > 0 else []
 
 
-def _weighted_median(pairs: list[tuple[float, float]]) -> float:
+def _weighted_median(pairs: list[list[float]]) -> float:
     """The median of measured / profiled over (measured, profiled) pairs, each weighted by
     its profiled time."""
     ordered = sorted(pairs, key=lambda pair: pair[0] / pair[1])
