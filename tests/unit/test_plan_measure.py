@@ -22,6 +22,7 @@ from hapi.plan import (
     measure_decode,
     measure_heads,
     measure_server,
+    measure_step,
     measure_tails,
     measure_trainer,
     memory_per_sample,
@@ -66,6 +67,29 @@ def test_trainer_profile_has_a_positive_time_for_every_cut(resnet18: ModelGraph)
     assert [p.requires_grad for p in model.parameters()] == flags
     assert all(p.grad is None for p in model.parameters())
     assert torch.equal(model.bn1.running_mean, stats)
+
+
+def test_the_optimizers_step_is_measured_on_the_weights_left_as_they_were(
+    resnet18: ModelGraph,
+) -> None:
+    model = resnet18.model
+    weights = [p.detach().clone() for p in model.parameters()]
+    step = measure_step(resnet18, FREEZE, repeats=1)
+    assert 0 < step < 1.0
+    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights, strict=True))
+    assert all(p.grad is None for p in model.parameters())
+    # Nothing to train after the last cut: no step.
+    assert measure_step(resnet18, resnet18.num_cuts) == 0.0
+
+
+def test_every_tail_carries_its_share_of_the_optimizers_step(
+    resnet18: ModelGraph, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A step per training batch, shared by its samples, from every cut alike.
+    monkeypatch.setattr("hapi.plan.measure.measure_step", lambda *a, **k: 100.0)
+    profile = measure_trainer(resnet18, FREEZE, batch_size=4, repeats=1)
+    assert all(25.0 <= t < 26.0 for t in profile.tail_s)
+    assert profile.head_s[FREEZE] < 1.0
 
 
 class _Pause(nn.Module):

@@ -214,7 +214,8 @@ class TrainerProfile:
     head_s: tuple[float, ...]
     """Forward of the frozen head from the input to each cut (a local chunk's features)."""
     tail_s: tuple[float, ...]
-    """Forward and backward from each cut: the frozen rest under no grad, then training."""
+    """Forward and backward from each cut: the frozen rest under no grad, then training,
+    and the sample's share of the optimizer's step."""
     batch_size: int = 1
     """The training batch size in the measurement."""
     device: str = "cpu"
