@@ -447,7 +447,8 @@ class Replanner:
         # claims nothing.)
         link_pair = [0.0, 0.0]
         link_average = (0.0, 0.0)
-        if transfer_s is not None and chunk.transfer_buffered and transfer_s < believed:
+        claims = transfer_s is not None and chunk.transfer_buffered and transfer_s < believed
+        if claims:
             # Faster than believed, but perhaps only out of the buffers: its bytes crossed
             # in the turns before it that ended after it was requested (not knowing when,
             # the last turn only). What they held back pays for its bytes at the pace
@@ -466,9 +467,9 @@ class Replanner:
                 link_pair = [transfer_s + spent, spent / scale]
                 link_average = (transfer_s + weighed, weighed / scale)
         expired = self._expire(chunk)
-        if transfer_s is not None and link_pair[1] == 0.0 and not chunk.transfer_buffered:
-            # Held back: what other chunks in flight could have put in its turn, unless
-            # the turn is sudden - no sharing explains it, so it is the link's own pace.
+        if transfer_s is not None and not claims:
+            # A turn. Held back: what other chunks in flight could have put in it, unless
+            # it is sudden - no sharing explains it, so it is the link's own pace.
             excess = max(0.0, transfer_s - believed)
             held = 0.0 if self._sudden(transfer_s) else min(excess, self._in_flight_s())
             link_pair = [transfer_s - held, link_s]
@@ -476,10 +477,6 @@ class Replanner:
             expired += self._hold(
                 _Turn(excess=held, ended=chunk.read_end, at=self.chunks, pair=link_pair)
             )
-        elif transfer_s is not None and link_pair[1] == 0.0 and transfer_s >= believed:
-            # Buffered, yet as slow as believed or slower: its own turn, all of it.
-            link_pair = [transfer_s, link_s]
-            link_average = (transfer_s, link_s)
         server_s = chunk.server_s
         if chunk.cut == RAW and self.plan.cut != RAW:
             # A hybrid's raw chunk: the server reads it beside the pushed chunks' heads, on
