@@ -448,7 +448,7 @@ class Replanner:
         link_pair = [0.0, 0.0]
         link_average = (0.0, 0.0)
         claims = transfer_s is not None and chunk.transfer_buffered and transfer_s < believed
-        if claims:
+        if transfer_s is not None and claims:
             # Faster than believed, but perhaps only out of the buffers: its bytes crossed
             # in the turns before it that ended after it was requested (not knowing when,
             # the last turn only). What they held back pays for its bytes at the pace
