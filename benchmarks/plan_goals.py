@@ -23,12 +23,11 @@ from _results import write_section
 from plan import bound_ratio, ends_bound_ratio, median_epoch
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("plan-256-vit-10mbit", "plan-256-all-1gbit", "plan-256-r18-slow")
+SOURCES = ("plan-256-vit-10mbit-v2", "plan-256-all-1gbit-v2", "plan-256-r18-slow-v2")
 """The 256-image sweeps, through the 8 KB tc bucket (`_netns.BURST`): every model at
-1 Gbit/s and ResNet-18 from 5 to 100 Mbit/s with the link change, measured on one machine
-the same day with one commit's planner; the ViT at 10 Mbit/s from an earlier session (a
-machine about 2.8x slower, before the decode was measured warm and sending charged to
-the server). The earlier sweeps' JSON stays in `out/` beside their sections."""
+1 Gbit/s, ResNet-18 from 5 to 100 Mbit/s with the link change and the ViT at 10 Mbit/s,
+measured on one machine the same day with one commit's planner. The earlier sweeps'
+JSON stays in `out/` beside their sections."""
 FAST = "1gbit"
 """The link rate the hybrid goal is stated for ("the link is fast")."""
 
