@@ -447,13 +447,12 @@ class Replanner:
         # claims nothing.)
         link_pair = [0.0, 0.0]
         link_average = (0.0, 0.0)
-        claims = transfer_s is not None and chunk.transfer_buffered and transfer_s < believed
+        claims = chunk.transfer_buffered and transfer_s is not None and transfer_s < believed
         if transfer_s is not None and claims:
             # Faster than believed, but perhaps only out of the buffers: its bytes crossed
             # in the turns before it that ended after it was requested (not knowing when,
             # the last turn only). What they held back pays for its bytes at the pace
             # believed - never faster: no excess, no evidence.
-            decay = 1.0 - self.config.weight
             left = believed
             spent = weighed = 0.0
             turns = list(self._held)
@@ -461,8 +460,7 @@ class Replanner:
                 if chunk.issued is None or turn.ended is None or chunk.issued < turn.ended:
                     claim = min(turn.excess, left)
                     turn.excess, left, spent = turn.excess - claim, left - claim, spent + claim
-                    # As the moving average weighs the turn by now.
-                    weighed += claim * decay ** (self.chunks - turn.at)
+                    weighed += claim * self._weight(turn)
             if spent > 1e-12:
                 link_pair = [transfer_s + spent, spent / scale]
                 link_average = (transfer_s + weighed, weighed / scale)
@@ -484,13 +482,11 @@ class Replanner:
             # rate of the server's. Its pushed chunks are the evidence.
             server_s = None
         # A stage not measured (None) is no evidence: it weighs nothing.
-        measured = {"server": server_s, "trainer": chunk.trainer_s}
-        profiled = {"server": n * server.compute_s(chunk.cut), "trainer": n * trainer_s}
         pairs = {
-            s: [0.0, 0.0] if measured[s] is None else [measured[s] or 0.0, profiled[s]]
-            for s in ("server", "trainer")
+            "server": _evidence(server_s, n * server.compute_s(chunk.cut)),
+            "link": link_pair,
+            "trainer": _evidence(chunk.trainer_s, n * trainer_s),
         }
-        pairs["link"] = link_pair
         averaged = {s: (pair[0], pair[1]) for s, pair in pairs.items()}
         averaged["link"] = (link_average[0] + expired, link_average[1])
         return pairs, averaged
@@ -530,9 +526,13 @@ class Replanner:
         """Count what no chunk claimed of a turn's excess as the link's own time: in the
         turn's window pair, and returned as the moving average weighs the turn by now."""
         turn.pair[0] += turn.excess
-        weighed = turn.excess * (1.0 - self.config.weight) ** (self.chunks - turn.at)
+        weighed = turn.excess * self._weight(turn)
         turn.excess = 0.0
         return weighed
+
+    def _weight(self, turn: _Turn) -> float:
+        """What the moving average weighs a held turn's seconds at by now."""
+        return (1.0 - self.config.weight) ** (self.chunks - turn.at)
 
     def _drift(self) -> str | None:
         """Why the plan in force no longer fits the measurements, or None if it does."""
@@ -575,6 +575,11 @@ def _settled(
         return estimate(p.cut, p.share, server, trainer, link, workload).epoch_s
 
     return epoch(plan) <= epoch(previous)
+
+
+def _evidence(measured: float | None, profiled: float) -> list[float]:
+    """A stage's (measured, profiled) pair: none, (0, 0), where it was not measured."""
+    return [0.0, 0.0] if measured is None else [measured, profiled]
 
 
 def _last(pairs: deque[list[float]], count: int) -> list[list[float]]:
