@@ -184,7 +184,10 @@ def test_assign_after_a_mid_epoch_change_touches_only_the_rest() -> None:
 def test_assign_takes_a_plan() -> None:
     hybrid = _plan(1e9)
     assert sum(assign(range(10), hybrid)) == 8
-    assert sum(assign(range(100), _plan(1e6))) == 22
+    # At 1 MB/s a local chunk's raw bytes hold the link 6.4 s, and the server idles behind
+    # them: from 21 to 25 local chunks of 100 the epoch is about 170 s whichever, and 25,
+    # where the link's busy time meets it, is the least.
+    assert sum(assign(range(100), _plan(1e6))) == 25
     pushed = _plan(1e5)
     assert pushed.share == 0.0
     assert assign(list(range(8)), pushed) == (False,) * 8

@@ -13,45 +13,35 @@ each end's CPU per byte on the wire, which its core spends beside its compute.)
 
 `cut = RAW` is the baseline: the server only reads, the trainer does everything.
 
-The chunks flow through the three stages as through a pipeline (a flow shop). A stage
-cannot start before the first chunk has passed the stages ahead of it, and the epoch ends
-only when the last chunk has passed the stages after it, so stage j bounds the epoch by
+The chunks flow through the three stages as through a pipeline (a flow shop), and the
+model runs the epoch's chunks through it one by one, as the loader issues them:
 
-    epoch_j = w·(first chunk's stages before j) + (j's busy time) + w·(last chunk's after j)
+    issued_i = read_{i-K}          (K chunks in flight: chunk i is requested when chunk
+                                    i-K has been read; the first K at once)
+    server_i = max(issued_i, server_{i-1}) + s_i      (the server finishes chunks in order)
+    read_i   = max(read_{i-1}, server_i) + l_i        (the link serves chunks in order)
+    epoch    = trained_{m-1},  trained_i = max(trained_{i-1}, read_i) + t_i
 
-and the epoch is the largest of them. w is how many chunks start together: 1 when the
-server serves chunks in order (for m equal chunks this is HAPI's `S + max(S, C)·(N-1) + C`),
-or K (the chunks in flight) when the server works on all of them at once and none leaves
-before all are done. With one chunk in flight (K = 1) the next chunk is requested only
-when one arrives, so the server's and the link's times add up into one stage.
+with each chunk's s, l, t those of its route: `assign`'s pattern says which chunks are
+local. With K = 1 the server's and the link's times add up; with K >= m nothing waits
+for a request and the epoch is HAPI's `S + max(S, C)·(N-1) + C` for equal chunks.
 
-The loader also holds a *window*: K chunks in flight per server, and chunk j+K is
-requested only when chunk j has been read (a local chunk is decoded afterwards, beside
-the next chunks' reads). So the epoch is also bounded by
+Why a simulation and not max(stages) + fill: a hybrid's local chunk over a slow link holds
+the link and a place in the window while the server, done with the K-1 chunks behind it,
+waits for the next request. Where that happens depends on where the local chunks fall.
+The ViT to `encoder+getitem` at 10 Mbit/s (16 chunks, 3 in flight, 3 local) was predicted
+at 5.2 s by stage bounds and ran 6.9 s; run chunk by chunk it is 6.7 s, slower than the
+pure cut's 5.8 s, which the planner then chooses.
 
-    window = first chunk's (server + link)
-             + the server's time for chunks K..m-1 + the last chunk's link and trainer
-
-A hybrid's local chunk over a slow link is where it binds: its raw bytes hold the link
-and the window while the server, done with the K-1 chunks behind it, waits for the next
-request. Without it the model predicted a 25% hybrid at 10 Mbit/s 1.35x too fast (1.68 s
-against 2.26 s measured), and chose it over the pure cut that measured 1.67 s.
-
-The first and last chunk are not an average chunk: `assign` makes the first chunk of a
-hybrid local (the trainer starts at once, on raw bytes that need no server compute) and
-its last pushed down (after the server's last chunk only a short tail is left). A model
-that charged a hybrid an average chunk's fill and drain over-predicted it by 20-30% on
-four-chunk epochs, and chose smaller shares than the best.
-
-For 0 < f < 1 the ends are fixed and every stage is a line in `f`, so the epoch is convex
-and piecewise linear there: its minimum is at a share where two stage lines cross, or at
-the ends of that range, and on the grid of whole chunks (f = j/m) at one of the grid
-points beside it (`best_share`); f = 0 and f = 1 are weighed apart.
+An epoch of more than `_SIMULATED` chunks is run that far and extrapolated at the pace of
+its second half: the pipeline's steady state, in which fill is behind and the drain is
+already counted.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from hapi.errors import InvalidRequest
@@ -62,6 +52,11 @@ __all__ = ["STAGES", "Estimate", "Workload", "best_share", "estimate", "locals_b
 
 STAGES = ("server", "link", "trainer")
 """The pipeline's stages, in the order a chunk passes them."""
+
+_SIMULATED = 256
+"""Chunks an epoch is run for one by one; a longer one is extrapolated."""
+_EVERY_SHARE = 64
+"""Epochs of up to this many chunks have every whole-chunk share weighed."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,9 +72,6 @@ class Workload:
     servers: int = 1
     """Servers the chunks are spread over, each with its own core(s) and link: the
     server's and the link's time per chunk divide among them."""
-    in_order: bool = True
-    """The server finishes chunks one after another; False: it shares itself (and the
-    link) among all chunks in flight, so the first chunk is done only when K are."""
 
     def __post_init__(self) -> None:
         for name in ("samples", "chunk_size", "prefetch", "servers"):
@@ -91,11 +83,6 @@ class Workload:
     def chunks(self) -> int:
         """m: chunks in the epoch."""
         return -(-self.samples // self.chunk_size)
-
-    @property
-    def together(self) -> int:
-        """w: chunks that fill (and drain) the pipeline together."""
-        return 1 if self.in_order else min(self.prefetch, self.chunks)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -199,91 +186,76 @@ def best_share(
 ) -> float:
     """The local share that minimises the epoch at `cut >= INPUT`, in whole chunks (j/m).
 
-    Solved in closed form: between 1/m and (m-1)/m the first chunk is local and the last
-    pushed down, each stage's bound is a line in the share and the epoch their convex
-    maximum, so the best whole-chunk share there is a grid point beside a crossing of
-    two lines or an end of the range; 0 and 1 (other ends) are weighed beside it. Ties go
-    to the lower share: fewer local chunks, less to go wrong. A result of 1 means "all
-    local": the caller has RAW for that.
+    Up to `_EVERY_SHARE` chunks every share is run; beyond, a grid of that many shares is,
+    and then every share between the best grid point's neighbours. Ties go to the lower
+    share: fewer local chunks, less to go wrong. A result of 1 means "all local": the
+    caller has RAW for that.
     """
     if cut < INPUT:
         raise InvalidRequest(f"a local share needs a cut >= INPUT (0), got {cut}")
     lines = _stage_lines(cut, server, trainer, link, workload)
     m = workload.chunks
+    cache: dict[int, float] = {}
 
-    def epoch(f: float) -> float:
-        return _epoch(lines, f, workload)
+    def epoch(j: int) -> float:
+        if j not in cache:
+            cache[j] = _epoch(lines, j / m, workload)
+        return cache[j]
 
-    candidates = {0.0, 1.0}
-    if m > 1:
-        low, high = 1 / m, (m - 1) / m
-        candidates |= {low, high}
-        inner = _bounds(lines, workload, first=True, last=False)
-        for i, (a1, b1) in enumerate(inner):
-            for a2, b2 in inner[i + 1 :]:
-                if b1 != b2:
-                    f = min(max((a2 - a1) / (b1 - b2), low), high)
-                    j = math.floor(f * m + 1e-9)
-                    candidates |= {max(j, 1) / m, min(j + 1, m - 1) / m}
-    return min(candidates, key=lambda f: (epoch(f), f))
+    def best(shares: Iterable[int]) -> int:
+        return min(shares, key=lambda j: (epoch(j), j))
+
+    if m <= _EVERY_SHARE:
+        return best(range(m + 1)) / m
+    grid = sorted({round(g * m / _EVERY_SHARE) for g in range(_EVERY_SHARE + 1)})
+    at = grid.index(best(grid))
+    low, high = grid[max(at - 1, 0)], grid[min(at + 1, len(grid) - 1)]
+    return best([*range(low, high + 1), 0, m]) / m
 
 
 def locals_before(share: float, i: int) -> int:
     """How many of the first `i` chunks are local at `share`: ceil(f·i).
 
     Rounding up makes the first chunk of any hybrid local and, when f·m is whole, its
-    last pushed down: the ends the cost model charges (`_epoch`). The small tolerance
+    last pushed down: the trainer starts at once on bytes that need no server compute,
+    and after the server's last chunk only a short tail is left. The small tolerance
     keeps f = j/m from rounding a whole j·i/m up through float error.
     """
     return math.ceil(share * i - 1e-9)
 
 
 def _epoch(lines: list[tuple[float, float]], f: float, workload: Workload) -> float:
-    """The epoch: the largest over the stages' and the window's bounds."""
+    """Run the epoch's chunks through the pipeline one by one (see the module's note)."""
     m = workload.chunks
-    first = locals_before(f, 1) > 0
-    last = locals_before(f, m) > locals_before(f, m - 1)
-    bounds = _bounds(lines, workload, first=first, last=last)
-    return max(c + s * f for c, s in bounds)
-
-
-def _bounds(
-    lines: list[tuple[float, float]],
-    workload: Workload,
-    *,
-    first: bool,
-    last: bool,
-) -> list[tuple[float, float]]:
-    """Each bound on the epoch as a line c + s·f, given whether the first and the last
-    chunk are local: per stage, w·(first's stages before it) + busy + w·(last's after
-    it); and the window's, when the epoch has more chunks than are in flight at once."""
-    m, w = workload.chunks, workload.together
-    stages = _period_lines(lines, workload)
-    head = [a + b * first for a, b in stages]
-    tail = [a + b * last for a, b in stages]
-    bounds = [
-        (w * sum(head[:j]) + m * a + w * sum(tail[j + 1 :]), m * b)
-        for j, (a, b) in enumerate(stages)
-    ]
-    ahead = workload.prefetch * workload.servers
-    if m > ahead:
-        (sa, sb), (la, lb), (ta, tb) = lines
-        read = sa + sb * first + la + lb * first
-        after = la + lb * last + ta + tb * last
-        # Chunks K..m-1 are requested one by one as chunks 1.. are read; their local
-        # share is taken as f, which keeps the bound a line in f.
-        bounds.append((read + (m - ahead) * sa + after, (m - ahead) * sb))
-    return bounds
-
-
-def _period_lines(
-    lines: list[tuple[float, float]], workload: Workload
-) -> list[tuple[float, float]]:
-    """The lines whose max is the pipeline's period per chunk (K = 1: server + link)."""
-    if workload.prefetch > 1:
-        return lines
-    (sa, sb), (la, lb), trainer = lines
-    return [(sa + la, sb + lb), trainer]
+    n = min(m, _SIMULATED)
+    window = workload.prefetch * workload.servers
+    (sa, sb), (la, lb), (ta, tb) = lines
+    reads: list[float] = []
+    trained: list[float] = []
+    server = link = trainer = 0.0
+    marks = locals_before(f, 0)
+    for i in range(n):
+        local = locals_before(f, i + 1) > marks
+        marks += local
+        issued = reads[i - window] if i >= window else 0.0
+        server = max(issued, server) + sa + sb * local
+        link = max(link, server) + la + lb * local
+        trainer = max(trainer, link) + ta + tb * local
+        reads.append(link)
+        trained.append(trainer)
+    if n == m:
+        return trainer
+    # The rest at the pace of the second half: its time per second of work of the stage
+    # busiest in it, times that stage's work on the chunks not run (counted from the
+    # pattern, which need not repeat within the half).
+    half = n // 2
+    ran = (n - half, locals_before(f, n) - locals_before(f, half))
+    rest = (m - n, locals_before(f, m) - locals_before(f, n))
+    a, b = max(lines, key=lambda line: ran[0] * line[0] + ran[1] * line[1])
+    busy = ran[0] * a + ran[1] * b
+    if busy <= 0.0:
+        return trainer
+    return trainer + (trained[-1] - trained[half - 1]) / busy * (rest[0] * a + rest[1] * b)
 
 
 def _stage_lines(
