@@ -102,7 +102,7 @@ class Estimate:
     trainer_s: float
     """The trainer's busy time over the epoch."""
     epoch_s: float
-    """Predicted epoch time: the steady-state bound plus fill and drain."""
+    """Predicted epoch time: the epoch's chunks run through the pipeline one by one."""
     bytes: float
     """Bytes over the link in the epoch."""
 
@@ -118,7 +118,8 @@ class Estimate:
 
     @property
     def fill_s(self) -> float:
-        """What the epoch takes beyond the bound: filling and draining the pipeline."""
+        """What the epoch takes beyond the bound: filling and draining the pipeline, and
+        stages waiting on each other (a server waiting for a request, say)."""
         return self.epoch_s - self.bound_s
 
     @property
