@@ -339,7 +339,8 @@ def test_best_share_is_the_best_whole_chunk_share(
         chosen = estimate(cut, best, server, trainer, link, work).epoch_s
         # The trivial reference: every whole-chunk share, tried one by one. Up to 64 chunks
         # best_share tries them all too; beyond, a grid and the best grid point's
-        # neighbourhood, which may miss a narrow dip by less than the planner's tolerance.
+        # neighbourhood, held here to the planner's tolerance (a narrow dip between grid
+        # points can be missed).
         brute = min(estimate(cut, j / m, server, trainer, link, work).epoch_s for j in range(m + 1))
         if m <= 64:
             assert chosen == pytest.approx(brute, rel=1e-9, abs=1e-12)

@@ -24,7 +24,9 @@ model runs the epoch's chunks through it one by one, as the loader issues them:
 
 with each chunk's s, l, t those of its route: `assign`'s pattern says which chunks are
 local. With K = 1 the server's and the link's times add up; with K >= m nothing waits
-for a request and the epoch is HAPI's `S + max(S, C)·(N-1) + C` for equal chunks.
+for a request and the epoch is HAPI's `S + max(S, C)·(N-1) + C` for equal chunks. (The
+loader also stops issuing while the trainer is K chunks and a training batch behind;
+that binds only where the trainer holds the epoch anyway, and is left out.)
 
 Why a simulation and not max(stages) + fill: a hybrid's local chunk over a slow link holds
 the link and a place in the window while the server, done with the K-1 chunks behind it,
