@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from hapi.client import FeatureLoader, TransferJob, connect
+from hapi.client._fetch import Flow
 from hapi.client.connection import ChunkPart, ChunkStream, Connection
 from hapi.data import open_store, synth_dataset
 from hapi.errors import InvalidCut
@@ -185,6 +186,44 @@ def test_a_mid_epoch_replan_keeps_every_key_once_and_the_losses(
     assert (second.cut, second.share) == (cut, share)
     if share or cut == RAW:
         assert second.chunks_local > 0
+
+
+def test_a_hybrids_local_chunks_keep_out_of_the_servers_window(
+    server: HapiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a local chunk's raw bytes hold the link, the server is asked for the
+    pushed-down chunks behind it: K chunks of each route in flight, not K in all."""
+    from hapi.client._fetch import Fetcher
+
+    job = _job(server, freeze="layer4", cut=LAYER3, chunk_size=2)  # 12 chunks, K = 2
+    job.set_plan(LAYER3, 0.5, reason="the test's hybrid")  # chunks 0, 2, 4, ... local
+    started: list[tuple[int, bool]] = []
+    seen_while_held: list[tuple[int, bool]] = []
+    start, fetch = Fetcher.start, Fetcher.fetch
+
+    def noting(self: Fetcher, flow: Flow) -> None:
+        started.append((flow.index, flow.route.local))
+        start(self, flow)
+
+    def first_read_held(self: Fetcher, flow: Flow) -> None:
+        if flow.index == 0 and not seen_while_held:
+            # The link busy with chunk 0's raw bytes (and the chunks after it waiting
+            # their turn): what is asked of the server meanwhile.
+            deadline = time.monotonic() + 3
+            while len(started) < 4 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.2)  # were the windows wider, more would start now
+            seen_while_held.extend(started)
+        fetch(self, flow)
+
+    monkeypatch.setattr(Fetcher, "start", noting)
+    monkeypatch.setattr(Fetcher, "fetch", first_read_held)
+    job.fit(1, lr=0.05)
+    # Two of each: chunk 4 (local) waits for chunk 0's read. One window of 2 in all
+    # stopped at chunks 0 and 1, and the server had one chunk to compute.
+    assert seen_while_held == [(0, True), (1, False), (2, True), (3, False)]
+    (epoch,) = job.history.epochs
+    assert epoch.samples == 24 and epoch.chunks_local == 6
 
 
 def test_a_chunk_in_flight_follows_a_change_of_cut_with_its_keys_not_yet_delivered(

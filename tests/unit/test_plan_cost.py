@@ -196,27 +196,32 @@ def test_share_rounds_to_whole_chunks() -> None:
     assert best_share(1, server, trainer, link, Workload(samples=10, chunk_size=10)) in (0, 1)
 
 
-def test_a_local_chunk_on_a_slow_link_holds_the_window() -> None:
+def test_a_local_chunk_on_a_slow_link_leaves_the_server_waiting() -> None:
     server = _one_cut(head_s=0.02, input_bytes=150_000, raw_bytes=100_000)
     trainer = TrainerProfile(decode_s=0.002, head_s=(0.0, 0.003), tail_s=(0.004, 0.0))
     link = LinkProfile(bytes_per_s=1e6)
-    work = Workload(samples=60, chunk_size=10, prefetch=2)  # 6 chunks, 2 in flight
+    work = Workload(samples=60, chunk_size=10, prefetch=2)  # 6 chunks, 2 in flight a route
     # Per chunk of 10 at cut 1: pushed, server 0.21, link 0.01, trainer 0; local, the
     # server reads (0), the link carries 1.0 s of raw bytes, the trainer decodes and runs
-    # the head in 0.05 s. At 1/6 the first chunk is local, and chunk 2 is requested only
-    # when it has been read, at 1.0 s: then the server's chunks 2..5 (4 x 0.21, all
-    # pushed down) and the last chunk's link.
+    # the head in 0.05 s. At 1/6 the first chunk is local; chunks 1 and 2 are requested
+    # beside it (the pushed-down window) and done by 0.42 s, but they cross only after
+    # its raw bytes, at 1.01 and 1.02 s, and chunk 3 is requested when chunk 1 is read:
+    # then the server's chunks 3..5 and the last chunk's link.
     hybrid = estimate(1, 1 / 6, server, trainer, link, work)
-    assert hybrid.epoch_s == pytest.approx(1.0 + 4 * 0.21 + 0.01)
+    assert hybrid.epoch_s == pytest.approx(1.01 + 3 * 0.21 + 0.01)
     # The stages alone bound it at 1.06 (the server's 5 x 0.21 and the last chunk's
     # link): the hybrid looked faster than the pure cut, which the server holds.
     plan = choose_plan(server, trainer, link, work, freeze=1)
     assert (plan.cut, plan.share) == (1, 0.0)
     assert plan.epoch_s == pytest.approx(6 * 0.21 + 0.01)
-    # With the epoch in flight at once nothing waits for a request, and the hybrid wins.
-    roomy = Workload(samples=60, chunk_size=10, prefetch=6)
+    # With 4 pushed-down chunks in flight the server works through the raw chunk's turn
+    # (4 x 0.21 of 1.0 s) and waits only for chunk 5's request, at 1.01 s; the hybrid wins.
+    four = Workload(samples=60, chunk_size=10, prefetch=4)
+    assert estimate(1, 1 / 6, server, trainer, link, four).epoch_s == pytest.approx(1.23)
+    assert choose_plan(server, trainer, link, four, freeze=1).share == pytest.approx(1 / 6)
+    # With every pushed-down chunk in flight at once nothing waits for a request.
+    roomy = Workload(samples=60, chunk_size=10, prefetch=5)
     assert estimate(1, 1 / 6, server, trainer, link, roomy).epoch_s == pytest.approx(1.06)
-    assert choose_plan(server, trainer, link, roomy, freeze=1).share == pytest.approx(1 / 6)
 
 
 def test_a_long_epoch_is_extrapolated_from_its_steady_state(

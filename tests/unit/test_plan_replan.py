@@ -184,10 +184,7 @@ def test_assign_after_a_mid_epoch_change_touches_only_the_rest() -> None:
 def test_assign_takes_a_plan() -> None:
     hybrid = _plan(1e9)
     assert sum(assign(range(10), hybrid)) == 8
-    # At 1 MB/s a local chunk's raw bytes hold the link 6.4 s, and the server idles behind
-    # them: from 21 to 25 local chunks of 100 the epoch is about 170 s whichever, and 25,
-    # where the link's busy time meets it, is the least.
-    assert sum(assign(range(100), _plan(1e6))) == 25
+    assert sum(assign(range(100), _plan(1e6))) == 22
     pushed = _plan(1e5)
     assert pushed.share == 0.0
     assert assign(list(range(8)), pushed) == (False,) * 8
@@ -256,8 +253,12 @@ def test_a_link_shared_by_chunks_in_flight_is_measured_from_their_sum() -> None:
         own = chunk.transfer_s or 0.0
         shown, late = 0.5 * own + late, 0.5 * own
         replanner.observe(dataclasses.replace(chunk, transfer_s=shown))
-    assert replanner.changes
-    assert replanner.plan.link.bytes_per_s == pytest.approx(1e6, rel=0.2)
+    first, *later = replanner.changes
+    assert first.plan.link.bytes_per_s == pytest.approx(1e6, rel=0.2)
+    # A later run of three chunks, each after a raw chunk's half turn, may re-predict the
+    # plan at the rate it read (0.78 MB/s), but the plan stays.
+    assert all((c.plan.cut, c.plan.share) == (first.plan.cut, first.plan.share) for c in later)
+    assert replanner.plan.link.bytes_per_s == pytest.approx(1e6, rel=0.25)
 
 
 def test_a_late_cuts_buffered_bytes_do_not_make_a_slow_link_look_fast() -> None:
@@ -396,8 +397,9 @@ def test_a_turn_longer_than_every_chunk_in_flight_is_counted_at_once() -> None:
     pushed = dataclasses.replace(_chunk(plan, 0, 1e6), cut=2, bytes=64_000, trainer_s=None)
     own = pushed.bytes / 1e6
     workload = plan.workload
-    widest = max(SERVER.raw_bytes, SERVER.wire_bytes(plan.cut))
-    in_flight = workload.prefetch * workload.chunk_size * widest / 1e6
+    assert plan.share > 0  # a hybrid: K chunks in flight at its cut and K raw
+    per_sample = SERVER.raw_bytes + SERVER.wire_bytes(plan.cut)
+    in_flight = workload.prefetch * workload.chunk_size * per_sample / 1e6
     replanner.observe(dataclasses.replace(pushed, transfer_s=own + 2 * in_flight))
     assert replanner.scales()["link"] == pytest.approx((own + in_flight) / own, rel=1e-6)
 

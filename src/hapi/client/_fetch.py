@@ -59,6 +59,9 @@ class Flow:
         member: Member,
     ) -> None:
         self.index, self.route, self.previous = index, route, previous
+        self.window = route.local
+        """The loader's window it holds a place in: its route's when issued (local or
+        pushed down), whatever route it follows later."""
         self.member = member
         """The server it is asked of now."""
         self.held = len(keys)
@@ -162,9 +165,9 @@ class Fetcher:
     Args:
         loader: the loader's connection, sessions, retry policy, local compute and hooks.
         epoch: the epoch (seeds the samples; tickets carry it).
-        prefetch: chunks in flight, one thread each.
-        on_read: called in the fetching thread each time a chunk's stream is done (read,
-            or given up): the loader issues the next chunk then.
+        prefetch: chunks in flight at most, one thread each.
+        on_read: called in the fetching thread with each chunk whose stream is done
+            (read, or given up): the loader issues the next chunk then.
     """
 
     def __init__(
@@ -173,7 +176,7 @@ class Fetcher:
         epoch: int,
         prefetch: int,
         *,
-        on_read: Callable[[], None] | None = None,
+        on_read: Callable[[Flow], None] | None = None,
     ) -> None:
         self.loader, self.epoch = loader, epoch
         self.on_read = on_read
@@ -223,7 +226,7 @@ class Fetcher:
         finally:
             flow.read_done.set()
             if self.on_read is not None:
-                self.on_read()
+                self.on_read(flow)
 
     def _attempt(self, flow: Flow) -> None:
         """One try at the keys of `flow` not yet delivered; again at once on a new route

@@ -80,7 +80,7 @@ class JobConfig:
     chunk_size: int = 64
     """Keys per chunk request."""
     prefetch: int = 4
-    """Chunks in flight at once."""
+    """Chunks in flight at once per server; a hybrid plan has as many local ones beside."""
     wire_dtype: WireDtype = "fp32"
     """Dtype of features on the wire."""
     device: str = "cpu"

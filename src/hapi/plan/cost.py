@@ -16,8 +16,9 @@ each end's CPU per byte on the wire, which its core spends beside its compute.)
 The chunks flow through the three stages as through a pipeline (a flow shop), and the
 model runs the epoch's chunks through it one by one, as the loader issues them:
 
-    issued_i = read_{i-K}          (K chunks in flight: chunk i is requested when chunk
-                                    i-K has been read; the first K at once)
+    issued_i = max(issued_{i-1}, read_j)   (K chunks in flight per route: chunk i is
+                                           requested when j, the K-th chunk of its route
+                                           before it, has been read; in order)
     server_i = max(issued_i, server_{i-1}) + s_i      (the server finishes chunks in order)
     read_i   = max(read_{i-1}, server_i) + l_i        (the link serves chunks in order)
     epoch    = trained_{m-1},  trained_i = max(trained_{i-1}, read_i) + t_i
@@ -29,11 +30,12 @@ loader also stops issuing while the trainer is K chunks and a training batch beh
 that binds only where the trainer holds the epoch anyway, and is left out.)
 
 Why a simulation and not max(stages) + fill: a hybrid's local chunk over a slow link holds
-the link and a place in the window while the server, done with the K-1 chunks behind it,
-waits for the next request. Where that happens depends on where the local chunks fall.
-The ViT to `encoder+getitem` at 10 Mbit/s (16 chunks, 3 in flight, 3 local) was predicted
-at 5.2 s by stage bounds and ran 6.9 s; run chunk by chunk it is 6.7 s, slower than the
-pure cut's 5.8 s, which the planner then chooses.
+the link while the server, done with the pushed-down chunks in its window, waits for the
+next request; where that happens depends on where the local chunks fall. The ViT to
+`encoder+getitem` at 10 Mbit/s (16 chunks, 3 local) was predicted at 5.2 s by stage
+bounds and ran 6.9 s while its local chunks took places in the server's window of 3 (run
+chunk by chunk: 6.7 s). With a window per route the server works 3 chunks ahead through a
+raw chunk's 1.4 s turn: 5.8 s, no faster than the pure cut; with 4 in flight, 4.9 s.
 
 An epoch of more than `_SIMULATED` chunks is run that far and extrapolated at the pace of
 its second half: the pipeline's steady state, in which fill is behind and the drain is
@@ -70,7 +72,7 @@ class Workload:
     chunk_size: int = 64
     """Keys per chunk request."""
     prefetch: int = 4
-    """Chunks in flight at once (K)."""
+    """Chunks in flight at once (K) per route: K pushed down and K local."""
     servers: int = 1
     """Servers the chunks are spread over, each with its own core(s) and link: the
     server's and the link's time per chunk divide among them."""
@@ -233,18 +235,20 @@ def _epoch(lines: list[tuple[float, float]], f: float, workload: Workload) -> fl
     n = min(m, _SIMULATED)
     window = workload.prefetch * workload.servers
     (sa, sb), (la, lb), (ta, tb) = lines
-    reads: list[float] = []
+    reads: dict[bool, list[float]] = {False: [], True: []}  # each route's chunks' reads
     trained: list[float] = []
-    server = link = trainer = 0.0
+    issued = server = link = trainer = 0.0
     marks = locals_before(f, 0)
     for i in range(n):
         local = locals_before(f, i + 1) > marks
         marks += local
-        issued = reads[i - window] if i >= window else 0.0
+        mine = reads[local]
+        if len(mine) >= window:
+            issued = max(issued, mine[-window])
         server = max(issued, server) + sa + sb * local
         link = max(link, server) + la + lb * local
         trainer = max(trainer, link) + ta + tb * local
-        reads.append(link)
+        mine.append(link)
         trained.append(trainer)
     if n == m:
         return trainer

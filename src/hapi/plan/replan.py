@@ -230,12 +230,12 @@ class Replanner:
         # read 3x faster than it was).
         self._fresh = dict.fromkeys(STAGES, 0)
         # The last measured turns' time beyond their own bytes, held back (see the
-        # module's note): the last K, not the last one - with K chunks in flight a chunk's
-        # bytes may cross in any of the K-1 turns before its own, and a short turn between
-        # (its own bytes only) must not hide the long one. Not cleared by a re-plan: the
-        # chunks that may claim them are still in flight.
+        # module's note): the last 2K, not the last one - with up to 2K chunks in flight
+        # (K per route) a chunk's bytes may cross in any of the turns before its own, and
+        # a short turn between (its own bytes only) must not hide the long one. Not
+        # cleared by a re-plan: the chunks that may claim them are still in flight.
         self._held: deque[_Turn] = deque(
-            maxlen=max(1, plan.workload.prefetch * plan.workload.servers)
+            maxlen=max(1, 2 * plan.workload.prefetch * plan.workload.servers)
         )
 
     def scales(self) -> dict[str, float]:
@@ -371,7 +371,8 @@ class Replanner:
         """Whether one chunk's link time shows the link itself slowed, beyond doubt.
 
         Chunks in flight share the link, so one chunk's turn may carry the bytes of
-        every chunk in flight (`prefetch` of them, at most raw-sized each); no sharing
+        every chunk in flight (`prefetch` at the plan's cut and, in a hybrid, as many
+        raw: `_in_flight_s`); no sharing
         explains a turn `swing` times longer than all of them take at the rate planned.
         Such a chunk is acted on at once, not after `min_chunks`: after a 100x drop each
         chunk the old plan still issues puts up to a second of raw bytes on the link (a
@@ -386,12 +387,15 @@ class Replanner:
         return link_s > self.config.swing * self._in_flight_s()
 
     def _in_flight_s(self) -> float:
-        """The link's time, at the rate believed, for every chunk in flight at their
-        widest (raw or the plan's cut): the most one turn can carry of others' bytes."""
+        """The link's time, at the rate believed, for every chunk in flight: K at the
+        plan's cut and, in a hybrid, K raw (a window per route). The most one turn can
+        carry of others' bytes."""
         server, _, link = self._base
         workload = self.plan.workload
-        widest = max(server.raw_bytes, server.wire_bytes(self.plan.cut))
-        in_flight = workload.prefetch * workload.chunk_size * widest / link.bytes_per_s
+        per_sample = server.wire_bytes(self.plan.cut)
+        if self.plan.share > 0:
+            per_sample += server.raw_bytes
+        in_flight = workload.prefetch * workload.chunk_size * per_sample / link.bytes_per_s
         return in_flight * self._planned_scales["link"]
 
     def _restart_from_recent(self, count: int) -> None:
