@@ -24,16 +24,16 @@ from plan import bound_ratio, ends_bound_ratio, median_epoch
 
 HERE = Path(__file__).resolve().parent
 SOURCES = (
-    "plan-256-all-1gbit-v2",
     "plan-256-r18-slow-v2",
     "plan-256-vit-10mbit-v3",
-    "plan-256-r18-100mbit-v3",
+    "plan-256-all-1gbit-v3",
+    "plan-256-r18-100mbit-v4",
 )
-"""The 256-image sweeps, through the 8 KB tc bucket (`_netns.BURST`), on one machine: every
-model at 1 Gbit/s and ResNet-18 from 5 to 100 Mbit/s with the link change (the `-v2`
-sweeps), then the ViT at 10 Mbit/s and ResNet-18 at 100 Mbit/s with the chunk-by-chunk
-cost model (`-v3`: the configurations whose choice it changed). The earlier sweeps' JSON
-stays in `out/` beside their sections."""
+"""The 256-image sweeps, through the 8 KB tc bucket (`_netns.BURST`), on one machine:
+ResNet-18 from 5 to 100 Mbit/s with the link change (`-v2`), the ViT at 10 Mbit/s with
+the chunk-by-chunk cost model (`-v3`), every model at 1 Gbit/s and ResNet-18 at 100 Mbit/s
+with the loader's window per route too (`plan-256-all-1gbit-v3`, `-v4`). The earlier
+sweeps' JSON stays in `out/` beside their sections."""
 FAST = "1gbit"
 """The link rate the hybrid goal is stated for ("the link is fast")."""
 
