@@ -165,7 +165,7 @@ class Fetcher:
     Args:
         loader: the loader's connection, sessions, retry policy, local compute and hooks.
         epoch: the epoch (seeds the samples; tickets carry it).
-        prefetch: chunks in flight at most, one thread each.
+        in_flight: chunks in flight at most, one thread each.
         on_read: called in the fetching thread with each chunk whose stream is done
             (read, or given up): the loader issues the next chunk then.
     """
@@ -174,7 +174,7 @@ class Fetcher:
         self,
         loader: FeatureLoader,
         epoch: int,
-        prefetch: int,
+        in_flight: int,
         *,
         on_read: Callable[[Flow], None] | None = None,
     ) -> None:
@@ -185,7 +185,7 @@ class Fetcher:
         self.retries = 0
         self.failovers = 0
         self._lock = threading.Lock()
-        self._threads = ThreadPoolExecutor(prefetch, thread_name_prefix="hapi-fetch")
+        self._threads = ThreadPoolExecutor(in_flight, thread_name_prefix="hapi-fetch")
         self.worker = ThreadPoolExecutor(1, thread_name_prefix="hapi-local")
 
     def start(self, flow: Flow) -> None:

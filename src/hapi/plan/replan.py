@@ -372,8 +372,8 @@ class Replanner:
 
         Chunks in flight share the link, so one chunk's turn may carry the bytes of
         every chunk in flight (`prefetch` at the plan's cut and, in a hybrid, as many
-        raw: `_in_flight_s`); no sharing
-        explains a turn `swing` times longer than all of them take at the rate planned.
+        raw: `_in_flight_s`); no sharing explains a turn `swing` times longer than all
+        of them take at the rate planned.
         Such a chunk is acted on at once, not after `min_chunks`: after a 100x drop each
         chunk the old plan still issues puts up to a second of raw bytes on the link (a
         1 Gbit/s to 10 Mbit/s drop cost 0.3-0.7 s an epoch in chunks issued while the
