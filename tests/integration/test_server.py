@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,14 +38,17 @@ from hapi.errors import (
 from hapi.graph import INPUT, RAW, ModelSpec, build_model, trace
 from hapi.server import HapiServer, ServerConfig, serve
 from hapi.server import server as server_module
+from hapi.server import session as session_module
 from hapi.wire import (
     MAX_ERROR_MESSAGE,
     ActionType,
+    ChunkReport,
     ChunkTicket,
     ServerStats,
     SessionRequest,
     SessionStats,
     decode_error,
+    raw_schema,
 )
 
 SIZE = 64
@@ -212,6 +216,72 @@ def test_egress_limit_shapes_what_is_sent(store_dir: Path) -> None:
     # 2 Mbit/s is 250 kB/s: what the chunk sent beyond the burst had to wait for the link.
     assert stats.bytes_sent == result.nbytes
     assert stats.shaping_wait_s >= (result.nbytes - 4 * 1024) / 250_000 * 0.9
+
+
+def test_a_connections_streams_send_in_chunk_order(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One object a wire batch, each held ~0.1 s by the egress limit: read at once, two
+    # streams sent together would interleave their batches on the link. In order, chunk
+    # 1 sends nothing until chunk 0 has sent its report, and so takes the link whole.
+    monkeypatch.setattr(session_module, "RAW_BATCH_BYTES", 1)
+    with (
+        serve(store=str(store_dir), egress_limit="240kbit") as server,
+        connect(server.address) as conn,
+    ):
+        info = conn.open_session(_request(cut=RAW))
+        keys = list(conn.manifest("train").keys)
+        arrivals: dict[int, list[tuple[float, bool]]] = {0: [], 1: []}
+        streams = {
+            c: conn.stream(
+                ChunkTicket(
+                    session=info.session, chunk=c, epoch=0, keys=keys[4 * c : 4 * c + 4],
+                    labels=[0] * 4,
+                )
+            )
+            for c in (0, 1)
+        }  # fmt: skip
+
+        def read(chunk: int) -> None:
+            for part in streams[chunk]:
+                arrivals[chunk].append((time.perf_counter(), part.report is not None))
+
+        readers = [threading.Thread(target=read, args=(c,)) for c in (1, 0)]
+        for thread in readers:
+            thread.start()
+        for thread in readers:
+            thread.join(30)
+    assert [report for _, report in arrivals[0]] == [False] * 4 + [True]
+    assert len(arrivals[1]) == 5
+    chunk0_done = arrivals[0][-1][0]
+    assert all(t > chunk0_done for t, _ in arrivals[1])
+
+
+class _LateEnd(flight.FlightServerBase):
+    """A server whose streams end (their trailers) 2 s after their report, as a stream's
+    end does when it queues behind the next stream's bytes on a slow connection."""
+
+    def do_get(
+        self, context: flight.ServerCallContext, ticket: flight.Ticket
+    ) -> flight.FlightDataStream:
+        chunk = ChunkTicket.model_validate_json(ticket.ticket)
+        report = ChunkReport(chunk=chunk.chunk).to_bytes()
+
+        def parts() -> Iterator[tuple[pa.RecordBatch, pa.Buffer]]:
+            yield pa.RecordBatch.from_pylist([], schema=raw_schema()), pa.py_buffer(report)
+            time.sleep(2)
+
+        return flight.GeneratorStream(raw_schema(), parts())
+
+
+def test_a_chunk_is_read_at_its_report_not_at_its_streams_end() -> None:
+    with _LateEnd("grpc://127.0.0.1:0") as late, connect(f"grpc://127.0.0.1:{late.port}") as conn:
+        t0 = time.perf_counter()
+        ticket = ChunkTicket(session="s", chunk=3, epoch=0, keys=["k"], labels=[0])
+        parts = list(conn.stream(ticket))
+        took = time.perf_counter() - t0
+    assert [p.report.chunk for p in parts if p.report is not None] == [3]
+    assert took < 1.0
 
 
 def test_a_token_is_required_when_set(store_dir: Path) -> None:

@@ -25,7 +25,10 @@ the server works ahead, but a chunk's stream is read only once the one before it
 read. Read at once, K streams would share the link and the first chunk would arrive
 about when all of them do - the trainer would wait for nearly every byte of the first K
 chunks before its first batch. Read in order, chunk i arrives at the link's full rate
-while the server computes chunk i+1 into its stream's flow-control window.
+while the server computes chunk i+1 into its stream's flow-control window. The server
+keeps the order too (`hapi.server._order`): its streams on one connection send in
+chunk order, across the job's sessions, since bytes written ahead of their turn cross
+anyway, up to flow-control windows of megabytes, and a raw chunk's are ready at once.
 
 With several servers (one beside each storage node) each chunk goes to one of them
 (`hapi.client.servers`: by their measured rates and what is local to each), K chunks in

@@ -34,12 +34,11 @@ the link while the server, done with the pushed-down chunks in its window, waits
 next request; where that happens depends on where the local chunks fall. The ViT to
 `encoder+getitem` at 10 Mbit/s (16 chunks, 3 local) was predicted at 5.2 s by stage
 bounds and ran 6.9 s while its local chunks took places in the server's window of 3 (run
-chunk by chunk: 6.7 s). With a window per route the server works 3 chunks ahead through a
-raw chunk's 1.4 s turn: 5.8 s, no faster than the pure cut. With 4 in flight the model
-says 4.9 s, but it ran 6.1 s (the pure cut 5.5 s). Likely, not yet traced: the server
-writes every stream in flight at once, so the raw bytes of later local chunks share the
-link with the one being read, which this model does not see (`benchmarks/RESULTS.md`,
-plan-256-vit-10mbit-k4).
+chunk by chunk: 6.7 s). With a window per route and 4 in flight the model says 4.9 s; it
+ran 6.1 s until the server kept the link's order too (`hapi.server._order`: raw chunks,
+ready at once, had all gone out together, and a small pushed-down chunk's stream end
+queued behind the next raw chunk) and started each chunk at its request, not at its
+stream's first read: 5.1 s, the pure cut 5.2 s.
 
 An epoch of more than `_SIMULATED` chunks is run that far and extrapolated at the pace of
 its second half: the pipeline's steady state, in which fill is behind and the drain is

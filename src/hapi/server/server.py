@@ -30,6 +30,7 @@ from hapi.errors import (
 from hapi.graph import INPUT, RAW, ModelGraph, load_head
 from hapi.server._guard import errors_to_wire
 from hapi.server._listen import Listener, serve_metrics
+from hapi.server._order import SendOrder
 from hapi.server.auth import caller
 from hapi.server.budget import MemoryModel, default_budget, parse_bytes
 from hapi.server.config import ServerConfig
@@ -149,6 +150,8 @@ class HapiServer(flight.FlightServerBase):
         self.uploads = HeadUploads(parse_bytes(config.max_head_bytes))
         """Heads trainers uploaded for models of their own, by digest."""
         self.shaper = TokenBucket(parse_rate(config.egress_limit)) if config.egress_limit else None
+        self.sending = SendOrder()
+        """Each client connection's chunk streams send in chunk order."""
         self._clock = clock
         self._read_ahead = (config.store_options or StoreOptions()).concurrency
         self.profiler = Profiler(self.heads, self.scheduler, self.store)
@@ -267,34 +270,54 @@ class HapiServer(flight.FlightServerBase):
             session = self._session(chunk.session, tenant)
             # Every key before any read: a refusal says nothing of what exists.
             self._check_keys(tenant, chunk.keys)
-        stream = self._stream(session, chunk, tenant, started)
+        stream = self._stream(session, chunk, tenant, started, context)
+        next(stream)  # the chunk starts now and takes its place in its connection's order
         return flight.GeneratorStream(session.schema, stream)
 
     def _stream(
-        self, session: Session, chunk: ChunkTicket, tenant: Tenant, started: float
-    ) -> Iterator[tuple[pa.RecordBatch, pa.Buffer | None]]:
-        # The stream runs after do_get returned: its errors need their own guard.
-        with self._guard(f"chunk {chunk.chunk} of session {session.id}", tenant):
-            samples = sent = 0
-            for batch, report in session.run_chunk(chunk, self.store):
-                nbytes = batch.nbytes
-                if self.shaper is not None:
-                    session.stats.add(shaping_wait_s=self.shaper.consume(nbytes))
-                session.stats.add(bytes_sent=nbytes)
-                # A chunk streaming longer than the idle time is use, not abandonment.
-                session.last_used = self._clock()
-                samples, sent = samples + batch.num_rows, sent + nbytes
-                if session.request.cut != RAW and batch.num_rows:
-                    # A feature session sends each batch its head ran as one wire batch.
-                    self.metrics.observe_batch(batch.num_rows)
-                yield batch, (pa.py_buffer(report) if report is not None else None)
-            self.metrics.chunk_done(
-                tenant.name,
-                session.id,
-                samples=samples,
-                nbytes=sent,
-                seconds=time.perf_counter() - started,
-            )
+        self,
+        session: Session,
+        chunk: ChunkTicket,
+        tenant: Tenant,
+        started: float,
+        context: flight.ServerCallContext,
+    ) -> Iterator[tuple[pa.RecordBatch, pa.Buffer | None] | None]:
+        """A chunk's stream; its first item, None, is taken by `do_get`: started so, the
+        chunk runs from the request on, not from the stream's first read, and is closed
+        (its thread stopped, its place given up) however its stream ends."""
+        # Its errors need their own guard: the stream runs after do_get returned. One lane
+        # per connection: its streams share one TCP stream, first in, first out.
+        lane = (tenant.name, context.peer())
+        with (
+            self._guard(f"chunk {chunk.chunk} of session {session.id}", tenant),
+            self.sending.stream(lane, chunk.epoch, chunk.chunk, gone=context.is_cancelled) as send,
+        ):
+            out = session.run_chunk(chunk, self.store)
+            try:
+                yield None
+                samples = sent = 0
+                for batch, report in out:
+                    send()  # the first waits for the streams before it on the connection
+                    nbytes = batch.nbytes
+                    if self.shaper is not None:
+                        session.stats.add(shaping_wait_s=self.shaper.consume(nbytes))
+                    session.stats.add(bytes_sent=nbytes)
+                    # A chunk streaming longer than the idle time is use, not abandonment.
+                    session.last_used = self._clock()
+                    samples, sent = samples + batch.num_rows, sent + nbytes
+                    if session.request.cut != RAW and batch.num_rows:
+                        # A feature session sends each batch its head ran as one wire batch.
+                        self.metrics.observe_batch(batch.num_rows)
+                    yield batch, (pa.py_buffer(report) if report is not None else None)
+                self.metrics.chunk_done(
+                    tenant.name,
+                    session.id,
+                    samples=samples,
+                    nbytes=sent,
+                    seconds=time.perf_counter() - started,
+                )
+            finally:
+                out.close()
 
     # The library API behind the handlers -------------------------------------------------
 

@@ -43,7 +43,9 @@ __all__ = ["Session", "SessionCounters"]
 
 # RAW batches are cut at about this many bytes so shaping and memory stay smooth.
 RAW_BATCH_BYTES = 4 << 20
-_Out = Outbox[tuple[pa.RecordBatch, bytes | None]]
+_Wire = tuple[pa.RecordBatch, bytes | None]
+"""A wire batch and, on the last, the chunk's report."""
+_Out = Outbox[_Wire]
 AHEAD_BATCHES = 2
 """Batches a chunk computes ahead of its stream: enough to overlap computing and sending,
 few enough that a chunk held up by a slow link holds little."""
@@ -85,20 +87,24 @@ class Session:
     """Its tenant's weight in the server's fair share."""
     stats: SessionCounters = field(default_factory=SessionCounters)
 
-    def run_chunk(
-        self, ticket: ChunkTicket, store: ObjectStore
-    ) -> Iterator[tuple[pa.RecordBatch, bytes | None]]:
-        """Read, decode, transform and run the head over a chunk; yield wire batches.
+    def run_chunk(self, ticket: ChunkTicket, store: ObjectStore) -> Outbox[_Wire]:
+        """Start reading, decoding, transforming and running the head over a chunk, now;
+        iterate the returned outbox for its wire batches, and close it when done.
 
         Batches are computed in a thread of the chunk's own, up to `AHEAD_BATCHES` ahead
-        of the stream, and yielded as soon as each is ready. The stream ends with an
-        empty batch whose app metadata is a `ChunkReport`: the keys skipped under
-        `on_error="skip"` with the reason, so nothing is lost silently, and the chunk's
-        time computing and waiting for the scheduler.
+        of the stream, and come as soon as each is ready. The chunk starts when asked, not
+        when its stream is first read: a stream's first message waits behind the bytes
+        the connection holds already (a raw chunk's, a second at 10 Mbit/s), and the
+        server would wait with it. The stream ends with an empty batch whose app metadata
+        is a `ChunkReport`: the keys skipped under `on_error="skip"` with the reason, so
+        nothing is lost silently, and the chunk's time computing and waiting for the
+        scheduler. Closing the outbox early stops the thread after its current batch (or
+        once granted the next, if it waits for one).
 
         Raises:
-            HapiError: a missing or corrupt object under `on_error="raise"` (naming the key).
-            OverBudget: an object too large for the memory budget (under "raise").
+            InvalidRequest: a label missing or too many (here); from iterating, a
+                `HapiError` for a missing or corrupt object under `on_error="raise"`
+                (naming the key), `OverBudget` for one too large for the memory budget.
         """
         if len(ticket.labels) != len(ticket.keys):
             raise InvalidRequest(
@@ -113,12 +119,7 @@ class Session:
             daemon=True,
         )
         worker.start()
-        try:
-            yield from out
-        finally:
-            # Done, or cut off: a worker still at work stops after its current batch (or
-            # once granted the next, if it waits for one), on its own.
-            out.close()
+        return out
 
     def _produce(
         self,

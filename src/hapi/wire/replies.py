@@ -152,7 +152,8 @@ class SkippedKey(_Reply):
 
 class ChunkReport(_Reply):
     """The app metadata of a chunk's last batch: what the chunk left out, so nothing is
-    lost silently."""
+    lost silently. Nothing follows it: a client has read the chunk once it has the report
+    (the stream's end can queue behind the next stream's bytes)."""
 
     chunk: int
     skipped: list[SkippedKey] = Field(default_factory=list)
