@@ -46,6 +46,9 @@ FREEZES = {
 }
 """Two freeze points per model the benchmark knows: one mid-network, one before the head."""
 
+PREFETCH = 4
+"""Chunks in flight per route: the loader's default (`JobConfig.prefetch`). Sweeps before
+2026-11-27 ran 3."""
 CONFIGS = {"vit": ("vit_b_16", {"image_size": "IMAGE_SIZE"})}
 """Models built with options: torchvision's ViT takes its input size (IMAGE_SIZE: the
 job's image size)."""
@@ -62,7 +65,7 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=112, help="the model's input side")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--chunk-size", type=int, default=16)
-    parser.add_argument("--prefetch", type=int, default=3)
+    parser.add_argument("--prefetch", type=int, default=PREFETCH, help="chunks in flight per route")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=2, help="the last epoch is measured")
     parser.add_argument("--shaping", choices=("netns", "egress"), default="netns")
@@ -378,7 +381,7 @@ def _worker(spec: dict) -> None:
         "image_size": spec.get("image_size", 112),
         "batch_size": spec.get("batch_size", 32),
         "chunk_size": spec.get("chunk_size", 16),
-        "prefetch": spec.get("prefetch", 3),
+        "prefetch": spec.get("prefetch", PREFETCH),
         "retry_budget_s": 10,
     }
     model = _spec(
@@ -652,7 +655,7 @@ def _command(args: argparse.Namespace) -> str:
     parts = ["python benchmarks/plan.py --results", f"--models {args.models}"]
     for name, default in (
         ("images", 128), ("image_size", 112), ("rates", "10mbit,100mbit,1gbit"), ("repeats", 3),
-        ("chunk_size", 16), ("prefetch", 3), ("change_images", 512), ("name", "plan"),
+        ("chunk_size", 16), ("prefetch", PREFETCH), ("change_images", 512), ("name", "plan"),
         ("freezes", None), ("link_change", "1gbit:10mbit"),
     ):  # fmt: skip
         value = getattr(args, name, default)
