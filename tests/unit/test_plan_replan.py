@@ -253,12 +253,13 @@ def test_a_link_shared_by_chunks_in_flight_is_measured_from_their_sum() -> None:
         own = chunk.transfer_s or 0.0
         shown, late = 0.5 * own + late, 0.5 * own
         replanner.observe(dataclasses.replace(chunk, transfer_s=shown))
-    first, *later = replanner.changes
-    assert first.plan.link.bytes_per_s == pytest.approx(1e6, rel=0.2)
-    # A later run of three chunks, each after a raw chunk's half turn, may re-predict the
-    # plan at the rate it read (0.78 MB/s), but the plan stays.
-    assert all((c.plan.cut, c.plan.share) == (first.plan.cut, first.plan.share) for c in later)
-    assert replanner.plan.link.bytes_per_s == pytest.approx(1e6, rel=0.25)
+    (change,) = replanner.changes
+    assert change.plan.link.bytes_per_s == pytest.approx(1e6, rel=0.2)
+    # Later runs of three chunks, each after a raw chunk's half turn, read the link at
+    # 0.78 MB/s; the plan stays, and so does the rate it believes: the longer window
+    # does not follow them (re-predicted at their rate, it believed 0.78 MB/s).
+    assert replanner.plan.link.bytes_per_s == pytest.approx(1e6, rel=0.2)
+    assert replanner.scales()["link"] == pytest.approx(10.0, rel=0.2)
 
 
 def test_a_late_cuts_buffered_bytes_do_not_make_a_slow_link_look_fast() -> None:

@@ -336,6 +336,12 @@ class Replanner:
             self._measured, self._profiled = averages
             return None
         if not faster:
+            if not self._window_follows():
+                # A run of a few chunks only (chunks sharing the link read a turn slow,
+                # then fast): re-predicted at their rates, the plan would stay but its
+                # rates would be theirs. Wait, from the averages as they were.
+                self._measured, self._profiled = averages
+                return None
             # Not enough faster to be worth a change: the plan in force, re-predicted.
             plan = plan.with_choice(previous.cut, previous.share, reason=previous.reason)
         change = PlanChange(previous=previous, plan=plan, reason=reason, chunks=self.chunks)
@@ -356,8 +362,12 @@ class Replanner:
         self._fresh = dict.fromkeys(STAGES, 0)
 
     def _window_profiles(self) -> tuple[ServerProfile, TrainerProfile, LinkProfile]:
-        """The first plan's profiles scaled to the longer window's rates: the ratio of its
-        sums (a stage too idle in it to tell keeps its scale now)."""
+        """The first plan's profiles scaled to the longer window's rates."""
+        return self._scaled(self._window_scales())
+
+    def _window_scales(self) -> dict[str, float]:
+        """Per stage, the longer window's rate: the ratio of its sums (a stage too idle in
+        it to tell keeps its scale now)."""
         scales = self.scales()
         totals = {s: sum(m for m, _ in self._window[s]) for s in STAGES}
         busiest = max(totals.values())
@@ -365,7 +375,24 @@ class Replanner:
             profiled = sum(p for _, p in self._window[stage])
             if profiled > 1e-12 and totals[stage] >= self.config.min_stage_share * busiest:
                 scales[stage] = totals[stage] / profiled
-        return self._scaled(scales)
+        return scales
+
+    def _window_follows(self) -> bool:
+        """Whether the longer window moved, from the rates the plan in force was made
+        with, the way the recent chunks did, by half the threshold, in some stage that
+        moved. Only the stages that moved are asked: after a link drop a trainer 20x
+        slower must re-predict the plan though the window still holds pre-drop links."""
+        limit = self.config.threshold
+        recent, window = self.scales(), self._window_scales()
+        for stage in STAGES:
+            planned = self._planned_scales[stage]
+            moved = recent[stage] / planned - 1.0
+            if abs(moved) <= limit:
+                continue
+            follows = window[stage] / planned - 1.0
+            if follows * moved > 0 and abs(follows) > limit / 2:
+                return True
+        return False
 
     def _sudden(self, link_s: float) -> bool:
         """Whether one chunk's link time shows the link itself slowed, beyond doubt.
