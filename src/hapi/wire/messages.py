@@ -142,6 +142,8 @@ class ChunkTicket(_Request):
 
     Chunks are idempotent: the same ticket gives the same features on any server (sample
     seeds depend only on the job seed, the epoch and the key), so it can be retried.
+    (`epoch`, `chunk`) orders the streams of one connection: the server sends them
+    lowest first, whatever their session, so a client reads them in that order.
     """
 
     session: str = Field(max_length=64)
