@@ -114,6 +114,23 @@ def test_a_change_of_plan_applies_to_chunks_not_yet_issued() -> None:
     assert event.data["to"] == {"cut": 6, "share": 0.5}
 
 
+def test_a_chunk_routed_but_not_yet_issued_takes_a_change_made_meanwhile() -> None:
+    # The loader routes chunk 2 when chunk 1 is issued, and issues it when its window has
+    # room; a re-plan in between applies from chunk 2, not from chunk 3.
+    events = []
+    router = Router(9, 0.0, record=events.append)
+    router.start(epoch=0, chunks=6)
+    assert [router.route(i).cut for i in range(3)] == [9, 9, 9]
+    assert not router.changing
+    router.set(6, 0.0, reason="test")
+    assert router.changing
+    assert router.route(2) == Route(local=False, cut=6)
+    assert not router.changing
+    assert [router.route(i).cut for i in range(3, 6)] == [6, 6, 6]
+    (event,) = events
+    assert event.chunk == 2
+
+
 def test_a_chunk_in_flight_follows_a_change_of_cut_or_a_fall_of_the_share() -> None:
     router = Router(9, 0.5)
     router.start(epoch=0, chunks=4)

@@ -329,8 +329,11 @@ class _Epoch:
             if trained is not None:
                 self._untrained[trained.window] -= 1
             while self._issued < len(self.chunks) and not self.fetcher.stop.is_set():
-                if self._next is None:
-                    self._next = self.loader.router.route(self._issued)
+                router = self.loader.router
+                if self._next is None or router.changing:
+                    # Routed again if the plan changed while it waited for its window: the
+                    # change applies from it, not from the chunk after.
+                    self._next = router.route(self._issued)
                 local = self._next.local
                 if (
                     self._unread[local] >= self.prefetch

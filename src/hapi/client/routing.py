@@ -109,13 +109,21 @@ class Router:
                 return self._pending[0], self._pending[1]
             return self.cut, self.share
 
+    @property
+    def changing(self) -> bool:
+        """Whether a change of plan waits for the next chunk routed."""
+        with self._lock:
+            return self._pending is not None
+
     def start(self, epoch: int, chunks: int) -> None:
         """A new epoch of `chunks` chunks: local chunks are spread over all of it."""
         with self._lock:
             self._epoch, self._chunks, self._origin, self._issued = epoch, chunks, 0, 0
 
     def route(self, chunk: int) -> Route:
-        """The route of `chunk`, issued now (chunks are issued in order)."""
+        """The route of `chunk`, issued now (chunks are issued in order). Asked again for
+        the same chunk, not yet issued, after a change of plan: its route under the new
+        plan, which applies from it."""
         with self._lock:
             if self._pending is not None:
                 self._apply(chunk)
