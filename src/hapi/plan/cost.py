@@ -38,7 +38,9 @@ chunk by chunk: 6.7 s). With a window per route and 4 in flight the model says 4
 ran 6.1 s until the server kept the link's order too (`hapi.server._order`: raw chunks,
 ready at once, had all gone out together, and a small pushed-down chunk's stream end
 queued behind the next raw chunk) and started each chunk at its request, not at its
-stream's first read: 5.1 s, the pure cut 5.2 s.
+stream's first read. Then the hybrid it chose (2 of 16 local) was predicted at 4.80 s and
+ran 4.83 s, the pure cut 5.11 s and 5.26 s (`benchmarks/RESULTS.md`,
+plan-256-vit-10mbit-k4-v2).
 
 An epoch of more than `_SIMULATED` chunks is run that far and extrapolated at the pace of
 its second half: the pipeline's steady state, in which fill is behind and the drain is
