@@ -262,6 +262,34 @@ def test_a_link_shared_by_chunks_in_flight_is_measured_from_their_sum() -> None:
     assert replanner.scales()["link"] == pytest.approx(10.0, rel=0.2)
 
 
+def test_a_chunk_that_crossed_mostly_in_its_own_turn_claims_only_the_rest() -> None:
+    # The server sends a connection's streams in order, so a raw chunk it had read long
+    # before its turn (flagged buffered) still crosses in that turn, a little faster than
+    # believed. It claims only the rest of its bytes' time from the turns held back:
+    # paired with its whole turn against only what it claimed, one chunk at 97% of its
+    # time read as a link 15x slower, and the job re-planned to its freeze cut.
+    plan = _plan(1e7)
+    replanner = Replanner(plan)
+    t = 0.0
+    for i in range(40):
+        chunk = _chunk(replanner.plan, i, 1e7)
+        own = chunk.transfer_s or 0.0
+        long_turn = i % 4 == 1  # a turn that carried a few of the next chunk's bytes
+        shown = own * (1.05 if long_turn else 0.97)
+        issued, t = t, t + own
+        replanner.observe(
+            dataclasses.replace(
+                chunk,
+                transfer_s=shown,
+                transfer_buffered=not long_turn,
+                issued=issued - 0.5,
+                read_end=t,
+            )
+        )
+    assert replanner.changes == [], [c.reason for c in replanner.changes]
+    assert replanner.scales()["link"] == pytest.approx(1.0, rel=0.1)
+
+
 def test_a_late_cuts_buffered_bytes_do_not_make_a_slow_link_look_fast() -> None:
     # The link drops 10,000x and the plan moves to the freeze cut. Its chunks' few bytes
     # then cross while the chunk before is read, waiting in the buffers: they read 13x

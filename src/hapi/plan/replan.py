@@ -480,11 +480,13 @@ class Replanner:
         link_average = (0.0, 0.0)
         claims = chunk.transfer_buffered and transfer_s is not None and transfer_s < believed
         if transfer_s is not None and claims:
-            # Faster than believed, but perhaps only out of the buffers: its bytes crossed
-            # in the turns before it that ended after it was requested (not knowing when,
-            # the last turn only). What they held back pays for its bytes at the pace
-            # believed - never faster: no excess, no evidence.
-            left = believed
+            # Faster than believed, but perhaps only out of the buffers: the rest of its
+            # bytes crossed in the turns before it that ended after it was requested (not
+            # knowing when, the last turn only). What they held back pays for that rest at
+            # the pace believed - never faster: no excess, no evidence. (Its own turn
+            # counts: a raw chunk the server sent in order crossed mostly in its turn, and
+            # paired with only the claim's time a turn of 0.14 s read as a link 15x slower.)
+            left = believed - transfer_s
             spent = weighed = 0.0
             turns = list(self._held)
             for turn in turns if chunk.issued is not None else turns[-1:]:
@@ -493,8 +495,8 @@ class Replanner:
                     turn.excess, left, spent = turn.excess - claim, left - claim, spent + claim
                     weighed += claim * self._weight(turn)
             if spent > 1e-12:
-                link_pair = [transfer_s + spent, spent / scale]
-                link_average = (transfer_s + weighed, weighed / scale)
+                link_pair = [transfer_s + spent, (transfer_s + spent) / scale]
+                link_average = (transfer_s + weighed, (transfer_s + weighed) / scale)
         expired = self._expire(chunk)
         if transfer_s is not None and not claims:
             # A turn. Held back: what other chunks in flight could have put in it, unless
