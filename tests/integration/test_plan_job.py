@@ -192,11 +192,12 @@ def test_a_hybrids_local_chunks_keep_out_of_the_servers_window(
     server: HapiServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """While a local chunk's raw bytes hold the link, the server is asked for the
-    pushed-down chunks behind it: K chunks of each route in flight, not K in all."""
+    pushed-down chunks behind it: K of them in flight beside the local chunk, not K in
+    all."""
     from hapi.client._fetch import Fetcher
 
     job = _job(server, freeze="layer4", cut=LAYER3, chunk_size=2)  # 12 chunks, K = 2
-    job.set_plan(LAYER3, 0.5, reason="the test's hybrid")  # chunks 0, 2, 4, ... local
+    job.set_plan(LAYER3, 0.25, reason="the test's hybrid")  # chunks 0, 4 and 8 local
     started: list[tuple[int, bool]] = []
     seen_while_held: list[tuple[int, bool]] = []
     start, fetch = Fetcher.start, Fetcher.fetch
@@ -210,7 +211,7 @@ def test_a_hybrids_local_chunks_keep_out_of_the_servers_window(
             # The link busy with chunk 0's raw bytes (and the chunks after it waiting
             # their turn): what is asked of the server meanwhile.
             deadline = time.monotonic() + 3
-            while len(started) < 4 and time.monotonic() < deadline:
+            while len(started) < 3 and time.monotonic() < deadline:
                 time.sleep(0.01)
             time.sleep(0.2)  # were the windows wider, more would start now
             seen_while_held.extend(started)
@@ -219,9 +220,43 @@ def test_a_hybrids_local_chunks_keep_out_of_the_servers_window(
     monkeypatch.setattr(Fetcher, "start", noting)
     monkeypatch.setattr(Fetcher, "fetch", first_read_held)
     job.fit(1, lr=0.05)
-    # Two of each: chunk 4 (local) waits for chunk 0's read. One window of 2 in all
-    # stopped at chunks 0 and 1, and the server had one chunk to compute.
-    assert seen_while_held == [(0, True), (1, False), (2, True), (3, False)]
+    # Chunk 0 and the two pushed down behind it; chunk 3 waits for chunk 1's read. One
+    # window of 2 in all stopped at chunks 0 and 1, and the server had one chunk to
+    # compute.
+    assert seen_while_held == [(0, True), (1, False), (2, False)]
+    (epoch,) = job.history.epochs
+    assert epoch.samples == 24 and epoch.chunks_local == 3
+
+
+def test_a_hybrids_local_chunks_are_in_flight_one_at_a_time(
+    server: HapiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A local chunk is requested once the local chunk before it is read: raw bytes are
+    ready at once and go into the network's buffers, which a dropped link then drains
+    for seconds before a re-plan's first chunk."""
+    from hapi.client._fetch import Fetcher
+
+    job = _job(server, freeze="layer4", cut=LAYER3, chunk_size=2)  # 12 chunks, K = 2
+    job.set_plan(LAYER3, 0.5, reason="the test's hybrid")  # chunks 0, 2, 4, ... local
+    local: list[Flow] = []
+    most = 0
+    start, fetch = Fetcher.start, Fetcher.fetch
+
+    def noting(self: Fetcher, flow: Flow) -> None:
+        nonlocal most
+        if flow.route.local:
+            local.append(flow)
+            most = max(most, sum(not f.read_done.is_set() for f in local))
+        start(self, flow)
+
+    def reading(self: Fetcher, flow: Flow) -> None:
+        time.sleep(0.05)  # a slow link: the loader would request more meanwhile
+        fetch(self, flow)
+
+    monkeypatch.setattr(Fetcher, "start", noting)
+    monkeypatch.setattr(Fetcher, "fetch", reading)
+    job.fit(1, lr=0.05)
+    assert most == 1
     (epoch,) = job.history.epochs
     assert epoch.samples == 24 and epoch.chunks_local == 6
 

@@ -116,12 +116,15 @@ def test_fast_link_the_server_decodes_a_share_beside_raw() -> None:
     work = Workload(samples=1000, chunk_size=100)
     plan = choose_plan(server, trainer, LinkProfile(bytes_per_s=1e9), work, freeze=2)
     # INPUT per chunk: server 1.1 - 1.0·f, trainer 0.15 + 0.2·f: they cross at f = 0.79,
-    # 0.8 in whole chunks: server 0.3, link 0.015 - 0.005·0.8, trainer 0.31. The first
-    # chunk is local: the trainer waits for its read (0.1) and raw bytes (0.01), and then
-    # 5 ms for chunk 4, the first pushed down: after the 4 local chunks' reads the server
-    # has it at 1.5 s, on the link to 1.515 s, while the trainer is free at 1.51 s.
+    # 0.8 in whole chunks: L L L L P L L L L P. The first chunk is local: the trainer
+    # waits for its read (0.1) and raw bytes (0.01). One local chunk is in flight at a
+    # time, each requested when the one before is read: chunk 4, the first pushed down,
+    # reaches the server after 4 reads and 4 raw chunks' 0.01 s, at 0.43 s, and the link
+    # at 1.53 s (to 1.545 s) while the trainer is free at 0.11 + 4·0.35 = 1.51 s. The
+    # next 4 local chunks are read by then; chunk 9 (server 1.96 to 3.06, link to 3.075)
+    # is in before the trainer is free, at 3.095 s.
     assert (plan.cut, plan.share) == (INPUT, 0.8)
-    assert plan.epoch_s == pytest.approx(0.1 + 0.01 + 10 * 0.31 + 0.005)
+    assert plan.epoch_s == pytest.approx(1.545 + 0.15 + 4 * 0.35 + 0.15)
     raw = plan.option(RAW)
     assert raw is not None and raw.epoch_s == pytest.approx(9 * 0.35 + 0.46)
 
@@ -472,3 +475,29 @@ def test_wire_dtype_scales_feature_bytes_only() -> None:
     assert half.out_bytes == (75_000, 25_000, 1_000)
     assert half.raw_bytes == _server().raw_bytes
     assert half.wire_bytes(RAW) == 100_000
+
+
+def test_the_model_keeps_the_loaders_local_window() -> None:
+    from hapi.client.loader import HYBRID_LOCAL_WINDOW
+
+    assert Workload(samples=1).local_window == HYBRID_LOCAL_WINDOW
+
+
+def test_a_hybrids_local_chunk_waits_for_the_one_before_it_to_be_read() -> None:
+    # The hybrid of `test_fast_link_the_server_decodes_a_share_beside_raw` (L L L L P ...)
+    # with 4 local chunks in flight: the server reads chunks 0-3 back to back and has
+    # chunk 4 at 0.4 s (not 0.43 s), on the link to 1.515 s, while the trainer is free at
+    # 1.51 s: 5 ms later than that, then as before. The stages' busy times are the same.
+    server = _server(decode_s=0.010, head_s=(0.0, 0.010, 0.020))
+    trainer = _trainer(decode_s=0.002, head_s=(0.0, 0.0005, 0.001), tail_s=(0.0015, 0.001, 0.0005))
+    link = LinkProfile(bytes_per_s=1e9)
+    one = Workload(samples=1000, chunk_size=100)
+    four = Workload(samples=1000, chunk_size=100, local_window=4)
+    slow, fast = (estimate(INPUT, 0.8, server, trainer, link, w) for w in (one, four))
+    assert fast.epoch_s == pytest.approx(1.515 + 0.15 + 4 * 0.35 + 0.15)
+    assert slow.epoch_s == pytest.approx(fast.epoch_s + 0.03)
+    assert (slow.server_s, slow.link_s, slow.trainer_s) == (
+        fast.server_s,
+        fast.link_s,
+        fast.trainer_s,
+    )

@@ -33,7 +33,9 @@ SERVER = ServerProfile(
 TRAINER = TrainerProfile(
     decode_s=0.002, head_s=(0.0, 0.0005, 0.001), tail_s=(0.0015, 0.001, 0.0005)
 )
-WORK = Workload(samples=6400, chunk_size=64)
+WORK = Workload(samples=6400, chunk_size=64, local_window=4)
+"""A hybrid's raw chunks in flight as many as its pushed ones: the most a turn can carry
+of others' bytes, which these tests of the link's accounting are about."""
 ALL_LOCAL = ServerProfile(**{**SERVER.__dict__, "decode_s": 0.2})  # a server too slow to help
 
 

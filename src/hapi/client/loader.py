@@ -13,11 +13,17 @@ only K - 2 chunks ahead while the trainer held a training batch of two, and the 
 tiers ran in lockstep: 1.2x the slower one's time.) The chunks read but not yet trained
 are bounded too: at most those a training batch spans, plus one.
 
-In a hybrid plan the local chunks and the pushed-down ones have a window each, K chunks
-in flight apiece: a local chunk asks the server only to read its objects, and counted
-against the server's window its raw bytes, holding the link, left the server K - 1
-chunks to compute and then idle. The ViT at 10 Mbit/s: a raw chunk of 16 photos held
-the link 1.4 s while the 2 chunks behind it took the server 0.7 s. Chunks are still
+In a hybrid plan the local chunks and the pushed-down ones have a window each: a local
+chunk asks the server only to read its objects, and counted against the server's window
+its raw bytes, holding the link, left the server K - 1 chunks to compute and then idle.
+The ViT at 10 Mbit/s: a raw chunk of 16 photos held the link 1.4 s while the 2 chunks
+behind it took the server 0.7 s. The pushed-down window holds K chunks; a hybrid's local
+window one (`HYBRID_LOCAL_WINDOW`), the RAW baseline's K. Raw bytes are ready as soon as
+they are read, so every raw chunk in flight goes into the network's buffers as soon as
+its turn on the connection comes: with 4 in flight, a link that dropped from 1 Gbit/s to
+10 Mbit/s still had 3 MB of them to carry (2.4 s) before the re-plan's first chunk. One
+is enough where pushed-down chunks cross between them, while the next is read; the RAW
+baseline has none between, and its link would wait for each request. Chunks are still
 issued in order; a chunk whose window is full waits, and the chunks after it too.
 
 The link serves chunks in order: every chunk's request goes out when it is issued, so
@@ -71,7 +77,10 @@ from hapi.errors import (
 from hapi.graph import INPUT
 from hapi.wire import SkippedKey
 
-__all__ = ["FeatureLoader", "LoaderStats"]
+__all__ = ["HYBRID_LOCAL_WINDOW", "FeatureLoader", "LoaderStats"]
+
+HYBRID_LOCAL_WINDOW = 1
+"""Local chunks in flight per server in a hybrid plan (see the module's note)."""
 
 # Called in the fetching thread after each part of a chunk is handed on: (chunk, keys).
 OnPart = Callable[[int, list[str]], None]
@@ -335,8 +344,11 @@ class _Epoch:
                     # change applies from it, not from the chunk after.
                     self._next = router.route(self._issued)
                 local = self._next.local
+                window = self.prefetch
+                if local and self._next.share < 1.0:
+                    window = HYBRID_LOCAL_WINDOW * len(self.loader.servers)
                 if (
-                    self._unread[local] >= self.prefetch
+                    self._unread[local] >= window
                     or self._untrained[local] >= self.prefetch + self._held
                 ):
                     break

@@ -16,9 +16,10 @@ each end's CPU per byte on the wire, which its core spends beside its compute.)
 The chunks flow through the three stages as through a pipeline (a flow shop), and the
 model runs the epoch's chunks through it one by one, as the loader issues them:
 
-    issued_i = max(issued_{i-1}, read_j)   (K chunks in flight per route: chunk i is
-                                           requested when j, the K-th chunk of its route
-                                           before it, has been read; in order)
+    issued_i = max(issued_{i-1}, read_j)   (a window per route: chunk i is requested
+                                           when j, the W-th chunk of its route before
+                                           it, has been read, in order; W = K pushed
+                                           down, 1 local in a hybrid, K in RAW)
     server_i = max(issued_i, server_{i-1}) + s_i      (the server finishes chunks in order)
     read_i   = max(read_{i-1}, server_i) + l_i        (the link serves chunks in order)
     epoch    = trained_{m-1},  trained_i = max(trained_{i-1}, read_i) + t_i
@@ -77,13 +78,15 @@ class Workload:
     chunk_size: int = 64
     """Keys per chunk request."""
     prefetch: int = 4
-    """Chunks in flight at once (K) per route: K pushed down and K local."""
+    """Chunks in flight at once (K) per server: K pushed down, or K raw in RAW."""
+    local_window: int = 1
+    """A hybrid's local chunks in flight per server (`loader.HYBRID_LOCAL_WINDOW`)."""
     servers: int = 1
     """Servers the chunks are spread over, each with its own core(s) and link: the
     server's and the link's time per chunk divide among them."""
 
     def __post_init__(self) -> None:
-        for name in ("samples", "chunk_size", "prefetch", "servers"):
+        for name in ("samples", "chunk_size", "prefetch", "local_window", "servers"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidRequest(f"{name} must be an int >= 1, got {value!r}")
@@ -238,7 +241,11 @@ def _epoch(lines: list[tuple[float, float]], f: float, workload: Workload) -> fl
     """Run the epoch's chunks through the pipeline one by one (see the module's note)."""
     m = workload.chunks
     n = min(m, _SIMULATED)
-    window = workload.prefetch * workload.servers
+    windows = {
+        False: workload.prefetch * workload.servers,
+        # The loader's: one local chunk in flight per server in a hybrid, K in RAW.
+        True: (workload.local_window if f < 1.0 else workload.prefetch) * workload.servers,
+    }
     (sa, sb), (la, lb), (ta, tb) = lines
     reads: dict[bool, list[float]] = {False: [], True: []}  # each route's chunks' reads
     trained: list[float] = []
@@ -247,7 +254,7 @@ def _epoch(lines: list[tuple[float, float]], f: float, workload: Workload) -> fl
     for i in range(n):
         local = locals_before(f, i + 1) > marks
         marks += local
-        mine = reads[local]
+        mine, window = reads[local], windows[local]
         if len(mine) >= window:
             issued = max(issued, mine[-window])
         server = max(issued, server) + sa + sb * local

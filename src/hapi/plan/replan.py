@@ -415,14 +415,14 @@ class Replanner:
 
     def _in_flight_s(self) -> float:
         """The link's time, at the rate believed, for every chunk in flight: K at the
-        plan's cut and, in a hybrid, K raw (a window per route). The most one turn can
-        carry of others' bytes."""
+        plan's cut and, in a hybrid, its local window's raw ones (a window per route).
+        The most one turn can carry of others' bytes."""
         server, _, link = self._base
         workload = self.plan.workload
-        per_sample = server.wire_bytes(self.plan.cut)
+        in_flight_bytes = workload.prefetch * server.wire_bytes(self.plan.cut)
         if self.plan.share > 0:
-            per_sample += server.raw_bytes
-        in_flight = workload.prefetch * workload.chunk_size * per_sample / link.bytes_per_s
+            in_flight_bytes += workload.local_window * server.raw_bytes
+        in_flight = workload.chunk_size * in_flight_bytes / link.bytes_per_s
         return in_flight * self._planned_scales["link"]
 
     def _restart_from_recent(self, count: int) -> None:
