@@ -25,12 +25,14 @@ from plan import bound_ratio, ends_bound_ratio, median_epoch
 HERE = Path(__file__).resolve().parent
 SOURCES = (
     "plan-256-all-1gbit-v3",
+    "plan-256-r18-vit-1gbit-v4",
     "plan-256-vit-10mbit-k4-v2",
     "plan-256-r18-slow-v3",
     "plan-256-r18-100mbit-v6",
 )
 """The 256-image sweeps, through the 8 KB tc bucket (`_netns.BURST`), on one machine: every
-model at 1 Gbit/s (`plan-256-all-1gbit-v3`, ae957f1, 3 in flight), the ViT at 10 Mbit/s
+model at 1 Gbit/s (`plan-256-all-1gbit-v3`, ae957f1, 3 in flight; ResNet-18 and the ViT
+re-measured at d48fab9 in `plan-256-r18-vit-1gbit-v4`), the ViT at 10 Mbit/s
 with the server's send order (`-k4-v2`, e751c80), and ResNet-18 at 5 and 10 Mbit/s with the
 link change (`-v3`) and at 100 Mbit/s (`-v6`), both at 7fcb2a2, 4 in flight, one local
 chunk in flight in a hybrid. The earlier sweeps' JSON stays in `out/` beside their
