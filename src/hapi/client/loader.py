@@ -75,12 +75,10 @@ from hapi.errors import (
     shorten,
 )
 from hapi.graph import INPUT
+from hapi.plan import HYBRID_LOCAL_WINDOW
 from hapi.wire import SkippedKey
 
 __all__ = ["HYBRID_LOCAL_WINDOW", "FeatureLoader", "LoaderStats"]
-
-HYBRID_LOCAL_WINDOW = 1
-"""Local chunks in flight per server in a hybrid plan (see the module's note)."""
 
 # Called in the fetching thread after each part of a chunk is handed on: (chunk, keys).
 OnPart = Callable[[int, list[str]], None]

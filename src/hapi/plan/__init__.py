@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from hapi._lazy import lazy_exports
 
 __all__ = [
+    "HYBRID_LOCAL_WINDOW",
     "ChunkMeasurement",
     "Estimate",
     "FreezeChoice",
@@ -44,6 +45,7 @@ __all__ = [
 ]
 
 _WHERE = {
+    "HYBRID_LOCAL_WINDOW": ".cost",
     "ChunkMeasurement": ".replan",
     "Estimate": ".cost",
     "FreezeChoice": ".defaults",

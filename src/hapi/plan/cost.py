@@ -58,10 +58,25 @@ from hapi.errors import InvalidRequest
 from hapi.graph.cut_point import INPUT, RAW
 from hapi.plan.profiles import LinkProfile, ServerProfile, TrainerProfile
 
-__all__ = ["STAGES", "Estimate", "Workload", "best_share", "estimate", "locals_before"]
+__all__ = [
+    "HYBRID_LOCAL_WINDOW",
+    "STAGES",
+    "Estimate",
+    "Workload",
+    "best_share",
+    "estimate",
+    "locals_before",
+]
 
 STAGES = ("server", "link", "trainer")
 """The pipeline's stages, in the order a chunk passes them."""
+
+HYBRID_LOCAL_WINDOW = 1
+"""A hybrid's local chunks in flight per server; the loader keeps it (RAW keeps K). Raw
+bytes go into the network's buffers as soon as their turn on the connection comes, and
+after a drop from 1 Gbit/s to 10 Mbit/s 4 of them in flight left 3 MB (2.4 s) to cross
+before the re-plan's first chunk. One is enough where pushed-down chunks cross between
+them while the next is read."""
 
 _SIMULATED = 256
 """Chunks an epoch is run for one by one; a longer one is extrapolated."""
@@ -79,8 +94,8 @@ class Workload:
     """Keys per chunk request."""
     prefetch: int = 4
     """Chunks in flight at once (K) per server: K pushed down, or K raw in RAW."""
-    local_window: int = 1
-    """A hybrid's local chunks in flight per server (`loader.HYBRID_LOCAL_WINDOW`)."""
+    local_window: int = HYBRID_LOCAL_WINDOW
+    """A hybrid's local chunks in flight per server."""
     servers: int = 1
     """Servers the chunks are spread over, each with its own core(s) and link: the
     server's and the link's time per chunk divide among them."""

@@ -398,9 +398,9 @@ class Replanner:
         """Whether one chunk's link time shows the link itself slowed, beyond doubt.
 
         Chunks in flight share the link, so one chunk's turn may carry the bytes of
-        every chunk in flight (`prefetch` at the plan's cut and, in a hybrid, as many
-        raw: `_in_flight_s`); no sharing explains a turn `swing` times longer than all
-        of them take at the rate planned.
+        every chunk in flight (`prefetch` at the plan's cut and, in a hybrid, its local
+        window's raw ones: `_in_flight_s`); no sharing explains a turn `swing` times
+        longer than all of them take at the rate planned.
         Such a chunk is acted on at once, not after `min_chunks`: after a 100x drop each
         chunk the old plan still issues puts up to a second of raw bytes on the link (a
         1 Gbit/s to 10 Mbit/s drop cost 0.3-0.7 s an epoch in chunks issued while the
