@@ -99,11 +99,14 @@ def test_serve_runs_until_sigterm(hapi_cli, tmp_path: Path) -> None:  # type: ig
     made = hapi_cli("data", "synth", str(tmp_path / "train"), "--per-class", "2", "--size", "32")
     assert made.returncode == 0
     port = free_port()
+    scratch = tmp_path / "tmp"  # where the server keeps its uploaded heads
+    scratch.mkdir()
     proc = subprocess.Popen(
         [*HAPI, "serve", "--store", str(tmp_path), "--port", str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "TMPDIR": str(scratch)},
     )
     try:
         conn = connect(f"127.0.0.1:{port}", timeout=5)
@@ -117,11 +120,13 @@ def test_serve_runs_until_sigterm(hapi_cli, tmp_path: Path) -> None:  # type: ig
                     raise
                 time.sleep(0.3)
         assert len(manifest) == 8
+        assert len(list(scratch.glob(f"hapi-heads-{proc.pid}-*"))) == 1
     finally:
         os.kill(proc.pid, signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0
     assert f"127.0.0.1:{port}" in out and "stopped" in out
+    assert list(scratch.iterdir()) == []  # its directory went with it
 
 
 def test_demo_pushdown_moves_fewer_bytes_for_the_same_model() -> None:

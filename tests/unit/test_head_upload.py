@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
@@ -107,6 +112,29 @@ def test_the_server_keeps_uploads_by_digest_newest_first(large: HeadArtifact) ->
     finally:
         uploads.close()
     assert not root.exists()
+
+
+def test_a_killed_servers_directory_goes_when_the_next_server_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen(["true"])  # a pid that has exited
+    dead.wait()
+    orphan = tmp_path / f"hapi-heads-{dead.pid}-abc"
+    living = tmp_path / f"hapi-heads-{os.getpid()}-def"  # this process: still running
+    other = tmp_path / "hapi-heads-nopid"  # not ours to judge
+    for path in (orphan, living, other):
+        (path / "digest").mkdir(parents=True)
+    uploads = HeadUploads()
+    try:
+        assert uploads.root.parent == tmp_path
+        assert uploads.root.name.startswith(f"hapi-heads-{os.getpid()}-")
+        assert not orphan.exists()
+        assert living.exists() and other.exists()
+    finally:
+        uploads.close()
+    assert not uploads.root.exists()
+    uploads.close()  # twice is harmless
 
 
 def test_a_session_names_an_uploaded_head_by_digest() -> None:

@@ -15,9 +15,11 @@ turned into a module only by `hapi.graph.load_head`.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -42,6 +44,8 @@ KEEP_FACTOR = 4
 RECEIVING = 2
 """Uploads assembled at once: each holds up to `max_bytes` in memory until its digest is
 checked, so this bounds what uploads take outside the memory budget."""
+PREFIX = "hapi-heads-"
+"""A temporary directory's name: this, the owning process's pid, a dash, random letters."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,9 @@ class HeadUploads:
     Args:
         max_bytes: the largest artifact accepted; a larger upload is refused as it arrives.
         keep_bytes: bytes of artifacts kept on disk; None: `KEEP_FACTOR * max_bytes`.
-        root: where to keep them; None: a temporary directory removed by `close`.
+        root: where to keep them; None: a temporary directory removed by `close`, or at
+            the process's exit, or by the next server on this machine when the process
+            was killed.
     """
 
     def __init__(
@@ -71,8 +77,19 @@ class HeadUploads:
         self.max_bytes = max_bytes
         self.keep_bytes = keep_bytes if keep_bytes is not None else KEEP_FACTOR * max_bytes
         self._own = root is None
-        self.root = Path(tempfile.mkdtemp(prefix="hapi-heads-")) if root is None else Path(root)
+        if root is None:
+            _remove_orphans(Path(tempfile.gettempdir()))
+            self.root = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))
+        else:
+            self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+        # A server whose shutdown did not finish (a stream held it past the CLI's wait)
+        # still exits through the interpreter's end, which runs this.
+        self._remove = (
+            weakref.finalize(self, shutil.rmtree, self.root, ignore_errors=True)
+            if self._own
+            else None
+        )
         self._stored: OrderedDict[str, _Stored] = OrderedDict()
         self._lock = threading.Lock()
         self._receiving = threading.BoundedSemaphore(RECEIVING)
@@ -141,8 +158,8 @@ class HeadUploads:
         """Remove the directory, when it is a temporary one of this object's."""
         with self._lock:
             self._stored.clear()
-        if self._own:
-            shutil.rmtree(self.root, ignore_errors=True)
+        if self._remove is not None:
+            self._remove()
 
     def _write(self, artifact: HeadArtifact) -> None:
         # Written under a temporary name and renamed, so a reader never sees half of it.
@@ -172,6 +189,25 @@ class HeadUploads:
             total -= old.nbytes
             dropped.append(old.path)
         return dropped
+
+
+def _remove_orphans(tmp: Path) -> None:
+    """Remove the temporary directories of servers whose process is gone: one killed
+    (SIGKILL, or the machine's out-of-memory killer) runs no cleanup of its own."""
+    for path in tmp.glob(f"{PREFIX}*-*"):
+        pid = path.name[len(PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and int(pid) > 0 and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def head_graph(head: nn.Module, input_shape: tuple[int, ...], shape: tuple[int, ...]) -> ModelGraph:
