@@ -25,6 +25,7 @@ from plan import bound_ratio, ends_bound_ratio, median_epoch
 HERE = Path(__file__).resolve().parent
 SOURCES = (
     "plan-256-all-1gbit-v3",
+    "plan-256-rest-1gbit-v4",
     "plan-256-r18-vit-1gbit-v4",
     "plan-256-vit-10mbit-k4-v2",
     "plan-256-r18-slow-v3",
