@@ -36,7 +36,7 @@ TRAINER = TrainerProfile(
 WORK = Workload(samples=6400, chunk_size=64, local_window=4)
 """A hybrid's raw chunks in flight as many as its pushed ones: the most a turn can carry
 of others' bytes, which these tests of the link's accounting are about."""
-ALL_LOCAL = ServerProfile(**{**SERVER.__dict__, "decode_s": 0.2})  # a server too slow to help
+ALL_LOCAL = ServerProfile(**{**SERVER.__dict__, "decode_s": 2.0})  # one chunk outlasts the epoch
 
 
 def _plan(bytes_per_s: float) -> Plan:
