@@ -30,6 +30,7 @@ SOURCES = (
     "plan-256-vit-10mbit-k4-v2",
     "plan-256-r18-slow-v3",
     "plan-256-r18-100mbit-v6",
+    "plan-256-r18-fast-v7",
 )
 """The 256-image sweeps, through the 8 KB tc bucket (`_netns.BURST`), on one machine: every
 model at 1 Gbit/s (`plan-256-all-1gbit-v3`, ae957f1, 3 in flight; ResNet-18 and the ViT
