@@ -24,21 +24,23 @@ from plan import bound_ratio, ends_bound_ratio, median_epoch
 
 HERE = Path(__file__).resolve().parent
 SOURCES = (
-    "plan-256-all-1gbit-v3",
     "plan-256-rest-1gbit-v4",
     "plan-256-r18-vit-1gbit-v4",
     "plan-256-vit-10mbit-k4-v2",
     "plan-256-r18-slow-v3",
-    "plan-256-r18-100mbit-v6",
     "plan-256-r18-fast-v7",
+    "plan-256-rest-slow",
 )
-"""The 256-image sweeps, through the 8 KB tc bucket (`_netns.BURST`), on one machine: every
-model at 1 Gbit/s (`plan-256-all-1gbit-v3`, ae957f1, 3 in flight; ResNet-18 and the ViT
-re-measured at d48fab9 in `plan-256-r18-vit-1gbit-v4`), the ViT at 10 Mbit/s
-with the server's send order (`-k4-v2`, e751c80), and ResNet-18 at 5 and 10 Mbit/s with the
-link change (`-v3`) and at 100 Mbit/s (`-v6`), both at 7fcb2a2, 4 in flight, one local
-chunk in flight in a hybrid. The earlier sweeps' JSON stays in `out/` beside their
-sections."""
+"""The 256-image sweeps, through the 8 KB tc bucket (`_netns.BURST`), on one machine, a
+later one replacing an earlier one's equal configurations; all with the server's send
+order, one local chunk in flight in a hybrid and 4 in flight: ResNet-50, DenseNet-121 and
+VGG-11 at 1 Gbit/s (`plan-256-rest-1gbit-v4`, be2ae2c); the ViT at 1 Gbit/s
+(`-r18-vit-1gbit-v4`, d48fab9) and 10 Mbit/s (`-vit-10mbit-k4-v2`, e751c80); ResNet-18 at
+5 and 10 Mbit/s with the link change (`-r18-slow-v3`, 7fcb2a2); and, where a first plan
+takes the fastest prediction (89fdf1f), ResNet-18 at 100 Mbit/s and 1 Gbit/s
+(`-r18-fast-v7`) and ResNet-50, DenseNet-121 and VGG-11 at 10 and 100 Mbit/s
+(`-rest-slow`). The sweeps these replaced (`plan-256-all-1gbit-v3`, `-r18-100mbit-v6`)
+stay in `out/` beside their sections."""
 FAST = "1gbit"
 """The link rate the hybrid goal is stated for ("the link is fast")."""
 
