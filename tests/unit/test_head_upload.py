@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -118,23 +120,36 @@ def test_a_killed_servers_directory_goes_when_the_next_server_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    dead = subprocess.Popen(["true"])  # a pid that has exited
-    dead.wait()
-    orphan = tmp_path / f"hapi-heads-{dead.pid}-abc"
-    living = tmp_path / f"hapi-heads-{os.getpid()}-def"  # this process: still running
-    other = tmp_path / "hapi-heads-nopid"  # not ours to judge
-    for path in (orphan, living, other):
+    orphan = tmp_path / "hapi-heads-123-abc"
+    old = tmp_path / "hapi-heads-nolock"  # made before the lock file: not ours to judge
+    for path in (orphan, old):
         (path / "digest").mkdir(parents=True)
-    uploads = HeadUploads()
+    # The orphan's owner took its lock and was killed (SIGKILL runs no cleanup).
+    killed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, signal, sys\n"
+            "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n",
+            str(orphan / ".owner.lock"),
+        ],
+        check=False,
+    )
+    assert killed.returncode == -signal.SIGKILL
+    living = HeadUploads()  # holds its own lock
     try:
-        assert uploads.root.parent == tmp_path
-        assert uploads.root.name.startswith(f"hapi-heads-{os.getpid()}-")
-        assert not orphan.exists()
-        assert living.exists() and other.exists()
+        assert not orphan.exists() and old.exists()
+        assert living.root.parent == tmp_path
+        assert living.root.name.startswith(f"hapi-heads-{os.getpid()}-")
+        second = HeadUploads()  # a server beside it leaves a living one's directory alone
+        assert living.root.exists()
+        second.close()
     finally:
-        uploads.close()
-    assert not uploads.root.exists()
-    uploads.close()  # twice is harmless
+        living.close()
+    assert not living.root.exists()
+    living.close()  # twice is harmless
 
 
 def test_a_session_names_an_uploaded_head_by_digest() -> None:

@@ -14,6 +14,8 @@ turned into a module only by `hapi.graph.load_head`.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -46,6 +48,10 @@ RECEIVING = 2
 checked, so this bounds what uploads take outside the memory budget."""
 PREFIX = "hapi-heads-"
 """A temporary directory's name: this, the owning process's pid, a dash, random letters."""
+LOCK = ".owner.lock"
+"""A file in a temporary directory that its owner holds locked while it lives: the kernel
+releases the lock when the process ends, however it ends, so a free lock means the
+directory is an orphan - in any pid namespace, and whatever process now has the pid."""
 
 
 @dataclass(frozen=True)
@@ -77,18 +83,19 @@ class HeadUploads:
         self.max_bytes = max_bytes
         self.keep_bytes = keep_bytes if keep_bytes is not None else KEEP_FACTOR * max_bytes
         self._own = root is None
+        self._owner: int | None = None
         if root is None:
             _remove_orphans(Path(tempfile.gettempdir()))
             self.root = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))
+            self._owner = os.open(self.root / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(self._owner, fcntl.LOCK_EX)
         else:
             self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         # A server whose shutdown did not finish (a stream held it past the CLI's wait)
         # still exits through the interpreter's end, which runs this.
         self._remove = (
-            weakref.finalize(self, shutil.rmtree, self.root, ignore_errors=True)
-            if self._own
-            else None
+            weakref.finalize(self, _remove, self.root, self._owner) if self._own else None
         )
         self._stored: OrderedDict[str, _Stored] = OrderedDict()
         self._lock = threading.Lock()
@@ -191,23 +198,29 @@ class HeadUploads:
         return dropped
 
 
+def _remove(root: Path, owner: int | None) -> None:
+    shutil.rmtree(root, ignore_errors=True)
+    if owner is not None:
+        with contextlib.suppress(OSError):
+            os.close(owner)  # releases the lock, after the directory went
+
+
 def _remove_orphans(tmp: Path) -> None:
-    """Remove the temporary directories of servers whose process is gone: one killed
-    (SIGKILL, or the machine's out-of-memory killer) runs no cleanup of its own."""
-    for path in tmp.glob(f"{PREFIX}*-*"):
-        pid = path.name[len(PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and int(pid) > 0 and not _alive(int(pid)):
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
+    """Remove the temporary directories whose owner has ended: one killed (SIGKILL, or
+    the machine's out-of-memory killer) runs no cleanup of its own. A directory without
+    the lock file (made before it existed) is left alone."""
+    for path in tmp.glob(f"{PREFIX}*"):
+        try:
+            fd = os.open(path / LOCK, os.O_RDWR)
+        except OSError:
+            continue  # no lock file, not ours to read, or gone meanwhile
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # held: its owner lives
+        finally:
+            os.close(fd)
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def head_graph(head: nn.Module, input_shape: tuple[int, ...], shape: tuple[int, ...]) -> ModelGraph:
