@@ -47,7 +47,8 @@ RECEIVING = 2
 """Uploads assembled at once: each holds up to `max_bytes` in memory until its digest is
 checked, so this bounds what uploads take outside the memory budget."""
 PREFIX = "hapi-heads-"
-"""A temporary directory's name: this, the owning process's pid, a dash, random letters."""
+"""A temporary directory's name: this, the owning process's pid (for a person reading
+/tmp; `LOCK` tells whether the owner lives), a dash, random letters."""
 LOCK = ".owner.lock"
 """A file in a temporary directory that its owner holds locked while it lives: the kernel
 releases the lock when the process ends, however it ends, so a free lock means the
@@ -82,21 +83,19 @@ class HeadUploads:
             raise InvalidRequest(f"the head upload limit must be >= 1 byte, got {max_bytes}")
         self.max_bytes = max_bytes
         self.keep_bytes = keep_bytes if keep_bytes is not None else KEEP_FACTOR * max_bytes
-        self._own = root is None
-        self._owner: int | None = None
+        # Removes a temporary directory of this object's: at `close`, or at the
+        # interpreter's end for a server whose shutdown did not finish (a stream held it
+        # past the CLI's wait).
+        self._remove: weakref.finalize | None = None
         if root is None:
             _remove_orphans(Path(tempfile.gettempdir()))
             self.root = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))
-            self._owner = os.open(self.root / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-            fcntl.flock(self._owner, fcntl.LOCK_EX)
+            owner = os.open(self.root / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(owner, fcntl.LOCK_EX)
+            self._remove = weakref.finalize(self, _remove, self.root, owner)
         else:
             self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
-        # A server whose shutdown did not finish (a stream held it past the CLI's wait)
-        # still exits through the interpreter's end, which runs this.
-        self._remove = (
-            weakref.finalize(self, _remove, self.root, self._owner) if self._own else None
-        )
+            self.root.mkdir(parents=True, exist_ok=True)
         self._stored: OrderedDict[str, _Stored] = OrderedDict()
         self._lock = threading.Lock()
         self._receiving = threading.BoundedSemaphore(RECEIVING)
@@ -198,11 +197,10 @@ class HeadUploads:
         return dropped
 
 
-def _remove(root: Path, owner: int | None) -> None:
+def _remove(root: Path, owner: int) -> None:
     shutil.rmtree(root, ignore_errors=True)
-    if owner is not None:
-        with contextlib.suppress(OSError):
-            os.close(owner)  # releases the lock, after the directory went
+    with contextlib.suppress(OSError):
+        os.close(owner)  # releases the lock, after the directory went
 
 
 def _remove_orphans(tmp: Path) -> None:
