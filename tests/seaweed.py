@@ -136,6 +136,10 @@ class SeaweedS3:
             for name in ("master", "volume", "filer", "s3", "admin"):
                 self.ports[name] = free_port(taken)
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        # -volume.max: by default weed allows free disk / volume size volumes, and every
+        # bucket takes volumes of its own; on a disk with a few GB free the suite's buckets
+        # ran out and writes failed with HTTP 500 ("no free volumes left"). Volumes are
+        # not preallocated, so a test's few KB take a few KB whatever the count.
         cmd = [
             binary, "-logtostderr", f"-config_dir={self.data_dir}",
             "mini", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={self.data_dir}",
@@ -143,6 +147,7 @@ class SeaweedS3:
             f"-filer.port={self.ports['filer']}", f"-s3.port={self.ports['s3']}",
             f"-admin.port={self.ports['admin']}",
             "-master.telemetry=false", "-webdav=false", "-admin.ui=false",
+            "-volume.max=1000",
             "-s3.port.iceberg=0", "-s3.port.lance=0", "-volume.preStopSeconds=0",
             f"-s3.localSocket={self.data_dir / 's3.sock'}",
             f"-filer.localSocket={self.data_dir / 'filer.sock'}",
