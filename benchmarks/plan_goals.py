@@ -25,22 +25,22 @@ from plan import bound_ratio, ends_bound_ratio, median_epoch
 HERE = Path(__file__).resolve().parent
 SOURCES = (
     "plan-256-rest-1gbit-v4",
-    "plan-256-r18-vit-1gbit-v4",
     "plan-256-vit-10mbit-k4-v2",
-    "plan-256-r18-slow-v3",
     "plan-256-r18-fast-v7",
     "plan-256-rest-slow",
+    "plan-256-vit-1gbit-v5",
+    "plan-256-r18-slow-v4",
 )
 """The 256-image sweeps, through the 8 KB tc bucket (`_netns.BURST`), on one machine, a
 later one replacing an earlier one's equal configurations; all with the server's send
 order, one local chunk in flight in a hybrid and 4 in flight: ResNet-50, DenseNet-121 and
-VGG-11 at 1 Gbit/s (`plan-256-rest-1gbit-v4`, be2ae2c); the ViT at 1 Gbit/s
-(`-r18-vit-1gbit-v4`, d48fab9) and 10 Mbit/s (`-vit-10mbit-k4-v2`, e751c80); ResNet-18 at
-5 and 10 Mbit/s with the link change (`-r18-slow-v3`, 7fcb2a2); and, where a first plan
-takes the fastest prediction (89fdf1f), ResNet-18 at 100 Mbit/s and 1 Gbit/s
-(`-r18-fast-v7`) and ResNet-50, DenseNet-121 and VGG-11 at 10 and 100 Mbit/s
-(`-rest-slow`). The sweeps these replaced (`plan-256-all-1gbit-v3`, `-r18-100mbit-v6`)
-stay in `out/` beside their sections."""
+VGG-11 at 1 Gbit/s (`plan-256-rest-1gbit-v4`, be2ae2c) and the ViT at 10 Mbit/s
+(`-vit-10mbit-k4-v2`, e751c80); and, where a first plan takes the fastest prediction
+(89fdf1f), ResNet-18 at 100 Mbit/s and 1 Gbit/s (`-r18-fast-v7`), ResNet-50, DenseNet-121
+and VGG-11 at 10 and 100 Mbit/s (`-rest-slow`), the ViT at 1 Gbit/s (`-vit-1gbit-v5`) and
+ResNet-18 at 5 and 10 Mbit/s with the link change (`-r18-slow-v4`). The sweeps these
+replaced (`plan-256-all-1gbit-v3`, `-r18-100mbit-v6`, `-r18-vit-1gbit-v4`,
+`-r18-slow-v3`) stay in `out/` beside their sections."""
 FAST = "1gbit"
 """The link rate the hybrid goal is stated for ("the link is fast")."""
 
@@ -86,9 +86,16 @@ def goals(configs: list[dict], change: dict | None, peer: dict | None) -> list[t
             other_than_freeze.append(vs_freeze[-1])
         if c["rate"] == FAST:
             hybrids = [v for k, v in fixed.items() if not k.endswith(":0.0")]
+            if all(r["share"] > 0 for r in runs["auto"]):
+                # The `auto` job ran a hybrid: a hybrid measured too, and the only one
+                # where the sweep's own plan was a pure cut and picked no hybrid to run.
+                hybrids.append(auto)
             if hybrids:
                 hybrid.append(fixed["-1:0.0"] / min(hybrids))
-                modelled.append(_modelled_hybrid(c["plan"]["options"]))
+                # The sweep's plan, else (it listed no hybrid) the `auto` job's own.
+                tables = [c["plan"]["options"], runs["auto"][0]["plan"]["options"]]
+                options = next((t for t in tables if any(o["share"] > 0 for o in t)), tables[0])
+                modelled.append(_modelled_hybrid(options))
             auto_fast.append(fixed["-1:0.0"] / auto)
         for label, option_runs in runs.items():
             ratios = [r for r in map(bound_ratio, option_runs) if r is not None]
