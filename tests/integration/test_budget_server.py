@@ -38,6 +38,10 @@ def store_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     data = io.BytesIO()
     Image.new("RGB", (6000, 6000), (90, 120, 30)).save(data, format="PNG")
     open_store(root).put("big/cat/huge.png", data.getvalue())
+    # The same as a JPEG, which decodes at 1/8 of its size for a 64 px model: 2 MB.
+    data = io.BytesIO()
+    Image.new("RGB", (6000, 6000), (90, 120, 30)).save(data, format="JPEG")
+    open_store(root).put("big/cat/huge.jpg", data.getvalue())
     return root
 
 
@@ -97,6 +101,16 @@ def test_an_image_too_large_for_the_budget_is_refused_before_decoding(small: Hap
         raising = conn.open_session(_request())
         with pytest.raises(OverBudget, match="huge.png"):
             conn.fetch(_ticket(raising.session, [key, "big/cat/huge.png"]))
+        assert conn.stats().memory_peak <= 256 << 20
+
+
+def test_a_large_jpeg_is_counted_at_the_size_it_decodes_at(small: HapiServer) -> None:
+    # Counted at its stored size, it would need 288 MB and be refused like the PNG.
+    with connect(small.address) as conn:
+        info = conn.open_session(_request())
+        result = conn.fetch(_ticket(info.session, ["big/cat/huge.jpg"]))
+        assert [k for b in result.batches for k in b.keys] == ["big/cat/huge.jpg"]
+        assert not result.skipped
         assert conn.stats().memory_peak <= 256 << 20
 
 

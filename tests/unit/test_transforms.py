@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import json
 import random
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given
@@ -21,8 +24,10 @@ from hapi.data import (
     decode_image,
     load_sample,
     sample_seed,
+    synth_image,
 )
 from hapi.data import images as images_module
+from hapi.data.ops import Op
 from hapi.errors import CorruptObject, InvalidRequest
 
 from ..image_bytes import encoded, jpeg
@@ -41,6 +46,57 @@ def test_a_sample_is_bit_identical_wherever_it_is_transformed() -> None:
     b = load_sample(data, key, there, seed)
     assert a.shape == (3, 32, 32) and a.dtype == torch.float32 and a.is_contiguous()
     assert torch.equal(a, b)
+
+
+def photo(width: int = 441, height: int = 331) -> bytes:
+    """A photo-like JPEG (~90 KB at 440 px), odd-sized so that a decoder's scaling rounds."""
+    image = synth_image(1, 4, max(width, height), np.random.default_rng(0))
+    buf = io.BytesIO()
+    image.crop((0, 0, width, height)).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(10 * torch.log10(1 / torch.mean((a - b) ** 2)))
+
+
+@pytest.mark.parametrize(
+    "ops",
+    [(RandomResizedCrop(64), HorizontalFlip()), (Resize(73), CenterCrop(64)), (Resize(50),)],
+    ids=["train", "eval", "resize"],
+)
+def test_a_jpeg_decodes_no_larger_than_the_first_op_needs(ops: tuple[Op, ...]) -> None:
+    data, key = photo(), "train/cat/1.jpg"
+    reduced = Transforms(ops)
+    full = dataclasses.replace(reduced, reduced_decode=False)
+    wire = Transforms.from_dict(json.loads(json.dumps(reduced.to_dict())))
+    for seed in range(4):
+        width, height = reduced.decode_size(441, 331, seed=seed)
+        assert width < 441 and height < 331
+        assert full.decode_size(441, 331, seed=seed) == (441, 331)
+        a, b = load_sample(data, key, reduced, seed), load_sample(data, key, full, seed)
+        # The same geometry (the resized side from the full size, not the rounded-up
+        # decoded one), a different decode, nearly the same pixels.
+        assert a.shape == b.shape
+        assert not torch.equal(a, b)
+        assert psnr(a, b) > 38
+        assert torch.equal(a, load_sample(data, key, wire, seed))  # as on the other tier
+
+
+@pytest.mark.parametrize(
+    ("data", "ops"),
+    [
+        (photo(), (CenterCrop(64), Resize(32))),  # the first op keeps full-size pixels
+        (photo(), (Resize(400),)),  # it barely shrinks
+        (photo(), (HorizontalFlip(), Resize(32))),  # only a first op that shrinks counts
+        (encoded("RGB", "PNG", 256), (Resize(32),)),  # only JPEG decoders scale
+    ],
+    ids=["center-crop-first", "little-shrink", "flip-first", "png"],
+)
+def test_other_images_and_pipelines_decode_fully(data: bytes, ops: tuple[Op, ...]) -> None:
+    reduced = Transforms(ops)
+    full = dataclasses.replace(reduced, reduced_decode=False)
+    assert torch.equal(load_sample(data, "k", reduced, 3), load_sample(data, "k", full, 3))
 
 
 def test_different_seeds_give_different_crops() -> None:
@@ -94,7 +150,8 @@ def test_presets() -> None:
             {"op": "resize", "size": 256},
             {"op": "center_crop", "size": 224},
             {"op": "normalize", "mean": IMAGENET[0], "std": IMAGENET[1]},
-        ]
+        ],
+        "reduced_decode": True,
     }
 
 
@@ -118,9 +175,11 @@ normalize = st.builds(
 )
 
 
-@given(st.lists(ops, max_size=5), st.lists(normalize, max_size=1))
-def test_transform_specs_round_trip_through_json(image_ops: list, tail: list) -> None:  # type: ignore[type-arg]
-    t = Transforms(tuple(image_ops + tail))
+@given(st.lists(ops, max_size=5), st.lists(normalize, max_size=1), st.booleans())
+def test_transform_specs_round_trip_through_json(
+    image_ops: list[Op], tail: list[Op], reduced: bool
+) -> None:
+    t = Transforms(tuple(image_ops + tail), reduced_decode=reduced)
     assert Transforms.from_dict(json.loads(json.dumps(t.to_dict(), allow_nan=False))) == t
 
 
@@ -141,6 +200,8 @@ def test_transform_specs_round_trip_through_json(image_ops: list, tail: list) ->
         ({"ops": [{"op": "normalize", "mean": [float("nan")], "std": [1]}]}, "finite"),
         ({"ops": [{"op": "normalize"}, {"op": "resize", "size": 8}]}, "after Normalize"),
         ({"ops": "resize"}, "ops"),
+        ({"ops": [], "reduced_decode": "yes"}, "true or false"),
+        ({"ops": [], "draft": True}, "no field"),
         ("resize", "ops"),
     ],
 )

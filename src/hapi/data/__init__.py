@@ -26,6 +26,7 @@ __all__ = [
     "StoreOptions",
     "Transforms",
     "decode_image",
+    "decoded_size",
     "import_folder",
     "load_sample",
     "load_samples",
@@ -56,6 +57,7 @@ _WHERE = {
     "StoreOptions": ".store",
     "Transforms": ".transforms",
     "decode_image": ".images",
+    "decoded_size": ".images",
     "import_folder": ".folder",
     "load_sample": ".images",
     "load_samples": ".samples",
@@ -73,7 +75,7 @@ _WHERE = {
 if TYPE_CHECKING:
     from hapi.data.dataset import DatasetSummary, open_dataset, summarize
     from hapi.data.folder import import_folder, local_images
-    from hapi.data.images import decode_image, load_sample
+    from hapi.data.images import decode_image, decoded_size, load_sample
     from hapi.data.manifest import IMAGE_EXTENSIONS, DatasetManifest
     from hapi.data.ops import CenterCrop, HorizontalFlip, Normalize, RandomResizedCrop, Resize
     from hapi.data.samples import Sample, Skipped, load_samples, read_objects, skip_or_raise

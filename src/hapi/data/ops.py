@@ -3,6 +3,10 @@
 Geometric ops (`Resize`, `CenterCrop`, `RandomResizedCrop`, `HorizontalFlip`) act on PIL
 images; `Normalize` acts on the float32 CHW tensor the pipeline converts the image into.
 Random ops draw only from the `random.Random` they are given, never the global RNG.
+
+The ops that shrink (`Resize`, `RandomResizedCrop`) also say how small the image may be
+decoded (`decode_size`) and apply themselves to an image decoded that small (`reduced`):
+a JPEG decoder scales by 1/2, 1/4 or 1/8 as it decodes, for a fraction of the work.
 """
 
 from __future__ import annotations
@@ -48,6 +52,28 @@ class Resize:
     def __call__(self, image: Image.Image, rng: random.Random) -> Image.Image:
         return F.resize(image, [self.size], antialias=True)
 
+    def decode_size(self, width: int, height: int, rng: random.Random) -> tuple[int, int]:
+        """The smallest (width, height) whose shorter side still has `size` pixels."""
+        short = min(width, height)
+        if short <= self.size:
+            return width, height
+        return math.ceil(width * self.size / short), math.ceil(height * self.size / short)
+
+    def reduced(
+        self, image: Image.Image, full: tuple[int, int], scale: int, rng: random.Random
+    ) -> Image.Image:
+        """Resize `image`, decoded at 1/`scale` of `full` (width, height), to the size the
+        full image would have been resized to."""
+        width, height = full
+        # torchvision's rule for the longer side, from the full size: from the decoded
+        # one (rounded up by the decoder) it could come out a pixel longer.
+        if width <= height:
+            size = (self.size, int(self.size * height / width))
+        else:
+            size = (int(self.size * width / height), self.size)
+        box = _scaled((0, 0, width, height), scale)
+        return image.resize(size, Image.Resampling.BILINEAR, box=box)
+
 
 @dataclass(frozen=True)
 class CenterCrop:
@@ -86,6 +112,24 @@ class RandomResizedCrop:
     def __call__(self, image: Image.Image, rng: random.Random) -> Image.Image:
         top, left, h, w = self.params(image.height, image.width, rng)
         return F.resized_crop(image, top, left, h, w, [self.size, self.size], antialias=True)
+
+    def decode_size(self, width: int, height: int, rng: random.Random) -> tuple[int, int]:
+        """The smallest (width, height) in which the crop `rng` draws is still `size`
+        pixels square."""
+        _, _, h, w = self.params(height, width, rng)
+        return (
+            min(width, math.ceil(width * self.size / w)),
+            min(height, math.ceil(height * self.size / h)),
+        )
+
+    def reduced(
+        self, image: Image.Image, full: tuple[int, int], scale: int, rng: random.Random
+    ) -> Image.Image:
+        """Crop and resize `image`, decoded at 1/`scale` of `full` (width, height): the
+        crop is drawn for the full size, as `__call__` would, and scaled onto `image`."""
+        top, left, h, w = self.params(full[1], full[0], rng)
+        box = _scaled((left, top, left + w, top + h), scale)
+        return image.resize((self.size, self.size), Image.Resampling.BILINEAR, box=box)
 
     def params(self, height: int, width: int, rng: random.Random) -> tuple[int, int, int, int]:
         """The crop `(top, left, height, width)` for an image of that size."""
@@ -158,6 +202,13 @@ OPS: dict[str, type[Op]] = {
     cls.op: cls for cls in (Resize, CenterCrop, RandomResizedCrop, HorizontalFlip, Normalize)
 }
 """Every op by its name in `Transforms.to_dict()`."""
+
+
+def _scaled(box: tuple[int, int, int, int], scale: int) -> tuple[float, float, float, float]:
+    # A decoder scaled by 1/scale maps pixel x of the full image to x / scale exactly (its
+    # last pixel, rounded up, covers the rest); PIL resamples from a fractional box.
+    left, top, right, bottom = box
+    return left / scale, top / scale, right / scale, bottom / scale
 
 
 def _positive_int(name: str, value: Any) -> None:

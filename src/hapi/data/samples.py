@@ -7,7 +7,6 @@ there is one copy of read -> decode -> seed -> transform -> skip-or-raise to kee
 
 from __future__ import annotations
 
-import io
 import itertools
 from collections import deque
 from collections.abc import Generator, Iterable, Iterator, Sequence
@@ -15,7 +14,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
-from PIL import Image
 
 from hapi.data.images import load_sample
 from hapi.data.store import ObjectStore
@@ -25,7 +23,6 @@ from hapi.errors import HapiError
 __all__ = [
     "Sample",
     "Skipped",
-    "image_size",
     "load_one",
     "load_samples",
     "read_objects",
@@ -91,16 +88,6 @@ def read_objects(
         finally:
             for future in pending:
                 future.cancel()
-
-
-def image_size(data: bytes) -> tuple[int, int] | None:
-    """An image's (width, height) from its header, without decoding it; None when the
-    bytes are not an image (decoding then says why)."""
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            return image.size
-    except Exception:  # PIL raises many types for what is not an image
-        return None
 
 
 def load_one(

@@ -14,11 +14,10 @@ import torch
 from torch import nn
 
 from hapi._tracing import TRACING
-from hapi.data import ObjectStore, Transforms
+from hapi.data import ObjectStore, Transforms, decoded_size, sample_seed
 from hapi.data.samples import (
     Sample,
     Skipped,
-    image_size,
     load_one,
     read_objects,
     skip_or_raise,
@@ -229,7 +228,7 @@ class Session:
                     place = None
                     decode = demand.model.decode
                     while len(samples) < grant.batch and left:
-                        item = held if held is not None else self._item(next(items))
+                        item = held if held is not None else self._item(next(items), ticket.epoch)
                         held = None
                         if item.decode > decode and not isinstance(item.data, BaseException):
                             refusal = self._too_large(item)
@@ -279,11 +278,13 @@ class Session:
         self.stats.add(transform_s=time.perf_counter() - t0)
         return loaded
 
-    def _item(self, item: tuple[str, int, bytes | BaseException]) -> _Item:
+    def _item(self, item: tuple[str, int, bytes | BaseException], epoch: int) -> _Item:
         key, label, data = item
         decode = 0
         if isinstance(data, bytes):
-            size = image_size(data)
+            # As large as it is decoded: a 12-megapixel photo cropped to 64 px decodes at 1/8.
+            seed = sample_seed(self.request.seed, epoch, key)
+            size = decoded_size(data, self.transforms, seed)
             if size is not None:
                 decode = int(decode_bytes(self.transforms, *size) * MARGIN)
         return _Item(key, label, data, decode)
