@@ -24,11 +24,11 @@ from plan import bound_ratio, ends_bound_ratio, median_epoch
 
 HERE = Path(__file__).resolve().parent
 SOURCES = (
-    "plan-256-rest-1gbit-v4",
+    "plan-256-rest-1gbit-v5",
     "plan-256-vit-10mbit-k4-v2",
-    "plan-256-r18-fast-v7",
+    "plan-256-r18-fast-v8",
     "plan-256-rest-slow",
-    "plan-256-vit-1gbit-v5",
+    "plan-256-vit-1gbit-v6",
     "plan-256-r18-slow-v4",
 )
 """The 256-image sweeps, through the 8 KB tc bucket (`_netns.BURST`), on one machine, a
