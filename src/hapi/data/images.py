@@ -41,7 +41,8 @@ def load_sample(data: bytes, key: str, transforms: Transforms, seed: int) -> tor
 
 def decoded_size(data: bytes, transforms: Transforms, seed: int) -> tuple[int, int] | None:
     """The (width, height) `load_sample` decodes the object at, from its header alone;
-    None when the bytes are not an image (decoding then says why)."""
+    None when the bytes are not an image or one over `MAX_PIXELS`: `load_sample` then
+    refuses it, before decoding, saying why."""
     try:
         return _open(data, transforms, seed)[0].size
     except Exception:  # PIL raises many types for what is not an image
