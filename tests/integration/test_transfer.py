@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -152,6 +153,62 @@ def test_the_loader_reads_ahead_while_a_batch_trains_up_to_its_window(
     time.sleep(0.5)  # were it unbounded, more would come now
     assert len(delivered) == 2 * window  # issued at training, it stopped at 3 chunks
     assert sum(len(y) for _, y in batches) == 20  # the rest of the epoch, every key once
+
+
+def test_the_next_epoch_is_fetched_while_this_one_drains(server: HapiServer) -> None:
+    """Told the epoch that comes next, the loader fetches its first chunks before it is
+    asked for, within the windows, and it then delivers the same batches, each key once."""
+    conn = connect(server.address)
+    info = _open_session(conn, _job(server))
+    delivered: list[str] = []
+    options: dict[str, Any] = {"batch_size": 4, "chunk_size": 2, "prefetch": 2, "seed": 3}
+    loader = FeatureLoader(
+        conn,
+        info.session,
+        conn.manifest("train"),  # 24 keys: 12 chunks of 2
+        on_part=lambda _, keys: delivered.extend(keys),
+        **options,
+    )
+    assert sum(len(b.labels) for b in loader.batches(0, then=1)) == 24
+    deadline = time.monotonic() + 10
+    while len(delivered) == 24 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # were it unbounded, the whole next epoch would come now
+    ahead = len(delivered) - 24
+    assert 0 < ahead <= 2 * (2 + (-(-4 // 2) + 1))  # K + (chunks a batch spans + 1)
+    assert delivered[24:] == [loader.manifest.keys[j] for j in loader.order(1)[:ahead]]
+
+    batches = list(loader.batches(1))
+    assert sorted(k for b in batches for k in b.keys) == sorted(loader.manifest.keys)
+    assert len(delivered) == 48  # nothing fetched ahead was fetched again
+    fresh = FeatureLoader(conn, info.session, conn.manifest("train"), **options)
+    for got, want in zip(batches, fresh.batches(1), strict=True):
+        assert got.keys == want.keys
+        torch.testing.assert_close(got.features, want.features)
+
+
+def test_an_epoch_fetched_ahead_and_not_asked_for_is_dropped(server: HapiServer) -> None:
+    conn = connect(server.address)
+    info = _open_session(conn, _job(server))
+    manifest = conn.manifest("train")
+    loader = FeatureLoader(conn, info.session, manifest, batch_size=4, chunk_size=2, prefetch=2)
+    assert sum(len(b.labels) for b in loader.batches(0, then=1)) == 24
+    # Asked for another epoch, it fetches that one's keys, each once.
+    assert sorted(k for b in loader.batches(2, then=3) for k in b.keys) == sorted(manifest.keys)
+    # An epoch left before its end drops the next one it started.
+    batches = loader.batches(3, then=4)
+    for _ in range(5):  # of 6: its last chunks are issued once read, then epoch 4's
+        next(batches)
+    deadline = time.monotonic() + 10
+    while loader._ahead is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert loader._ahead is not None and loader._ahead.epoch == 4
+    batches.close()
+    assert loader._ahead is None
+    assert sum(len(b.labels) for b in loader.batches(4, then=5)) == 24
+    loader.close()
+    assert loader._ahead is None
+    loader.close()
 
 
 def test_a_corrupt_image_fails_the_epoch_naming_the_key(server: HapiServer) -> None:

@@ -174,6 +174,33 @@ def test_fill_and_drain_depend_on_the_chunks_in_flight() -> None:
     assert slow.link_s == pytest.approx(4 * (0.2 + 0.1))
 
 
+def test_back_to_back_an_epoch_fills_while_the_one_before_drains() -> None:
+    link = LinkProfile(bytes_per_s=1e6)
+
+    # Cut 2 per chunk of 100: server 0.8, link 0.2, trainer 0.3; 4 chunks.
+    def epoch(**kw: object) -> float:
+        work = Workload(samples=400, chunk_size=100, back_to_back=True, **kw)  # type: ignore[arg-type]
+        return estimate(2, 0.0, _server(), _trainer(), link, work).epoch_s
+
+    # The next epoch's first chunk is served while this one's last crosses and trains:
+    # from step to step, the server's 4 x 0.8 alone (on its own, 3 x 0.8 + 1.3).
+    assert epoch() == pytest.approx(4 * 0.8)
+    # One in flight: server and link add up, chunk after chunk, epoch after epoch.
+    assert epoch(prefetch=1) == pytest.approx(4 * (0.8 + 0.2))
+    # A hybrid at 1/4 at cut 1 (the first chunk of each epoch local): back to back, an
+    # epoch is what the second of two takes when they run as one epoch of 8 chunks.
+    one = Workload(samples=400, chunk_size=100)
+    two = Workload(samples=800, chunk_size=100)
+    alone = estimate(1, 0.25, _server(), _trainer(), link, one).epoch_s
+    both = estimate(1, 0.25, _server(), _trainer(), link, two).epoch_s
+    ahead = Workload(samples=400, chunk_size=100, back_to_back=True)
+    assert estimate(1, 0.25, _server(), _trainer(), link, ahead).epoch_s < alone
+    # Two epochs of 1/4 run as one of 8 chunks have the same local chunks (0 and 4).
+    assert estimate(1, 0.25, _server(), _trainer(), link, ahead).epoch_s == pytest.approx(
+        both - alone
+    )
+
+
 def test_partial_last_chunk_spreads_over_the_chunks() -> None:
     link = LinkProfile(bytes_per_s=1e6)
     est = estimate(2, 0.0, _server(), _trainer(), link, Workload(samples=250, chunk_size=100))

@@ -346,7 +346,9 @@ class TransferJob:
                 server_before = self._server_cpu(loader)
                 t0, cpu0 = time.perf_counter(), time.process_time()
                 total_loss = correct = seen = compute = 0.0
-                batches: Iterable[Batch] = loader.batches(epoch, start=offset)
+                # The next epoch's first chunks are fetched while this one drains.
+                then = epoch + 1 if epoch + 1 < start + epochs else None
+                batches: Iterable[Batch] = loader.batches(epoch, start=offset, then=then)
                 if self._dp is not None:  # every rank takes every step, its shard or not
                     batches = pad(batches, len(loader) - self._step, self._empty_batch)
                 for step, batch in enumerate(batches, self._step + 1):
@@ -592,6 +594,7 @@ class TransferJob:
                 chunk_size=config.chunk_size,
                 prefetch=config.prefetch,
                 servers=len(self.connections),
+                back_to_back=True,  # `fit` fetches each epoch while the one before drains
             ),
             samples=config.probe_samples,
             batch_size=config.batch_size,
@@ -656,7 +659,10 @@ class TransferJob:
         self._router = router if train else None
         try:
             with loader.servers:
-                yield loader
+                try:
+                    yield loader
+                finally:
+                    loader.close()
         finally:
             if train:
                 self._router = None

@@ -43,6 +43,11 @@ stream's first read. Then the hybrid it chose (2 of 16 local) was predicted at 4
 ran 4.83 s, the pure cut 5.11 s and 5.26 s (`benchmarks/RESULTS.md`,
 plan-256-vit-10mbit-k4-v2).
 
+An epoch of a longer fit (`Workload.back_to_back`) is run after one before it, its chunks
+issued as the windows free from that one's (the loader's look-ahead), and its time is from
+that epoch's last step to its own: with equal chunks and open windows, m·max(s, l, t),
+the fill hidden behind the previous epoch's drain.
+
 An epoch of more than `_SIMULATED` chunks is run that far and extrapolated at the pace of
 its second half: the pipeline's steady state, in which fill is behind and the drain is
 already counted.
@@ -99,6 +104,10 @@ class Workload:
     servers: int = 1
     """Servers the chunks are spread over, each with its own core(s) and link: the
     server's and the link's time per chunk divide among them."""
+    back_to_back: bool = False
+    """Predict an epoch of a longer fit, which the loader fetches while the one before it
+    drains (`FeatureLoader.batches(then=)`): its fill overlaps that epoch's drain. False:
+    an epoch on its own, or a fit's first, which fills from empty."""
 
     def __post_init__(self) -> None:
         for name in ("samples", "chunk_size", "prefetch", "local_window", "servers"):
@@ -255,7 +264,10 @@ def locals_before(share: float, i: int) -> int:
 def _epoch(lines: list[tuple[float, float]], f: float, workload: Workload) -> float:
     """Run the epoch's chunks through the pipeline one by one (see the module's note)."""
     m = workload.chunks
-    n = min(m, _SIMULATED)
+    # Back to back, the epoch before it is run first; past `_SIMULATED` chunks its fill is
+    # a small part of it, and the steady-state extrapolation below stands.
+    before = m if workload.back_to_back and 2 * m <= _SIMULATED else 0
+    n = before + min(m, _SIMULATED)
     windows = {
         False: workload.prefetch * workload.servers,
         # The loader's: one local chunk in flight per server in a hybrid, K in RAW.
@@ -265,10 +277,9 @@ def _epoch(lines: list[tuple[float, float]], f: float, workload: Workload) -> fl
     reads: dict[bool, list[float]] = {False: [], True: []}  # each route's chunks' reads
     trained: list[float] = []
     issued = server = link = trainer = 0.0
-    marks = locals_before(f, 0)
     for i in range(n):
-        local = locals_before(f, i + 1) > marks
-        marks += local
+        j = i - before if i >= before else i  # its place in its epoch
+        local = locals_before(f, j + 1) > locals_before(f, j)
         mine, window = reads[local], windows[local]
         if len(mine) >= window:
             issued = max(issued, mine[-window])
@@ -277,6 +288,8 @@ def _epoch(lines: list[tuple[float, float]], f: float, workload: Workload) -> fl
         trainer = max(trainer, link) + ta + tb * local
         mine.append(link)
         trained.append(trainer)
+    if before:
+        return trainer - trained[before - 1]
     if n == m:
         return trainer
     # The rest at the pace of the second half: its time per second of work of the stage
