@@ -37,7 +37,7 @@ from urllib.parse import quote, urlsplit
 import torch
 from _host import end, machine, pin
 from _results import write_section
-from plan import Stage, _label, _spread, median_epoch  # the sweep's stage and its run summaries
+from plan import Stage, _label, _spread, measured_epoch, median_epoch
 
 HERE = Path(__file__).resolve().parent
 FILE_PORT = 18816
@@ -55,7 +55,12 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--workers", type=int, default=4, help="the peer's DataLoader workers")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--epochs", type=int, default=2, help="the last epoch is measured")
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        default=3,
+        help="epochs per run; the one before the last is measured (plan.measured_epoch)",
+    )
     parser.add_argument("--out", type=Path, default=HERE / "out")
     parser.add_argument("--results", action="store_true", help="write benchmarks/RESULTS.md")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one peer run
@@ -200,7 +205,7 @@ def _peer(spec: dict) -> None:
             loss.backward()
             optimizer.step()
         seconds.append(time.perf_counter() - start)
-    print(json.dumps({"epoch_s": seconds[-1], "label": "peer"}))
+    print(json.dumps({"epoch_s": seconds[measured_epoch(spec["epochs"])], "label": "peer"}))
 
 
 def _one_thread(_: int) -> None:
@@ -257,8 +262,9 @@ def _report(rows: list[dict], args: argparse.Namespace) -> str:
         f"DataLoader with {args.workers} workers GETting each object over HTTP/1.1 from a "
         "file server beside the store, torchvision's transforms, the whole model in the "
         "training loop. Storage side and trainer two processes pinned to one core each, "
-        "in two network namespaces joined by a veth shaped with tc tbf; epoch "
-        f"{args.epochs} of {args.epochs}, median of {args.repeats} interleaved repeats "
+        "in two network namespaces joined by a veth shaped with tc tbf; "
+        f"epoch {measured_epoch(args.epochs) + 1} of {args.epochs} (hapi's fetched while "
+        f"the one before drained), median of {args.repeats} interleaved repeats "
         "(spread = (max - min) / median). Data in `out/peer.json`.",
         "",
         "| link | peer s | spread | hapi RAW s | spread | RAW / peer | hapi auto s | auto plan "
