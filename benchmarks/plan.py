@@ -553,8 +553,9 @@ def ends_bound_ratio(run: dict, steps: int) -> float | None:
     pure option's epoch is at least max(feed / steps + trainer, feed + trainer / steps),
     feed the slower of the server and the link. With two stages balanced over 8 steps
     that is 1.125x the slowest alone. A hybrid's first chunk is local and needs no
-    server; its ends are not charged (the slowest stage alone). None where no stage was
-    measured."""
+    server; its ends are not charged (the slowest stage alone), nor an epoch's that ran
+    behind the one before it (`steps` 0: its fill overlapped that one's drain). None
+    where no stage was measured."""
     server, link, trainer = run["server_s"], run["transfer_s"], run["trainer_s"]
     bound = max(server, link, trainer)
     if run["share"] == 0.0 and steps > 0:
