@@ -266,6 +266,9 @@ class Fetcher:
             if flow.turn is None:
                 if flow.previous is not None:
                     flow.previous.read_done.wait()
+                    # Its turn came: let go of the chunk before it, or through the chain
+                    # every chunk of a fit's epochs would stay reachable.
+                    flow.previous = None
                 if self.stop.is_set():
                     raise Stopped
                 flow.turn = time.perf_counter()

@@ -351,6 +351,7 @@ class _Epoch:
         delivered: set[str] = set()
         n = len(self.chunks)
         complete = False
+        self.before = []  # the epoch before ended: every chunk of it was read
         try:
             self._advance()
             for j in range(n):
