@@ -62,7 +62,7 @@ def load(sources: list[str], out: Path) -> tuple[list[dict], dict | None]:
             steps = math.ceil(data["args"]["images"] / data["args"]["batch_size"])
             # From 3 epochs a job's measured epoch ran behind the one before (`plan.py`).
             back_to_back = data["args"].get("epochs", 2) >= 3
-            configs[key] = {**config, "source": name, "steps": steps, "ahead": back_to_back}
+            configs[key] = {**config, "source": name, "steps": steps, "back_to_back": back_to_back}
         if data.get("link_change"):
             change = data["link_change"]
     return list(configs.values()), change
@@ -117,7 +117,7 @@ def goals(configs: list[dict], change: dict | None, peer: dict | None) -> list[t
             if label != "auto" and ratios:
                 bounds.append(statistics.median(ratios))
                 # An epoch run behind the one before has no ends of its own to charge.
-                steps = 0 if c["ahead"] else c["steps"]
+                steps = 0 if c["back_to_back"] else c["steps"]
                 ends.append(
                     statistics.median(ends_bound_ratio(r, steps) or 0.0 for r in option_runs)
                 )

@@ -379,7 +379,7 @@ class _Epoch:
             complete = True
         finally:
             self.fetcher.shutdown(self.flows)
-            if not complete and self.ahead is not None and loader._ahead is self.ahead:
+            if not complete:
                 loader.close()  # an epoch that failed or was left has no next one
 
     def _read_one(self, flow: Flow) -> None:

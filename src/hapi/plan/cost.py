@@ -278,7 +278,7 @@ def _epoch(lines: list[tuple[float, float]], f: float, workload: Workload) -> fl
     trained: list[float] = []
     issued = server = link = trainer = 0.0
     for i in range(n):
-        j = i - before if i >= before else i  # its place in its epoch
+        j = i % m  # its place in its epoch
         local = locals_before(f, j + 1) > locals_before(f, j)
         mine, window = reads[local], windows[local]
         if len(mine) >= window:
