@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
 
-from hapi.client import FeatureLoader, TransferJob, connect
+from hapi.client import EpochStats, FeatureLoader, TransferJob, connect
 from hapi.client._fetch import Flow
 from hapi.client.connection import ChunkPart, ChunkStream, Connection
 from hapi.data import open_store, synth_dataset
@@ -129,6 +131,59 @@ def test_receiving_is_the_trainers_busy_time_on_one_core(
     (many,) = job.fit(1, lr=0.05).epochs[-1:]
     assert many.receive_s > 0.0
     assert many.trainer_s == pytest.approx(many.compute_s + many.decode_s)
+
+
+def test_a_fits_epochs_add_up_to_its_time_and_ask_the_servers_nothing_between_them(
+    server: HapiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each epoch's window starts where the one before it ended, so what runs between
+    epochs is counted; and servers that report their time with each chunk are asked for
+    their counters once, before anything is in flight (behind an epoch fetched ahead, a
+    stats call waits a second at 10 Mbit/s, and the trainer with it)."""
+    job = _job(server, cut=LAYER3, replan=False)
+    calls: list[float] = []
+    stats, record = Connection.stats, TransferJob._epoch_stats
+
+    def counted(self: Connection) -> object:
+        calls.append(time.perf_counter())
+        return stats(self)
+
+    def slow_record(self: TransferJob, *args: Any, **kwargs: Any) -> EpochStats:
+        time.sleep(1.0)  # after an epoch's last step: the next epoch's time
+        return record(self, *args, **kwargs)
+
+    monkeypatch.setattr(Connection, "stats", counted)
+    monkeypatch.setattr(TransferJob, "_epoch_stats", slow_record)
+    began = time.perf_counter()
+    epochs = job.fit(3, lr=0.05).epochs
+    assert len(epochs) == 3 and all(e.seconds >= 1.0 for e in epochs[1:])
+    assert sum(e.seconds for e in epochs) <= time.perf_counter() - began - 1.0  # the last's
+    assert len(calls) == 1 and all(e.server_s > 0 for e in epochs)
+
+
+def test_a_server_that_does_not_report_per_chunk_is_timed_by_its_counters(
+    server: HapiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = _job(server, cut=LAYER3, replan=False)
+    stream = Connection.stream
+    sessions: set[str] = set()
+
+    def unreported(self: Connection, ticket: ChunkTicket) -> Iterator[ChunkPart]:
+        sessions.add(ticket.session)
+        for part in stream(self, ticket):
+            if part.report is not None:  # as from a server that leaves the time out
+                part = dataclasses.replace(
+                    part, report=part.report.model_copy(update={"server_s": 0.0})
+                )
+            yield part
+
+    monkeypatch.setattr(Connection, "stream", unreported)
+    epochs = job.fit(2, lr=0.05).epochs
+    assert all(e.server_s > 0 for e in epochs)
+    # Each epoch's difference of the counters: together the sessions' CPU, once.
+    closed = server.stats().closed_sessions
+    cpu = sum(closed[s].cpu_s for s in sessions)
+    assert 0.5 * cpu <= sum(e.server_s for e in epochs) <= cpu + 1e-6
 
 
 def test_a_hybrid_plan_trains_like_pure_pushdown(server: HapiServer) -> None:

@@ -47,6 +47,8 @@ class EpochStats:
     loss: float
     accuracy: float
     seconds: float
+    """Wall time from the end of the epoch before it in the same `fit` (the first: from
+    the start of its loop) to its last step: the epochs of a `fit` add up to its time."""
     samples: int
     bytes_received: int
     wait_s: float

@@ -330,6 +330,12 @@ class TransferJob:
         loss_fn = nn.CrossEntropyLoss()
         with self._loop(self.config.dataset, self.config.train_transforms, True) as loader:
             start = self._next_epoch
+            # Before anything is in flight: a stats call now does not wait behind streams.
+            counters: dict[str, float] | None = self._server_cpu(loader)
+            # Each epoch's window starts where the one before it ended, so the epochs of
+            # a fit add up to its time: what runs between them (the bookkeeping, the next
+            # epoch's order) is the next epoch's, not nobody's.
+            t0, cpu0 = time.perf_counter(), time.process_time()
             for epoch in range(start, start + epochs):
                 self._epoch = epoch
                 self._train_mode(True)
@@ -343,8 +349,6 @@ class TransferJob:
                 order = loader.order(epoch)
                 keys = loader.manifest.keys
                 place = {keys[j]: i for i, j in enumerate(order)}
-                server_before = self._server_cpu(loader)
-                t0, cpu0 = time.perf_counter(), time.process_time()
                 total_loss = correct = seen = compute = 0.0
                 # The next epoch's first chunks are fetched while this one drains.
                 then = epoch + 1 if epoch + 1 < start + epochs else None
@@ -365,14 +369,15 @@ class TransferJob:
                     self._step = step
                     if progress is not None:
                         progress(step, len(loader))
-                seconds = time.perf_counter() - t0
-                process_s = time.process_time() - cpu0
+                server_s, counters = self._server_s(loader, counters)
+                t1, cpu1 = time.perf_counter(), time.process_time()
+                seconds, process_s, t0, cpu0 = t1 - t0, cpu1 - cpu0, t1, cpu1
                 self.history.epochs.append(
                     self._epoch_stats(
                         epoch,
                         loader,
                         seconds=seconds,
-                        server_s=self._server_s(loader, server_before),
+                        server_s=server_s,
                         loss=total_loss,
                         correct=correct,
                         seen=seen,
@@ -801,11 +806,22 @@ class TransferJob:
                 return call(connection)
         return call(self.connections[-1])
 
-    def _server_s(self, loader: FeatureLoader, before: dict[str, float]) -> float:
+    def _server_s(
+        self, loader: FeatureLoader, counters: dict[str, float] | None
+    ) -> tuple[float, dict[str, float] | None]:
+        """The servers' time on the epoch's chunks, and the CPU counters (or None) to
+        measure the next epoch from.
+
+        Servers report their time with each chunk; the counters are for those that do
+        not. Reading them is a stats call, which on a slow link waits behind the streams
+        of the epoch fetched ahead (a second at 10 Mbit/s), so it is made only for them.
+        """
         if loader.stats.server_reported:
-            return loader.stats.server_s
+            return loader.stats.server_s, None
+        if counters is None:  # they report per chunk, and none of theirs was this epoch's
+            return 0.0, None
         after = self._server_cpu(loader)
-        return sum(cpu - before.get(s, 0.0) for s, cpu in after.items())
+        return sum(cpu - counters.get(s, 0.0) for s, cpu in after.items()), after
 
     def _epoch_stats(
         self,
