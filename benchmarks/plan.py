@@ -135,7 +135,8 @@ def main() -> None:
 def _link_change_only(args: argparse.Namespace, started: float) -> None:
     """The link-change run alone, saved beside the configurations of the last full run
     (whose arguments the report keeps: this run takes the same models and sizes, and
-    the change asked for now - a sweep saved with `--link-change none` can gain one)."""
+    the change and the repeats asked for now - a sweep saved with `--link-change none`
+    can gain one)."""
     saved = json.loads((args.out / f"{args.name}.json").read_text())
     for key, value in saved["args"].items():
         if key not in (
@@ -148,6 +149,7 @@ def _link_change_only(args: argparse.Namespace, started: float) -> None:
             "link_change",
             "change_images",
             "trace",
+            "repeats",
         ):
             setattr(args, key, value)
     with tempfile.TemporaryDirectory(prefix="hapi-plan-") as root:
@@ -372,12 +374,10 @@ def _worker(spec: dict) -> None:
     """In the trainer's process: plan, or run each option (and the auto job) for real."""
     import torch
 
-    from hapi.client import TransferJob
+    from hapi.client import Connection, TransferJob, connect
 
     torch.set_num_threads(1)
     if spec.get("ping"):
-        from hapi.client import connect
-
         connect(spec["address"], timeout=2).stats()
         print(json.dumps({"ok": True}))
         return
@@ -393,8 +393,14 @@ def _worker(spec: dict) -> None:
         spec.get("model", "resnet18"), spec.get("image_size", 112), spec.get("classes", 4)
     )
     dataset = spec.get("dataset", "train")
+
+    def server() -> Connection:
+        """A job's own connection, its receive window `connect`'s default unless the spec
+        names one (`window.py` runs jobs under two side by side)."""
+        return connect(spec["address"], receive_window=spec.get("window", "auto"))
+
     if spec.get("plan_only"):
-        job = TransferJob(model, dataset, spec["address"], replan=False, **common)
+        job = TransferJob(model, dataset, server(), replan=False, **common)
         assert job.plan is not None
         print(json.dumps({"plan": job.plan.to_dict()}))
         return
@@ -408,7 +414,7 @@ def _worker(spec: dict) -> None:
         for o in spec["options"]
     ]
     for label, options in jobs:
-        job = TransferJob(model, dataset, spec["address"], **common, **options)
+        job = TransferJob(model, dataset, server(), **common, **options)
         planned = job.plan.to_dict() if job.plan is not None else None
         epochs = spec.get("epochs", 3)
         at = measured_epoch(epochs)
