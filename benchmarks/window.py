@@ -14,9 +14,10 @@ fixed sizes, and hapi's own: `hapi.client._window` from the measured round trip)
 Each client is a fresh process, the windows interleaved, median of the repeats.
 
 Then what the window costs hapi's own jobs in the steady state: `plan.py`'s stage
-(256 photo-like JPEGs, ResNet-18 to `layer3` at 64 px, server and trainer pinned to a
-core each) at each `--rates`, RAW, INPUT, the plan's choice and `auto` each run under
-gRPC's probe and under `connect`'s default side by side, interleaved, epoch 2 of 3.
+(256 photo-like JPEGs, ResNet-18 at 64 px to each of `--freezes`, server and trainer
+pinned to a core each) at each `--rates`, RAW, INPUT, the plan's choice and `auto` each
+run under gRPC's probe and under `connect`'s default side by side, interleaved, epoch 2
+of 3.
 
     python benchmarks/window.py            # writes benchmarks/out/window.{json,png}
     python benchmarks/window.py --results  # ... and its section of benchmarks/RESULTS.md
@@ -49,6 +50,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rates", default="100mbit,1gbit", help="the jobs' link rates")
+    parser.add_argument("--freezes", default="layer3,avgpool+flatten", help="ResNet-18's")
     parser.add_argument("--out", type=Path, default=HERE / "out")
     parser.add_argument("--results", action="store_true", help="write benchmarks/RESULTS.md")
     args = parser.parse_args()
@@ -101,7 +103,8 @@ def _client(link: ShapedLink, window: str) -> dict:  # type: ignore[type-arg]
 
 
 def _jobs(rate: str, args: argparse.Namespace) -> list[dict]:  # type: ignore[type-arg]
-    """hapi's jobs at `rate` under gRPC's probe and `connect`'s default, side by side."""
+    """hapi's jobs at `rate`, to each freeze, under gRPC's probe and `connect`'s default,
+    side by side."""
     import tempfile
 
     import plan
@@ -111,32 +114,35 @@ def _jobs(rate: str, args: argparse.Namespace) -> list[dict]:  # type: ignore[ty
         batch_size=32, chunk_size=16, prefetch=plan.PREFETCH, epochs=3, trace=False,
         shaping="netns",
     )  # fmt: skip
-    job = plan._job_options(stage_args, "resnet18", "layer3")
-    epochs: dict[tuple[str, str], list[float]] = {}
+    epochs: dict[tuple[str, str, str], list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="hapi-window-") as root:
         plan._make_dataset(root, stage_args)
         with plan.Stage(root, rate, stage_args) as stage:
-            planned = stage.trainer({**job, "plan_only": True})
-            assert planned is not None
-            chosen = [planned["plan"]["cut"], planned["plan"]["share"]]
-            options = [[-1, 0.0], [0, 0.0], chosen, "auto"]
-            for r in range(args.repeats):
-                for window in ("grpc", "auto") if r % 2 == 0 else ("auto", "grpc"):
-                    result = stage.trainer({**job, "options": options, "window": window})
-                    assert result is not None
-                    for run in result["runs"]:
-                        epochs.setdefault((run["label"], window), []).append(run["epoch_s"])
-                        print(json.dumps({"rate": rate, "window": window, **run}), flush=True)
-    labels = list(dict.fromkeys(label for label, _ in epochs))
+            for freeze in args.freezes.split(","):
+                job = plan._job_options(stage_args, "resnet18", freeze)
+                planned = stage.trainer({**job, "plan_only": True})
+                assert planned is not None
+                chosen = [planned["plan"]["cut"], planned["plan"]["share"]]
+                options = [[-1, 0.0], [0, 0.0], chosen, "auto"]
+                for r in range(args.repeats):
+                    for window in ("grpc", "auto") if r % 2 == 0 else ("auto", "grpc"):
+                        result = stage.trainer({**job, "options": options, "window": window})
+                        assert result is not None
+                        for run in result["runs"]:
+                            key = (freeze, run["label"], window)
+                            epochs.setdefault(key, []).append(run["epoch_s"])
+                            print(json.dumps({"rate": rate, "window": window, **run}), flush=True)
+    labels = list(dict.fromkeys((freeze, label) for freeze, label, _ in epochs))
     return [
         {
             "rate": rate,
+            "freeze": freeze,
             "option": label,
-            "grpc_s": statistics.median(epochs[label, "grpc"]),
-            "auto_s": statistics.median(epochs[label, "auto"]),
-            "runs": {w: epochs[label, w] for w in ("grpc", "auto")},
+            "grpc_s": statistics.median(epochs[freeze, label, "grpc"]),
+            "auto_s": statistics.median(epochs[freeze, label, "auto"]),
+            "runs": {w: epochs[freeze, label, w] for w in ("grpc", "auto")},
         }
-        for label in labels
+        for freeze, label in labels
     ]
 
 
@@ -236,17 +242,18 @@ def _report(rows: list[dict], jobs: list[dict], args: argparse.Namespace) -> str
     ratios = [j["auto_s"] / j["grpc_s"] for j in jobs]
     lines += [
         "",
-        "hapi's jobs under both, side by side (ResNet-18 to `layer3`, 256 images at 64 px, "
-        f"epoch 2 of 3, median of {args.repeats}; a fixed option's label is cut:share): "
+        "hapi's jobs under both, side by side (ResNet-18, 256 images at 64 px, epoch 2 of "
+        f"3, median of {args.repeats}; a fixed option's label is cut:share): "
         f"held / probe {min(ratios):.2f}-{max(ratios):.2f}x, median "
         f"{statistics.median(ratios):.2f}x.",
         "",
-        "| link | option | gRPC probe s | `connect`'s default s | ratio |",
-        "|---|---|---|---|---|",
+        "| link | freeze | option | gRPC probe s | `connect`'s default s | ratio |",
+        "|---|---|---|---|---|---|",
     ]
     for j in jobs:
         lines.append(
-            f"| {j['rate']} | {names.get(j['option'], j['option'])} | {j['grpc_s']:.3f} | "
+            f"| {j['rate']} | {j['freeze']} | {names.get(j['option'], j['option'])} | "
+            f"{j['grpc_s']:.3f} | "
             f"{j['auto_s']:.3f} | {j['auto_s'] / j['grpc_s']:.2f}x |"
         )
     lines += ["", "![window](out/window.png)"]

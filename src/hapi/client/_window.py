@@ -12,10 +12,10 @@ cancel can recall is what the window held back.
 So the window is the link's bandwidth-delay product at `PER_STREAM_RATE`, from the round
 trip measured when the connection is made, and never under `FLOOR`. Across the same drop
 (four streams of 393 KB opened at once, the first read, three cancelled, then a 16 KB
-chunk; `benchmarks/window.py`) the whole took 1.33 s with gRPC's probe, 0.51 s with
+chunk; `benchmarks/window.py`) the whole took 1.32 s with gRPC's probe, 0.51 s with
 64 KiB windows and 0.45 s with 32 KiB, where the first chunk's bytes alone need 0.31 s at
-10 Mbit/s; at 1 Gbit/s with no drop, 800 KB chunks read in turn moved 104-106 MB/s with a
-held window against 108 MB/s with the probe, and hapi's fixed options at 100 Mbit/s and
+10 Mbit/s; at 1 Gbit/s with no drop, 800 KB chunks read in turn moved 105-108 MB/s with a
+held window against 110 MB/s with the probe, and hapi's fixed options at 100 Mbit/s and
 1 Gbit/s ran 0.93-1.02x their time under the probe.
 """
 
