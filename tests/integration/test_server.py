@@ -122,6 +122,21 @@ def test_raw_cut_sends_the_objects_bytes(conn: Connection, store_dir: Path) -> N
     assert [d for b in result.batches for d in (b.data or [])] == [store.get(k) for k in keys]
 
 
+@pytest.mark.parametrize("window", [4096, "grpc"])
+def test_a_chunk_larger_than_a_held_window_streams_whole(
+    server: HapiServer, store_dir: Path, window: int | str
+) -> None:
+    # 4 KiB held (far under the chunk's bytes), and gRPC's own probe: the same bytes.
+    with connect(server.address, receive_window=window) as held:  # type: ignore[arg-type]
+        manifest = held.manifest("train")
+        info = held.open_session(_request(cut=RAW))
+        keys = list(manifest.keys[:6])
+        result = held.fetch(_ticket(info.session, keys))
+    store = open_store(store_dir)
+    assert result.nbytes > 4 * 4096
+    assert [d for b in result.batches for d in (b.data or [])] == [store.get(k) for k in keys]
+
+
 def test_input_cut_sends_transformed_inputs(conn: Connection) -> None:
     info = conn.open_session(_request(cut=INPUT, wire_dtype="fp16"))
     assert info.feature_shape == [3, SIZE, SIZE]
