@@ -74,6 +74,10 @@ def main() -> None:
         help="epochs per job; the one before the last is measured (one epoch: that one)",
     )
     parser.add_argument("--shaping", choices=("netns", "egress"), default="netns")
+    parser.add_argument(
+        "--window", default="grpc",
+        help="the trainer's receive window: grpc (connect's default), auto, or bytes",
+    )  # fmt: skip
     parser.add_argument("--link-change", default="1gbit:10mbit", help="FROM:TO, or none")
     parser.add_argument(
         "--change-images", type=int, default=512,
@@ -276,6 +280,7 @@ def _job_options(args: argparse.Namespace, model: str, freeze: str) -> dict:
         "classes": args.classes,
         "epochs": args.epochs,
         "trace": args.trace,
+        "window": args.window if args.window in ("grpc", "auto") else int(args.window),
     }
 
 
@@ -395,9 +400,9 @@ def _worker(spec: dict) -> None:
     dataset = spec.get("dataset", "train")
 
     def server() -> Connection:
-        """A job's own connection, its receive window `connect`'s default unless the spec
-        names one (`window.py` runs jobs under two side by side)."""
-        return connect(spec["address"], receive_window=spec.get("window", "auto"))
+        """A job's own connection, with the receive window the spec names (`--window`;
+        `window.py` runs jobs under two side by side)."""
+        return connect(spec["address"], receive_window=spec.get("window", "grpc"))
 
     if spec.get("plan_only"):
         job = TransferJob(model, dataset, server(), replan=False, **common)

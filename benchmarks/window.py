@@ -13,11 +13,11 @@ fixed sizes, and hapi's own: `hapi.client._window` from the measured round trip)
 
 Each client is a fresh process, the windows interleaved, median of the repeats.
 
-Then what the window costs hapi's own jobs in the steady state: `plan.py`'s stage
+Then what a held window costs hapi's own jobs in the steady state: `plan.py`'s stage
 (256 photo-like JPEGs, ResNet-18 at 64 px to each of `--freezes`, server and trainer
 pinned to a core each) at each `--rates`, RAW, INPUT, the plan's choice and `auto` each
-run under gRPC's probe and under `connect`'s default side by side, interleaved, epoch 2
-of 3.
+run under gRPC's probe (`connect`'s default) and a held window (`receive_window="auto"`)
+side by side, interleaved, epoch 2 of 3.
 
     python benchmarks/window.py            # writes benchmarks/out/window.{json,png}
     python benchmarks/window.py --results  # ... and its section of benchmarks/RESULTS.md
@@ -41,7 +41,7 @@ from _results import write_section
 HERE = Path(__file__).resolve().parent
 PORT = 8815
 WINDOWS = ["probe", "32768", "65536", "131072", "262144", "1048576", "hapi"]
-"""`probe`: gRPC's own; a number: held at that many bytes; `hapi`: what `connect` holds."""
+"""`probe`: gRPC's own; a number: held at that many bytes; `hapi`: `receive_window="auto"`."""
 ALONE_S = 393_000 / (10e6 / 8)
 """Seconds the first stream's bytes need at 10 Mbit/s: a drop's least cost."""
 
@@ -103,8 +103,8 @@ def _client(link: ShapedLink, window: str) -> dict:  # type: ignore[type-arg]
 
 
 def _jobs(rate: str, args: argparse.Namespace) -> list[dict]:  # type: ignore[type-arg]
-    """hapi's jobs at `rate`, to each freeze, under gRPC's probe and `connect`'s default,
-    side by side."""
+    """hapi's jobs at `rate`, to each freeze, under gRPC's probe and a held window, side
+    by side."""
     import tempfile
 
     import plan
@@ -112,7 +112,7 @@ def _jobs(rate: str, args: argparse.Namespace) -> list[dict]:  # type: ignore[ty
     stage_args = argparse.Namespace(
         images=256, change_images=0, classes=4, stored_size=440, image_size=64,
         batch_size=32, chunk_size=16, prefetch=plan.PREFETCH, epochs=3, trace=False,
-        shaping="netns",
+        shaping="netns", window="grpc",
     )  # fmt: skip
     epochs: dict[tuple[str, str, str], list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="hapi-window-") as root:
@@ -213,7 +213,7 @@ def _label(row: dict) -> str:  # type: ignore[type-arg]
     if row["window"] == "probe":
         return "gRPC probe"
     size = f"{row['bytes'] // 1024} KiB" if row["bytes"] else "probe"
-    return f"hapi ({size})" if row["window"] == "hapi" else size
+    return f"auto ({size})" if row["window"] == "hapi" else size
 
 
 def _report(rows: list[dict], jobs: list[dict], args: argparse.Namespace) -> str:  # type: ignore[type-arg]
@@ -247,7 +247,7 @@ def _report(rows: list[dict], jobs: list[dict], args: argparse.Namespace) -> str
         f"held / probe {min(ratios):.2f}-{max(ratios):.2f}x, median "
         f"{statistics.median(ratios):.2f}x.",
         "",
-        "| link | freeze | option | gRPC probe s | `connect`'s default s | ratio |",
+        "| link | freeze | option | gRPC probe s | held (`auto`) s | ratio |",
         "|---|---|---|---|---|---|",
     ]
     for j in jobs:

@@ -57,6 +57,7 @@ def test_a_server_that_does_not_answer_keeps_grpcs_probe() -> None:
 
 
 def test_connect_takes_a_window_and_a_pickled_connection_keeps_it() -> None:
+    assert connect("127.0.0.1:1").receive_window == "grpc"  # the probe, unless asked
     conn = connect("127.0.0.1:1", receive_window=65536)
     assert pickle.loads(pickle.dumps(conn)).receive_window == 65536
     assert held_window(conn.address, "grpc") is None

@@ -9,14 +9,22 @@ chunk, three chunks' bytes were committed to the connection when the link droppe
 cross before its first 16 KB chunk came (`benchmarks/RESULTS.md`, the link change). What a
 cancel can recall is what the window held back.
 
-So the window is the link's bandwidth-delay product at `PER_STREAM_RATE`, from the round
+A held window is the link's bandwidth-delay product at `PER_STREAM_RATE`, from the round
 trip measured when the connection is made, and never under `FLOOR`. Across the same drop
 (four streams of 393 KB opened at once, the first read, three cancelled, then a 16 KB
 chunk; `benchmarks/window.py`) the whole took 1.32 s with gRPC's probe, 0.51 s with
 64 KiB windows and 0.45 s with 32 KiB, where the first chunk's bytes alone need 0.31 s at
 10 Mbit/s; at 1 Gbit/s with no drop, 800 KB chunks read in turn moved 105-108 MB/s with a
 held window against 110 MB/s with the probe, and hapi's fixed options at 100 Mbit/s and
-1 Gbit/s ran 0.93-1.02x their time under the probe.
+1 Gbit/s ran 0.97-1.02x their time under the probe - except a hybrid whose link is nearly
+full: ResNet-18 to `avgpool+flatten` at 100 Mbit/s with 25% of its chunks local ran 1.11x
+(`auto` 1.16x). A stream waiting for its turn can fill only a window ahead, and - most
+likely - the next window opens only as the trainer's Python thread reads, which a busy
+trainer core delays, where the probe's large windows let gRPC's threads fill the link.
+So the probe stays the default (`connect`'s `receive_window="grpc"`) and a held window is
+for a job whose link changes under it; recalling a cancelled stream without giving up the
+read-ahead needs the streams read ahead into the trainer's memory (the windows then stay
+small without idling the link), which is the next step.
 """
 
 from __future__ import annotations
