@@ -59,12 +59,9 @@ FAST = "1gbit"
 """The link rate the hybrid goal is stated for ("the link is fast")."""
 
 
-def load(
-    sources: list[str], out: Path, change_sources: list[str] | None = None
-) -> tuple[list[dict], dict | None]:
+def load(sources: list[str], out: Path) -> tuple[list[dict], dict | None]:
     """The configurations of `sources` (later ones replace earlier ones' equal keys) and
-    the link-change runs of `change_sources` pooled, or else the last source's that has
-    one."""
+    the link-change run of the last source that has one."""
     configs: dict[tuple[str, str, str], dict] = {}
     change = None
     for source in sources:
@@ -80,18 +77,19 @@ def load(
             configs[key] = {**config, "source": name, "steps": steps, "back_to_back": back_to_back}
         if data.get("link_change"):
             change = {**data["link_change"], "source": name}
-    if change_sources:
-        pooled: dict[str, list] = {}
-        each = {}
-        for name in change_sources:
-            data = json.loads((out / f"{name}.json").read_text())
-            change = data["link_change"]
-            each[name] = change["runs"]
-            for label, runs in change["runs"].items():
-                pooled.setdefault(label, []).extend(runs)
-        assert change is not None
-        change = {**change, "runs": pooled, "each": each, "source": "`, `".join(change_sources)}
     return list(configs.values()), change
+
+
+def load_changes(names: list[str], out: Path) -> dict:
+    """The link-change runs of `names`, their repeats pooled (`each`: every run's own)."""
+    pooled: dict[str, list] = {}
+    each = {}
+    for name in names:
+        change = json.loads((out / f"{name}.json").read_text())["link_change"]
+        each[name] = change["runs"]
+        for label, runs in change["runs"].items():
+            pooled.setdefault(label, []).extend(runs)
+    return {**change, "runs": pooled, "each": each, "source": "`, `".join(names)}
 
 
 def _pooled(names: list[str], out: Path) -> dict:
@@ -403,7 +401,7 @@ def main() -> None:
     parser.add_argument("--results", action="store_true", help="write benchmarks/RESULTS.md")
     args = parser.parse_args()
     configs, change = load(args.sources, args.out)
-    held = load([], args.out, args.held)[1] if args.held else None
+    held = load_changes(args.held, args.out) if args.held else None
     peer_path = args.out / "peer.json"
     peer = json.loads(peer_path.read_text()) if peer_path.exists() else None
     text = report(args.sources, configs, goals(configs, change, peer, held), held)

@@ -179,14 +179,11 @@ def _serve() -> None:
 def _run_client(host: str, window: str) -> None:
     import pyarrow.flight as flight
 
-    from hapi.client._window import grpc_options, receive_window, round_trip
+    from hapi.client._window import Window, grpc_options, held_window
 
     address = f"grpc://{host}:{PORT}"
-    if window == "hapi":
-        rtt = round_trip(address)
-        held: int | None = None if rtt is None else receive_window(rtt)
-    else:
-        held = None if window == "probe" else int(window)
+    named: dict[str, Window] = {"hapi": "auto", "probe": "grpc"}
+    held = held_window(address, named.get(window) or int(window))
     client = flight.connect(address, generic_options=grpc_options(held))
 
     def ticket(n: int) -> flight.Ticket:
