@@ -32,6 +32,7 @@ __all__ = [
     "ServerUnavailable",
     "SessionNotFound",
     "StoreUnavailable",
+    "StreamRecalled",
     "Unauthenticated",
     "UnknownModel",
     "error_class",
@@ -104,6 +105,11 @@ class Forbidden(HapiError, PermissionError):
 
 class ServerUnavailable(HapiError, ConnectionError):
     """A hapi server cannot be reached."""
+
+
+class StreamRecalled(ServerUnavailable):
+    """A chunk stream cut on purpose by `Connection.recall`: the server is there, and the
+    keys it had not delivered are asked for again at once (no backoff)."""
 
 
 class InternalError(HapiError, RuntimeError):

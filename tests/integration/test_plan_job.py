@@ -339,6 +339,9 @@ def test_a_chunk_in_flight_follows_a_change_of_cut_with_its_keys_not_yet_deliver
     assert (first.epoch, first.chunk) == (0, 0)
     assert first.data == {"from": LAYER3, "to": 12, "keys_left": 3}
     assert "its 3 keys not yet delivered go at cut 12" in first.message
+    # The chunks in flight were recalled with the server's bytes sent ahead at cut 10.
+    (recall,) = changed.history.recalls
+    assert recall.epoch == 0 and recall.data == {"servers": [server.address]}
     (epoch,) = changed.history.epochs
     assert epoch.samples == 24  # the loader checks each key came once
     assert epoch.cut == 12

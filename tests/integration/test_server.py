@@ -32,6 +32,7 @@ from hapi.errors import (
     ObjectNotFound,
     SessionNotFound,
     StoreUnavailable,
+    StreamRecalled,
     Unauthenticated,
     UnknownModel,
 )
@@ -270,6 +271,50 @@ def test_a_connections_streams_send_in_chunk_order(
     assert len(arrivals[1]) == 5
     chunk0_done = arrivals[0][-1][0]
     assert all(t > chunk0_done for t, _ in arrivals[1])
+
+
+def _established_to(port: int) -> int:
+    """TCP connections established to `port` on this machine (the kernel's own table)."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "01" and int(fields[2].rsplit(":", 1)[1], 16) == port:
+                count += 1
+    return count
+
+
+def test_a_recall_cuts_the_streams_in_flight_and_their_connection(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One object a wire batch, held back by the egress limit: the streams are mid-chunk
+    # when they are recalled.
+    monkeypatch.setattr(session_module, "RAW_BATCH_BYTES", 1)
+    with (
+        serve(store=str(store_dir), egress_limit="240kbit") as server,
+        connect(server.address) as conn,
+    ):
+        port = int(server.address.rsplit(":", 1)[1])
+        info = conn.open_session(_request(cut=RAW))
+        keys = list(conn.manifest("train").keys)
+        opened = [conn.stream(_ticket(info.session, keys[4 * c : 4 * c + 4])) for c in (0, 1)]
+        first = next(iter(opened[0]))
+        assert first.batch is not None
+        # The actions' connection and the streams' own.
+        assert _established_to(port) == 2
+        assert conn.recall()
+        with pytest.raises(StreamRecalled, match="was recalled"):
+            list(opened[0])
+        with pytest.raises(StreamRecalled):
+            list(opened[1])
+        deadline = time.monotonic() + 5
+        while _established_to(port) > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _established_to(port) == 1  # closed, though its streams are still held
+        assert not conn.recall()  # nothing open to cut
+        parts = list(conn.stream(_ticket(info.session, keys[4:8])))
+        assert [k for p in parts if p.batch is not None for k in p.batch.keys] == keys[4:8]
+        assert _established_to(port) == 2  # on a new connection
 
 
 class _LateEnd(flight.FlightServerBase):

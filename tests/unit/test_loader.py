@@ -148,6 +148,24 @@ def test_a_chunk_in_flight_follows_a_change_of_cut_or_a_fall_of_the_share() -> N
     assert router.reroute(local) == local
 
 
+def test_a_change_of_plan_recalls_the_streams_in_flight_only_when_it_moves_them() -> None:
+    router = Router(9, 0.5)
+    recalls: list[tuple[int, float]] = []
+    router.recall = lambda: recalls.append(router.in_force)
+    router.start(epoch=0, chunks=4)
+    router.route(0)
+    router.set(9, 0.75, reason="test")  # the share rose: the chunks in flight stay
+    router.set(12, 0.75, reason="test")  # a new cut: the pushed-down chunks move
+    assert recalls == [(12, 0.75)]
+    router.route(1)  # (12, 0.75) applies
+    router.set(12, 0.5, reason="test")  # the share fell: the local chunks move
+    router.route(2)
+    router.set(RAW, reason="test")  # every chunk goes local
+    router.route(3)
+    router.set(RAW, reason="test")  # no change
+    assert recalls == [(12, 0.75), (12, 0.5), (RAW, 0.0)]
+
+
 @pytest.mark.parametrize("link_bytes_per_s, moves", [(1e6, True), (1e7, False)])
 def test_under_a_plan_a_chunk_in_flight_moves_only_when_the_bytes_saved_pay(
     link_bytes_per_s: float, moves: bool

@@ -33,6 +33,7 @@ from hapi.errors import (
     ServerUnavailable,
     SessionNotFound,
     StoreUnavailable,
+    StreamRecalled,
     shorten,
 )
 from hapi.wire import ChunkTicket, FeatureBatch, SkippedKey
@@ -78,6 +79,9 @@ class Flow:
         self.rerouted = False
         """The plan's cut changed while it was in flight and it followed (`Router.reroute`):
         its stages' times mix two routes."""
+        self.recalled = False
+        """A change of plan cut its stream (`FeatureLoader.recall`) and it was asked again:
+        its stages' times mix two streams."""
         self.remaining = dict(zip(keys, labels, strict=True))
         self.queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self.read_done = threading.Event()
@@ -104,8 +108,8 @@ class Flow:
     @property
     def its_routes_cost(self) -> bool:
         """Whether its stage times are its route's: not computed here for want of a
-        server, nor re-routed in flight (the plan learns nothing from those)."""
-        return not self.fell_back and not self.rerouted
+        server, nor re-routed or recalled in flight (the plan learns nothing from those)."""
+        return not (self.fell_back or self.rerouted or self.recalled)
 
     def record(self, epoch: int, *, samples: int, trainer_s: float | None) -> ChunkRecord:
         """What it cost, for the router: its server's and link's times, and its trainer's
@@ -208,7 +212,7 @@ class Fetcher:
                     flow.member,
                     flow.held,
                     flow.samples_read,
-                    measured=not flow.failed and not flow.rerouted,
+                    measured=not (flow.failed or flow.rerouted or flow.recalled),
                 )
             flow.held = 0
             if flow.its_routes_cost:
@@ -292,6 +296,13 @@ class Fetcher:
                     f"the stream of chunk {flow.index} ended without its report, "
                     f"{len(flow.remaining)} keys short: the server went away mid-chunk"
                 )
+        except StreamRecalled:
+            # A change of plan moved the chunks in flight and cut their connection, with
+            # what the server had sent ahead: the keys not yet delivered go again at once,
+            # on the route the plan gives them now.
+            flow.recalled = True
+            self._reroute(flow)
+            return False
         except SessionNotFound:
             flow.failed = True
             if session is not None:

@@ -7,14 +7,15 @@ import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+import pyarrow as pa
 import pyarrow.flight as flight
 
 from hapi.client._tls import flight_tls_options, tls_address
 from hapi.client._window import Window, check_window, grpc_options, held_window
 from hapi.data import DatasetManifest
-from hapi.errors import HapiError, InvalidRequest, ServerUnavailable, shorten
+from hapi.errors import HapiError, InvalidRequest, ServerUnavailable, StreamRecalled, shorten
 from hapi.graph.export import HeadArtifact
 from hapi.wire import (
     ActionType,
@@ -60,21 +61,38 @@ class ChunkPart:
 class ChunkStream:
     """An open chunk stream: iterate its parts as they arrive; `cancel` from any thread."""
 
-    def __init__(self, reader: flight.FlightStreamReader, ticket: ChunkTicket, address: str):
-        self._reader, self._ticket, self._address = reader, ticket, address
+    def __init__(
+        self,
+        reader: flight.FlightStreamReader,
+        ticket: ChunkTicket,
+        address: str,
+        lane: _Lane | None = None,
+    ):
+        self._reader: flight.FlightStreamReader | None = reader
+        self._ticket, self._address, self._lane = ticket, address, lane
 
     def __iter__(self) -> Iterator[ChunkPart]:
         """The chunk's parts, the `ChunkReport` with the last; they end with it.
 
         Raises:
-            HapiError: the server's error; `ServerUnavailable` when the stream was cut.
+            HapiError: the server's error; `ServerUnavailable` when the stream was cut,
+                `StreamRecalled` when `Connection.recall` cut it.
         """
         while True:
+            reader = self._reader
+            if reader is None:
+                raise _recalled(self._ticket, self._address)
             try:
-                chunk = self._reader.read_chunk()
+                chunk = reader.read_chunk()
             except StopIteration:
+                self._ended()
+                if self.recalled:  # a closed connection can end a read without an error
+                    raise _recalled(self._ticket, self._address) from None
                 return
             except flight.FlightError as exc:
+                self._ended()
+                if self.recalled:
+                    raise _recalled(self._ticket, self._address) from None
                 raise _stream_error(exc, self._ticket, self._address) from None
             batch = None
             if chunk.data is not None and chunk.data.num_rows:
@@ -82,6 +100,7 @@ class ChunkStream:
             report = None
             if chunk.app_metadata is not None:
                 report = ChunkReport.model_validate_json(chunk.app_metadata.to_pybytes())
+                self._ended()
             nbytes = chunk.data.nbytes if chunk.data is not None else 0
             yield ChunkPart(batch, nbytes, report)
             if report is not None:
@@ -91,9 +110,83 @@ class ChunkStream:
                 # chunk's turn would wait for it.
                 return
 
+    def _ended(self) -> None:
+        """Its last message came (or its read failed): a recall has nothing to cut."""
+        if self._lane is not None:
+            self._lane.discard(self)
+
+    @property
+    def recalled(self) -> bool:
+        """Whether `Connection.recall` cut it."""
+        return self._lane is not None and self._lane.recalled
+
     def cancel(self) -> None:
         """Stop the stream; a read in progress fails."""
-        self._reader.cancel()
+        reader = self._reader
+        if reader is not None:
+            reader.cancel()
+
+    def _recall(self) -> None:
+        """Cancel it and let go of its call: the connection closes only once no call
+        holds it, and a stream waiting for its turn would hold it until then."""
+        self.cancel()
+        self._reader = None
+
+
+class _Lane:
+    """The connection that carries a `Connection`'s chunk streams, until it is recalled.
+
+    Its own TCP connection (a local subchannel pool: gRPC would otherwise share one with
+    the actions' client), so that closing it drops what the server has written to it.
+    """
+
+    def __init__(self, client: flight.FlightClient) -> None:
+        self.client = client
+        self.recalled = False
+        self._open: set[ChunkStream] = set()
+        self._opening = 0
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def opening(self) -> None:
+        """A stream is about to be opened on it: it is not closed under the call."""
+        with self._lock:
+            self._opening += 1
+
+    def opened(self, stream: ChunkStream | None) -> None:
+        """The stream `opening` announced is open (None: its opening failed).
+
+        Raises:
+            StreamRecalled: it was recalled meanwhile (the stream is cancelled).
+        """
+        with self._lock:
+            self._opening -= 1
+            if stream is not None and not self.recalled:
+                self._open.add(stream)
+                return
+            close = self.recalled and not self._opening and not self._closed
+            self._closed |= close
+        if stream is not None:
+            stream._recall()
+        if close:
+            self.client.close()
+
+    def discard(self, stream: ChunkStream) -> None:
+        with self._lock:
+            self._open.discard(stream)
+
+    def recall(self) -> None:
+        """Cancel its streams and close it (once no stream is being opened on it)."""
+        with self._lock:
+            self.recalled = True
+            streams, self._open = list(self._open), set()
+            close = not self._opening and not self._closed
+            self._closed |= close
+        # Cancelled before the close, their reads fail rather than end as if complete.
+        for stream in streams:
+            stream._recall()
+        if close:
+            self.client.close()
 
 
 @dataclass(eq=False)
@@ -118,6 +211,8 @@ class Connection:
     """Each stream's HTTP/2 receive window: "grpc" leaves it to gRPC's probe, "auto" sizes
     it from the round trip, an int holds it at that many bytes (`connect`)."""
     _client: Any = field(default=None, init=False, repr=False)
+    _lane: _Lane | None = field(default=None, init=False, repr=False)
+    _window: int | Literal["unset"] | None = field(default="unset", init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -129,15 +224,46 @@ class Connection:
 
     @property
     def client(self) -> flight.FlightClient:
+        """The Flight client for actions (chunk streams have a connection of their own)."""
         if self._client is None:
             with self._lock:
                 if self._client is None:
-                    tls = flight_tls_options(self.tls_ca, self.tls_cert, self.tls_key)
-                    window = held_window(self.address, self.receive_window)
-                    self._client = flight.connect(
-                        self.address, **tls, generic_options=grpc_options(window)
-                    )
+                    self._client = self._connect([])
         return self._client
+
+    def _connect(self, options: list[tuple[str, int]]) -> flight.FlightClient:
+        tls = flight_tls_options(self.tls_ca, self.tls_cert, self.tls_key)
+        if self._window == "unset":
+            self._window = held_window(self.address, self.receive_window)
+        return flight.connect(
+            self.address, **tls, generic_options=grpc_options(self._window) + options
+        )
+
+    def _streams(self) -> _Lane:
+        """The connection chunk streams open on now (a new one after `recall`)."""
+        with self._lock:
+            if self._lane is None:
+                self._lane = _Lane(self._connect([("grpc.use_local_subchannel_pool", 1)]))
+            return self._lane
+
+    def recall(self) -> bool:
+        """Cut every chunk stream open now, with what the server has sent ahead on them.
+
+        A stream's cancel stops the server writing it, but what the server has written
+        still crosses: up to the flow-control windows, megabytes after a fast link, in
+        the server's socket buffer. After a drop from 1 Gbit/s to 10 Mbit/s a re-plan's
+        first chunk waited 1 s behind the cancelled streams' bytes (`hapi.client._window`).
+        Closing the streams' connection drops them with it; the next stream opens a new
+        one. Their readers fail with `StreamRecalled`.
+
+        Returns: whether any connection was open to cut.
+        """
+        with self._lock:
+            lane, self._lane = self._lane, None
+        if lane is None:
+            return False
+        lane.recall()
+        return True
 
     def _options(self) -> flight.FlightCallOptions:
         headers = [(b"authorization", f"Bearer {self.token}".encode())] if self.token else []
@@ -250,14 +376,28 @@ class Connection:
             HapiError: the server's error for the chunk; `ServerUnavailable` when the server
                 cannot be reached.
         """
+        lane = self._streams()
+        lane.opening()
+        stream = None
         try:
-            reader = self.client.do_get(flight.Ticket(ticket.to_bytes()), self._options())
-        except flight.FlightError as exc:
+            reader = lane.client.do_get(flight.Ticket(ticket.to_bytes()), self._options())
+            stream = ChunkStream(reader, ticket, self.address, lane)
+        except (flight.FlightError, pa.ArrowInvalid) as exc:  # ArrowInvalid: closed
+            if lane.recalled:
+                raise _recalled(ticket, self.address) from None
+            if not isinstance(exc, flight.FlightError):
+                raise
             raise _stream_error(exc, ticket, self.address) from None
-        return ChunkStream(reader, ticket, self.address)
+        finally:
+            lane.opened(stream)
+        assert stream is not None  # or the call raised
+        if stream.recalled:
+            raise _recalled(ticket, self.address)
+        return stream
 
     def close(self) -> None:
-        """Close the Flight client (a later call opens a new one)."""
+        """Close the Flight clients (a later call opens new ones)."""
+        self.recall()
         with self._lock:
             if self._client is not None:
                 self._client.close()
@@ -268,6 +408,12 @@ class Connection:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _recalled(ticket: ChunkTicket, address: str) -> StreamRecalled:
+    return StreamRecalled(
+        f"the stream of chunk {ticket.chunk} from {address} was recalled: the plan moved it"
+    )
 
 
 def _stream_error(exc: Exception, ticket: ChunkTicket, address: str) -> Exception:

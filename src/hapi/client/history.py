@@ -16,7 +16,9 @@ from hapi.wire import SkippedKey
 
 __all__ = ["EpochStats", "Event", "EventKind", "History"]
 
-EventKind = Literal["plan", "replan", "reroute", "retry", "reopen", "failover", "fallback"]
+EventKind = Literal[
+    "plan", "replan", "reroute", "recall", "retry", "reopen", "failover", "fallback"
+]
 
 
 @dataclass(frozen=True)
@@ -25,7 +27,9 @@ class Event:
 
     kind: EventKind
     """`plan` (the first choice), `replan` (a change of cut or share), `reroute` (a chunk
-    in flight following a change of cut with its keys not yet delivered), `retry` (a
+    in flight following a change of cut with its keys not yet delivered), `recall` (the
+    streams in flight cut with what the server had sent ahead on them, so the chunks could
+    follow a change of plan at once), `retry` (a
     chunk asked for again), `reopen` (a session the server had lost, opened again),
     `failover` (a chunk whose server failed, moved to another server), `fallback` (a
     chunk read from the store and computed in the trainer: no server answered)."""
@@ -132,6 +136,11 @@ class History:
     def reroutes(self) -> list[Event]:
         """Every chunk in flight that followed a change of cut."""
         return self.of_kind("reroute")
+
+    @property
+    def recalls(self) -> list[Event]:
+        """Every time the streams in flight were cut for a change of plan."""
+        return self.of_kind("recall")
 
     @property
     def plan_changes(self) -> list[Event]:

@@ -204,6 +204,7 @@ class FeatureLoader:
         self.seed = seed
         self.shuffle = shuffle
         self.router = router if router is not None else Router(cut)
+        self.router.recall = self.recall
         self.local = local
         self.convert = convert
         self.record = record
@@ -288,6 +289,23 @@ class FeatureLoader:
         run.then = then
         self.stats = run.stats
         return run.run()
+
+    def recall(self) -> None:
+        """Cut every server's chunk streams in flight (a change of plan moved their chunks)
+        with what the servers had sent ahead on them, which would otherwise cross the link
+        at the old route first; each chunk asks again for the keys it has not delivered."""
+        cut = [m.address for m in self.servers if m.connection.recall()]
+        if cut and self.record is not None:
+            self.record(
+                Event(
+                    "recall",
+                    self.router.epoch,
+                    None,
+                    f"the plan moved the chunks in flight: their streams from {', '.join(cut)} "
+                    "were cut with what the server had sent ahead, and asked again",
+                    {"servers": cut},
+                )
+            )
 
     def close(self) -> None:
         """Stop fetching a next epoch that was started ahead and will not be asked for."""

@@ -95,6 +95,9 @@ class Router:
         self._origin = 0
         self._issued = 0
         self._pending: tuple[int, float, str, Plan | None] | None = None
+        self.recall: Callable[[], None] | None = None
+        """Called (outside its locks) when a change of plan moves the chunks in flight: the
+        loader cuts their streams at once (`FeatureLoader.recall`)."""
 
     @property
     def plan(self) -> Plan | None:
@@ -108,6 +111,12 @@ class Router:
             if self._pending is not None:
                 return self._pending[0], self._pending[1]
             return self.cut, self.share
+
+    @property
+    def epoch(self) -> int | None:
+        """The epoch being routed (None: before the first)."""
+        with self._lock:
+            return self._epoch
 
     @property
     def changing(self) -> bool:
@@ -182,7 +191,21 @@ class Router:
         """
         _check(cut, share)
         with self._lock:
+            # The chunks in flight follow the plan pending, if any (it recalled them).
+            before = self._pending[:2] if self._pending is not None else (self.cut, self.share)
             self._pending = (cut, share, reason, plan)
+        if self.recall is not None and self._moves(*before):
+            self.recall()
+
+    def _moves(self, cut: int, share: float) -> bool:
+        """Whether chunks routed by (`cut`, `share`) move under the plan in force."""
+        if cut == RAW:
+            routes = [Route(local=True, cut=INPUT, share=1.0)]
+        else:
+            routes = [Route(local=False, cut=cut, share=share)]
+            if share > 0:
+                routes.append(Route(local=True, cut=cut, share=share))
+        return any(self.reroute(route) != route for route in routes)
 
     def observe(self, record: ChunkRecord) -> None:
         """Take in a chunk's measurements (its server's and link's when it is read, its
