@@ -444,6 +444,7 @@ def _worker(spec: dict) -> None:
                 # at what it chose, and the figures alone do not say why.
                 "all_changes": [f"epoch {e.epoch}: {e.message}" for e in job.history.plan_changes],
                 "reroutes": len([e for e in job.history.reroutes if e.epoch == at]),
+                "recalls": len([e for e in job.history.recalls if e.epoch == at]),
                 "plan": planned,
                 "chunks": chunks[:],
             }

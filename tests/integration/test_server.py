@@ -297,10 +297,13 @@ def test_a_recall_cuts_the_streams_in_flight_and_their_connection(
         port = int(server.address.rsplit(":", 1)[1])
         info = conn.open_session(_request(cut=RAW))
         keys = list(conn.manifest("train").keys)
+        list(conn.stream(_ticket(info.session, keys[8:10])))
+        # The actions' connection and the streams' own, which stays with no stream open.
+        assert _established_to(port) == 2
+        assert not conn.recall()
         opened = [conn.stream(_ticket(info.session, keys[4 * c : 4 * c + 4])) for c in (0, 1)]
         first = next(iter(opened[0]))
         assert first.batch is not None
-        # The actions' connection and the streams' own.
         assert _established_to(port) == 2
         assert conn.recall()
         with pytest.raises(StreamRecalled, match="was recalled"):

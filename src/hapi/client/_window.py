@@ -21,10 +21,11 @@ full: ResNet-18 to `avgpool+flatten` at 100 Mbit/s with 25% of its chunks local 
 (`auto` 1.16x). A stream waiting for its turn can fill only a window ahead, and - most
 likely - the next window opens only as the trainer's Python thread reads, which a busy
 trainer core delays, where the probe's large windows let gRPC's threads fill the link.
-So the probe stays the default (`connect`'s `receive_window="grpc"`) and a held window is
-for a job whose link changes under it; recalling a cancelled stream without giving up the
-read-ahead needs the streams read ahead into the trainer's memory (the windows then stay
-small without idling the link), which is the next step.
+
+So the probe is the default (`connect`'s `receive_window="grpc"`), and what the windows
+let through is recalled another way: a change of plan that moves the chunks in flight
+closes their streams' connection (`Connection.recall`), and the server's socket buffer
+goes with it. A held window remains an option.
 """
 
 from __future__ import annotations

@@ -175,6 +175,12 @@ class _Lane:
         with self._lock:
             self._open.discard(stream)
 
+    @property
+    def busy(self) -> bool:
+        """Whether a stream is open on it, or being opened."""
+        with self._lock:
+            return bool(self._open) or self._opening > 0
+
     def recall(self) -> None:
         """Cancel its streams and close it (once no stream is being opened on it)."""
         with self._lock:
@@ -256,12 +262,13 @@ class Connection:
         Closing the streams' connection drops them with it; the next stream opens a new
         one. Their readers fail with `StreamRecalled`.
 
-        Returns: whether any connection was open to cut.
+        Returns: whether any stream was open to cut (with none, the connection stays).
         """
         with self._lock:
-            lane, self._lane = self._lane, None
-        if lane is None:
-            return False
+            lane = self._lane
+            if lane is None or not lane.busy:
+                return False
+            self._lane = None
         lane.recall()
         return True
 
@@ -397,8 +404,10 @@ class Connection:
 
     def close(self) -> None:
         """Close the Flight clients (a later call opens new ones)."""
-        self.recall()
         with self._lock:
+            lane, self._lane = self._lane, None
+            if lane is not None:
+                lane.recall()
             if self._client is not None:
                 self._client.close()
                 self._client = None
@@ -452,11 +461,11 @@ def connect(
         receive_window: how far ahead of the trainer's reading the server may send on
             each stream. "grpc": gRPC's own bandwidth-delay probe, which lets streams
             waiting for their turn fill ahead; "auto": the link's bandwidth-delay product
-            at 4 Gbit/s from the round trip measured on connecting, at least 64 KiB - a
-            re-plan's cancel then recalls what the streams ahead have not sent (a drop
-            from 1 Gbit/s to 10 Mbit/s costs 0.85x instead of 1.07-1.32x a plan made for
-            it), but a hybrid whose link is nearly full loses 11-16% (`_window`); an int:
-            that many bytes.
+            at 4 Gbit/s from the round trip measured on connecting, at least 64 KiB, which
+            costs a hybrid whose link is nearly full 11-16% (`_window`); an int: that many
+            bytes. Under either, a re-plan that moves the chunks in flight recalls what
+            the server sent ahead on them (`recall`): a drop from 1 Gbit/s to 10 Mbit/s
+            costs 0.94x a plan made for 10 Mbit/s with the probe, 0.85x held.
 
     Raises:
         InvalidRequest: TLS options with a `grpc://` address, `tls_cert` without
