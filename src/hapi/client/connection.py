@@ -154,11 +154,9 @@ class _Lane:
             self._opening += 1
 
     def opened(self, stream: ChunkStream | None) -> None:
-        """The stream `opening` announced is open (None: its opening failed).
-
-        Raises:
-            StreamRecalled: it was recalled meanwhile (the stream is cancelled).
-        """
+        """The stream `opening` announced is open (None: its opening failed). Recalled
+        meanwhile, the lane cancels it (the caller raises `StreamRecalled`) and closes
+        once no other stream is being opened."""
         with self._lock:
             self._opening -= 1
             if stream is not None and not self.recalled:
@@ -381,7 +379,7 @@ class Connection:
 
         Raises:
             HapiError: the server's error for the chunk; `ServerUnavailable` when the server
-                cannot be reached.
+                cannot be reached; `StreamRecalled` when `recall` cut it as it opened.
         """
         lane = self._streams()
         lane.opening()
