@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -46,6 +47,7 @@ from hapi.wire import (
     ChunkReport,
     ChunkTicket,
     ServerStats,
+    SessionInfo,
     SessionRequest,
     SessionStats,
     decode_error,
@@ -234,19 +236,28 @@ def test_egress_limit_shapes_what_is_sent(store_dir: Path) -> None:
     assert stats.shaping_wait_s >= (result.nbytes - 4 * 1024) / 250_000 * 0.9
 
 
-def test_a_connections_streams_send_in_chunk_order(
+@contextlib.contextmanager
+def _slow_raw_session(
     store_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # One object a wire batch, each held ~0.1 s by the egress limit: read at once, two
-    # streams sent together would interleave their batches on the link. In order, chunk
-    # 1 sends nothing until chunk 0 has sent its report, and so takes the link whole.
+) -> Iterator[tuple[HapiServer, Connection, SessionInfo, list[str]]]:
+    """A RAW session on a server whose egress limit holds each object's wire batch ~0.1 s:
+    the server, a connection, the session and the train keys."""
     monkeypatch.setattr(session_module, "RAW_BATCH_BYTES", 1)
     with (
         serve(store=str(store_dir), egress_limit="240kbit") as server,
         connect(server.address) as conn,
     ):
         info = conn.open_session(_request(cut=RAW))
-        keys = list(conn.manifest("train").keys)
+        yield server, conn, info, list(conn.manifest("train").keys)
+
+
+def test_a_connections_streams_send_in_chunk_order(
+    store_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One object a wire batch, each held ~0.1 s by the egress limit: read at once, two
+    # streams sent together would interleave their batches on the link. In order, chunk
+    # 1 sends nothing until chunk 0 has sent its report, and so takes the link whole.
+    with _slow_raw_session(store_dir, monkeypatch) as (_, conn, info, keys):
         arrivals: dict[int, list[tuple[float, bool]]] = {0: [], 1: []}
         streams = {
             c: conn.stream(
@@ -289,14 +300,8 @@ def test_a_recall_cuts_the_streams_in_flight_and_their_connection(
 ) -> None:
     # One object a wire batch, held back by the egress limit: the streams are mid-chunk
     # when they are recalled.
-    monkeypatch.setattr(session_module, "RAW_BATCH_BYTES", 1)
-    with (
-        serve(store=str(store_dir), egress_limit="240kbit") as server,
-        connect(server.address) as conn,
-    ):
+    with _slow_raw_session(store_dir, monkeypatch) as (server, conn, info, keys):
         port = int(server.address.rsplit(":", 1)[1])
-        info = conn.open_session(_request(cut=RAW))
-        keys = list(conn.manifest("train").keys)
         list(conn.stream(_ticket(info.session, keys[8:10])))
         # The actions' connection and the streams' own, which stays with no stream open.
         assert _established_to(port) == 2

@@ -162,12 +162,18 @@ class _Lane:
             if stream is not None and not self.recalled:
                 self._open.add(stream)
                 return
-            close = self.recalled and not self._opening and not self._closed
-            self._closed |= close
+            close = self._closing()
         if stream is not None:
             stream._recall()
         if close:
             self.client.close()
+
+    def _closing(self) -> bool:
+        """Whether the caller closes it now: recalled, no stream being opened on it, and
+        not closed already (under its lock)."""
+        close = self.recalled and not self._opening and not self._closed
+        self._closed |= close
+        return close
 
     def discard(self, stream: ChunkStream) -> None:
         with self._lock:
@@ -184,8 +190,7 @@ class _Lane:
         with self._lock:
             self.recalled = True
             streams, self._open = list(self._open), set()
-            close = not self._opening and not self._closed
-            self._closed |= close
+            close = self._closing()
         # Cancelled before the close, their reads fail rather than end as if complete.
         for stream in streams:
             stream._recall()
