@@ -143,6 +143,12 @@ def _check_blob(
         data = store.get(key)
     except ObjectNotFound:
         return None, None
+    except StoreUnavailable:
+        raise
+    except HapiError as exc:
+        # A key the store refuses to read is a finding about that blob, not the end of
+        # the check; manifests are checked for such keys, so this is the second guard.
+        return 0, str(exc)
     what = repr(needed_by[0]) if needed_by else "(unreferenced)"
     try:
         decode_blob(data, digest, what)

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 from hapi.errors import IntegrityError
+from hapi.repo._fields import check_tensor_key, digest, mapping, optional, required, strings
 from hapi.repo.modules import ModuleEntry
+from hapi.repo.refs import check_name
 
 __all__ = ["FORMAT", "TensorEntry", "VersionManifest"]
 
@@ -44,12 +47,26 @@ class TensorEntry:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TensorEntry:
+    def from_dict(cls, data: Any, what: str = "a tensor entry") -> TensorEntry:
+        """Read a stored entry, checking every field (see `_fields`).
+
+        Raises:
+            ValueError: a field is missing or of the wrong type or form.
+        """
+        data = mapping(data, what)
+        shape = required(data, "shape", list, what)
+        nbytes = required(data, "nbytes", int, what)
+        if any(not isinstance(d, int) or isinstance(d, bool) or d < 0 for d in shape):
+            raise ValueError(
+                f"the shape of {what} must be non-negative integers, got {shape!r:.60}"
+            )
+        if nbytes < 0:
+            raise ValueError(f"the nbytes of {what} must not be negative, got {nbytes}")
         return cls(
-            hash=data["hash"],
-            dtype=data["dtype"],
-            shape=tuple(data["shape"]),
-            nbytes=int(data["nbytes"]),
+            hash=digest(data.get("hash"), f"the hash of {what}"),
+            dtype=required(data, "dtype", str, what),
+            shape=tuple(shape),
+            nbytes=nbytes,
         )
 
 
@@ -127,20 +144,12 @@ class VersionManifest:
         """
         label = expect_id[:12] if expect_id else "?"
         try:
-            raw = json.loads(data)
+            raw = mapping(json.loads(data), "the manifest")
             if raw.get("format") != FORMAT:
-                raise ValueError(f"unknown format {raw.get('format')!r}, expected {FORMAT!r}")
-            manifest = cls(
-                name=raw["name"],
-                parent=raw.get("parent"),
-                created=raw["created"],
-                tags=tuple(raw.get("tags", ())),
-                metrics=dict(raw.get("metrics", {})),
-                spec=raw.get("spec"),
-                modules=tuple(ModuleEntry.from_dict(m) for m in raw.get("modules", ())),
-                tensors={t["key"]: TensorEntry.from_dict(t) for t in raw["tensors"]},
-            )
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise ValueError(f"unknown format {raw.get('format')!r:.60}, expected {FORMAT!r}")
+            manifest = cls._from_raw(raw)
+        # RecursionError: JSON nested deeper than the parser's stack.
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
             raise IntegrityError(f"manifest {label} is malformed: {exc}") from exc
         actual = manifest.id
         for claimed in (raw.get("id"), expect_id):
@@ -150,6 +159,36 @@ class VersionManifest:
                     f"not {claimed[:12]}"
                 )
         return manifest
+
+    @classmethod
+    def _from_raw(cls, raw: Mapping[str, Any]) -> VersionManifest:
+        """The manifest a parsed JSON object holds, every field checked (see `_fields`)."""
+        what = "the manifest"
+        parent = raw.get("parent")
+        metrics = optional(raw, "metrics", dict, what, default={})
+        for k, v in metrics.items():
+            if not isinstance(v, int | float) or isinstance(v, bool):
+                raise ValueError(f"metric {k!r:.60} must be a number, got {v!r:.60}")
+        tensors: dict[str, TensorEntry] = {}
+        for i, t in enumerate(required(raw, "tensors", list, what)):
+            entry = mapping(t, f"tensor entry {i}")
+            key = check_tensor_key(entry.get("key"))
+            if key in tensors:
+                raise ValueError(f"tensor key {key!r:.60} appears twice")
+            tensors[key] = TensorEntry.from_dict(entry, f"tensor {key!r:.60}")
+        return cls(
+            name=check_name(required(raw, "name", str, what)),
+            parent=None if parent is None else digest(parent, "the manifest's parent"),
+            created=required(raw, "created", str, what),
+            tags=strings(optional(raw, "tags", list, what, default=[]), "the manifest's tags"),
+            metrics=dict(metrics),
+            spec=optional(raw, "spec", dict, what),
+            modules=tuple(
+                ModuleEntry.from_dict(mapping(m, f"module entry {i}"))
+                for i, m in enumerate(optional(raw, "modules", list, what, default=[]))
+            ),
+            tensors=tensors,
+        )
 
 
 def _digest(body: dict[str, Any]) -> str:

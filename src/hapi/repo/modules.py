@@ -19,10 +19,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
+
+from hapi.repo._fields import optional, required, strings
 
 __all__ = ["ModuleEntry", "class_name", "describe_modules", "module_config"]
 
@@ -62,14 +65,24 @@ class ModuleEntry:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ModuleEntry:
+    def from_dict(cls, data: Mapping[str, Any]) -> ModuleEntry:
+        """Read a stored entry, checking every field's type.
+
+        Raises:
+            ValueError: a field is missing or of the wrong type.
+        """
+        what = f"module {str(data.get('name'))[:60]!r}"
         return cls(
-            name=data["name"],
-            cls=data["class"],
-            config=dict(data.get("config", {})),
-            params=tuple(data.get("params", ())),
-            buffers=tuple(data.get("buffers", ())),
-            layer=data.get("layer"),
+            name=required(data, "name", str, what),
+            cls=required(data, "class", str, what),
+            config=dict(optional(data, "config", dict, what, default={})),
+            params=strings(
+                optional(data, "params", list, what, default=[]), f"the params of {what}"
+            ),
+            buffers=strings(
+                optional(data, "buffers", list, what, default=[]), f"the buffers of {what}"
+            ),
+            layer=optional(data, "layer", str, what),
         )
 
 

@@ -22,6 +22,7 @@ from torch import nn
 
 from hapi.data.store import ObjectStore
 from hapi.errors import InvalidRequest
+from hapi.repo._fields import check_tensor_key
 from hapi.repo.epoch import mark_epoch
 from hapi.repo.layout import REFS, manifest_key, ref_key, tensor_key
 from hapi.repo.locks import HeldLock, Locks
@@ -58,6 +59,11 @@ def build_manifest(
     tensors: dict[str, TensorEntry] = {}
     blobs: dict[str, torch.Tensor] = {}
     for key, value in state.items():
+        try:
+            check_tensor_key(key)
+        except ValueError as exc:
+            # Refused here, or the manifest written would be one no reader accepts.
+            raise InvalidRequest(str(exc)) from None
         if not isinstance(value, torch.Tensor):
             raise InvalidRequest(
                 f"state-dict entry {key!r} is a {type(value).__name__}, not a tensor"
