@@ -3,6 +3,8 @@ and the step taken; the same in every run; accepted wherever a cut or freeze is 
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -78,3 +80,77 @@ def test_timm_vit_is_cut_between_its_blocks() -> None:
     blocks = [n for n in graph.names() if n.startswith("blocks")]
     assert blocks == ["blocks.0", "blocks.1", "blocks"]
     assert graph.resolve_cut("blocks.2") == graph.resolve_cut("blocks")
+
+
+def _hf_vit() -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(
+        image_size=32,
+        patch_size=8,
+        num_hidden_layers=3,
+        hidden_size=32,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=4,
+    )
+    return transformers.ViTForImageClassification(config)
+
+
+def test_a_name_of_no_module_says_so_and_suggests_the_real_ones() -> None:
+    model = _hf_vit()
+    modules = {name for name, _ in model.named_modules()}
+    # Transformers 5 names the blocks vit.layers.N, 4 vit.encoder.layer.N: ask for the
+    # spelling of the release that is not installed.
+    ours, theirs = (
+        ("vit.layers.2", "vit.encoder.layer.2")
+        if "vit.layers.2" in modules
+        else ("vit.encoder.layer.2", "vit.layers.2")
+    )
+    graph = trace(model, (3, 32, 32))
+    with pytest.raises(InvalidCut) as refused:
+        graph.resolve_freeze(theirs)
+    message = str(refused.value)
+    assert f"'{theirs}' names no module of ViTForImageClassification" in message
+    assert f"closest names are '{ours}' (cut {graph.resolve_freeze(ours)})" in message
+    assert "not the only tensor" not in message
+    with pytest.raises(InvalidCut, match=f"'{theirs}' names no module"):
+        graph.resolve_cut(theirs)
+    # A real module inside a block still gets the message about flowing tensors.
+    with pytest.raises(InvalidCut, match=r"is not a cut point.*only tensor flowing on"):
+        graph.resolve_freeze(f"{ours}.mlp")
+
+
+def test_resnet_names_of_no_module_and_of_modules_that_are_no_cut() -> None:
+    graph = trace(build_model(ModelSpec(name="resnet18")), (3, 32, 32))
+    with pytest.raises(InvalidCut) as refused:
+        graph.resolve_cut("layer5")
+    assert "'layer5' names no module of ResNet" in str(refused.value)
+    assert "'layer4' (cut 12)" in str(refused.value)
+    with pytest.raises(InvalidCut, match=r"'avgpool\+flatten' \(cut 14\)"):
+        graph.resolve_freeze("avgpool+flaten")
+    with pytest.raises(InvalidCut, match="no name is close to it; the cut points are"):
+        graph.resolve_freeze("transformer")
+    with pytest.raises(InvalidCut, match=r"'layer3\.0\.conv1' is not a cut point of ResNet"):
+        graph.resolve_freeze("layer3.0.conv1")
+
+
+def test_the_job_and_the_cli_give_the_same_answer(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hapi.cli import main
+    from hapi.client import TransferJob
+
+    # Nothing connects before the freeze is resolved: port 9 is never reached.
+    with pytest.raises(InvalidCut, match=r"'layer5' names no module.*'layer4' \(cut 12\)"):
+        TransferJob("resnet18", "d", "127.0.0.1:9", freeze="layer5", image_size=32)
+    with pytest.raises(InvalidCut, match=r"'layer5' names no module"):
+        TransferJob("resnet18", "d", "127.0.0.1:9", cut="layer5", image_size=32)
+    monkeypatch.setenv("COLUMNS", "400")
+    argv = ["hapi", "plan", "resnet18", "--server", "127.0.0.1:9", "--dataset", "d"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--freeze", "layer5", "--image-size", "32"])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    err = " ".join(capsys.readouterr().err.split())
+    assert exited.value.code == 1
+    assert "'layer5' names no module of ResNet" in err and "'layer4' (cut 12)" in err

@@ -153,7 +153,8 @@ class ModelGraph:
                 the parameters: the last cut whose head uses no parameter that requires grad.
 
         Raises:
-            InvalidCut: an index out of range, or a name that is not a cut point.
+            InvalidCut: an index out of range; a name of no module (the message names the
+                closest real ones); or a module that is not a cut point.
         """
         if freeze is None:
             trainable = [
@@ -181,7 +182,8 @@ class ModelGraph:
                 `avgpool+flatten`, `encoder+getitem`); or an index written as a string.
 
         Raises:
-            InvalidCut: an index out of range, or a name that is not a cut point.
+            InvalidCut: an index out of range; a name of no module (the message names the
+                closest real ones); or a module that is not a cut point.
         """
         if isinstance(cut, str):
             return self.resolve_cut(self._index_of(cut, "cut"))
@@ -206,8 +208,19 @@ class ModelGraph:
         for point in self.cut_points:
             if text == point.name or text in point.aliases:
                 return point.index
+        model = type(self.model).__name__
+        if text not in {n for n, _ in self.model.named_modules() if n}:
+            # Most often a path from another release of the model's library (Hugging
+            # Face's ViT blocks are `vit.layers.N` in transformers 5, `vit.encoder.layer.N`
+            # in 4): the closest real names say which spelling this one uses.
+            raise InvalidCut(
+                f"{name!r} names no module of {model} and no cut point; "
+                f"{self._modules_near(text)}. Module paths differ between releases of a "
+                f"model's library; use a {what} index 0..{self.num_cuts} or a cut point's "
+                "name (see `hapi profile`)"
+            )
         raise InvalidCut(
-            f"{name!r} is not a cut point of {type(self.model).__name__}: its output is not "
+            f"{name!r} is not a cut point of {model}: its output is not "
             f"the only tensor flowing on; use a {what} index 0..{self.num_cuts} or one of "
             f"{self._names_near(text)} (see `hapi profile`)"
         )
@@ -236,6 +249,18 @@ class ModelGraph:
         low = INPUT if allow_input else 1
         if isinstance(cut, bool) or not isinstance(cut, int) or not low <= cut <= self.num_cuts:
             raise InvalidCut(f"cut {cut!r} is not in {low}..{self.num_cuts}")
+
+    def _modules_near(self, name: str) -> str:
+        """A clause naming the cut points and modules closest to `name`, each saying which."""
+        cuts = {n: p.index for p in self.cut_points for n in (p.name, *p.aliases)}
+        names = list(cuts) + [n for n, _ in self.model.named_modules() if n and n not in cuts]
+        near = difflib.get_close_matches(name, names, n=5, cutoff=0.6)
+        if not near:
+            return f"no name is close to it; the cut points are {list(self.names())[:8]}"
+        return "the closest names are " + ", ".join(
+            f"{n!r} (cut {cuts[n]})" if n in cuts else f"{n!r} (a module, not a cut point)"
+            for n in near
+        )
 
     def _names_near(self, name: str) -> list[str]:
         names = list(self.names())
