@@ -17,7 +17,16 @@ from hapi.wire import SkippedKey
 __all__ = ["EpochStats", "Event", "EventKind", "History"]
 
 EventKind = Literal[
-    "plan", "replan", "reroute", "recall", "retry", "reopen", "failover", "fallback"
+    "plan",
+    "plan-deferred",
+    "plan-failed",
+    "replan",
+    "reroute",
+    "recall",
+    "retry",
+    "reopen",
+    "failover",
+    "fallback",
 ]
 
 
@@ -26,7 +35,9 @@ class Event:
     """Something that happened to the job, in order."""
 
     kind: EventKind
-    """`plan` (the first choice), `replan` (a change of cut or share), `reroute` (a chunk
+    """`plan` (the first choice), `plan-deferred` (no server could be measured: training
+    started on the freeze cut, and the plan is measured while it trains), `plan-failed`
+    (none could be within the retry budget: the freeze cut stays), `replan` (a change of cut or share), `reroute` (a chunk
     in flight following a change of cut with its keys not yet delivered), `recall` (the
     streams in flight cut with what the server had sent ahead on them, so the chunks could
     follow a change of plan at once), `retry` (a

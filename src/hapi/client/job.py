@@ -18,6 +18,7 @@ from hapi._tracing import TRACING
 from hapi.client._decode import RawDecoder
 from hapi.client._from_repo import build_from_repo
 from hapi.client._parts import ModelParts
+from hapi.client._plan_retry import DeferredPlan, measure_any, measure_round
 from hapi.client._resume import STATE_VERSION, capture_rng, read_state, restore_rng
 from hapi.client.config import JobConfig
 from hapi.client.connection import Connection, connect
@@ -28,6 +29,7 @@ from hapi.client.loader import FeatureLoader
 from hapi.client.local import LocalCompute
 from hapi.client.planning import plan_job
 from hapi.client.rebatch import Batch
+from hapi.client.retry import RETRYABLE, RetryPolicy
 from hapi.client.routing import Router
 from hapi.client.sessions import Sessions
 from hapi.data import DatasetManifest, Transforms, open_store
@@ -180,15 +182,21 @@ class TransferJob:
         """The plan in force with every option weighed (`.explain()`), for `cut="auto"`.
 
         Measured and chosen on first use (here or in `fit`), which takes a few seconds
-        and reads a few objects; None when the cut was given (or `mode="local"`).
+        and reads a few objects; None when the cut was given (or `mode="local"`), and
+        while `fit` trains on the default plan because no server could be measured yet
+        (the `plan-deferred` event).
+
+        Raises:
+            ServerUnavailable, StoreUnavailable: no server could be measured within
+                `retry_budget_s`.
         """
         if self._fixed is not None:
             return None
+        if self._router is not None:
+            return self._router.plan
         if self._plan is None:
             self._plan = self._shared_plan()
             self._placement = (self._plan.cut, self._plan.share)
-        if self._router is not None and self._router.plan is not None:
-            return self._router.plan
         return self._plan
 
     @property
@@ -260,9 +268,7 @@ class TransferJob:
         if index != RAW:
             self.graph.check_cut(index, self.freeze)
         plan = None
-        if self._fixed is None:
-            current = self.plan
-            assert current is not None  # an auto job has one
+        if self._fixed is None and (current := self.plan) is not None:
             plan = current.with_choice(index, share, reason=reason)
         if self._router is not None:
             self._router.set(index, share, reason=reason, plan=plan)
@@ -502,10 +508,25 @@ class TransferJob:
         return -(-samples // self.config.batch_size)
 
     def manifest(self, prefix: str) -> DatasetManifest:
-        """The dataset under `prefix`, listed once by the server."""
+        """The dataset under `prefix`, listed once by a server (or from the store itself,
+        `JobConfig.store`, while none answers), retried within `retry_budget_s`.
+
+        Raises:
+            ServerUnavailable, StoreUnavailable: no listing within the retry budget.
+        """
         if prefix not in self._manifests:
-            self._manifests[prefix] = self._from_any(lambda c: c.manifest(prefix))
+            for attempt in self._planning_retries().retrying():
+                with attempt:
+                    self._manifests[prefix] = self._list(prefix)
         return self._manifests[prefix]
+
+    def _list(self, prefix: str) -> DatasetManifest:
+        try:
+            return self._from_any(lambda c: c.manifest(prefix))
+        except RETRYABLE:
+            if self._fallback is None:
+                raise
+            return DatasetManifest.from_store(self._fallback, prefix)
 
     def push(
         self,
@@ -579,17 +600,44 @@ class TransferJob:
         if self._router is not None:
             return self._router.in_force
         if self._placement is None:
-            self.plan  # noqa: B018  (plans on first use)
-        assert self._placement is not None  # planned just now
+            self._placement = self._first_placement()
         return self._placement
 
-    def _make_plan(self) -> Plan:
+    def _first_placement(self) -> tuple[int, float]:
+        """The plan's (cut, share), measured now; or, when no server can be measured, the
+        default plan's - the freeze cut, nothing local - and the plan is measured while
+        the job trains (`_loop`)."""
+        if self._dp is not None:  # ranks take rank 0's plan together: no rank goes alone
+            plan = self.plan
+            assert plan is not None  # an auto job has one
+            return (plan.cut, plan.share)
+        try:
+            self._plan = measure_round(self.connections, self._make_plan)
+        except RETRYABLE as exc:
+            self._record(
+                Event(
+                    "plan-deferred",
+                    None,
+                    None,
+                    f"no server could be measured ({exc}): training starts on the freeze "
+                    f"cut and the plan follows once a server answers",
+                    {"error": type(exc).__name__},
+                )
+            )
+            return (self.freeze, 0.0)
+        return (self._plan.cut, self._plan.share)
+
+    def _planning_retries(self) -> RetryPolicy:
+        return RetryPolicy(budget_s=self.config.retry_budget_s)
+
+    def _make_plan(self, connection: Connection | None = None) -> Plan:
         config = self.config
+        connection = connection or self.connection
         manifest = self.manifest(config.dataset)
         transforms = config.train_transforms
         plan = plan_job(
-            self.connection,
-            lambda cut: self._request(cut, transforms),
+            connection,
+            lambda cut: self._request(cut, transforms, connection),
             manifest,
             self.graph,
             self.freeze,
@@ -614,9 +662,12 @@ class TransferJob:
         the server is probed once, not by W ranks at once (each would measure a server the
         others load). Re-plans are each rank's own, from its own chunks: DDP syncs only the
         tail from the freeze point, so ranks may train at different cuts."""
+        measure = functools.partial(
+            measure_any, self.connections, self._make_plan, self._planning_retries()
+        )
         if self._dp is None:
-            return self._make_plan()
-        plan = self._dp.from_rank0(self._make_plan)
+            return measure()
+        plan = self._dp.from_rank0(measure)
         if self.rank != 0:
             self.history.events.append(Event("plan", None, None, plan.reason, plan.to_dict()))
         return plan
@@ -626,12 +677,10 @@ class TransferJob:
         """A loader for one loop over `prefix`, its sessions closed when the loop ends."""
         config = self.config
         cut, share = self._in_force()
-        replanner = None
-        if train and self._fixed is None and config.replan is not False:
-            plan = self.plan
-            assert plan is not None  # an auto job has one
-            replan = config.replan if isinstance(config.replan, ReplanConfig) else None
-            replanner = Replanner(plan, replan)
+        replan = config.replan if isinstance(config.replan, ReplanConfig) else None
+        replans = train and self._fixed is None and config.replan is not False
+        deferred = replans and self._plan is None
+        replanner = Replanner(self._plan, replan) if replans and self._plan is not None else None
         router = Router(cut, share, replanner=replanner, record=self._record)
         decoder = RawDecoder(transforms, config.seed, config.on_error)
         sessions = [
@@ -663,7 +712,7 @@ class TransferJob:
         )
         self._router = router if train else None
         try:
-            with loader.servers:
+            with loader.servers, self._deferred(router, replan, enabled=deferred):
                 try:
                     yield loader
                 finally:
@@ -672,9 +721,37 @@ class TransferJob:
             if train:
                 self._router = None
                 self._placement = router.in_force
-                if replanner is not None:
-                    self._plan = replanner.plan
+                if router.replanner is not None:
+                    self._plan = router.replanner.plan
             self._epoch = None
+
+    def _deferred(
+        self, router: Router, config: ReplanConfig | None, *, enabled: bool
+    ) -> contextlib.AbstractContextManager[object]:
+        """While the loop runs, the plan no server could be measured for is measured in
+        the background, and put into force when it comes."""
+        if not enabled:
+            return contextlib.nullcontext()
+
+        def adopt(plan: Plan) -> None:
+            router.begin(plan, Replanner(plan, config), reason="measured while training")
+
+        def failed(error: HapiError) -> None:
+            self._record(
+                Event(
+                    "plan-failed",
+                    self._epoch,
+                    None,
+                    f"no server could be measured within {self.config.retry_budget_s:g} s "
+                    f"({error}): the job keeps the freeze cut",
+                    {"error": type(error).__name__},
+                )
+            )
+
+        return DeferredPlan(
+            self.connections, self._make_plan, self._planning_retries(),
+            adopt=adopt, failed=failed,
+        )  # fmt: skip
 
     def _request(
         self, cut: int, transforms: Transforms, connection: Connection | None = None

@@ -207,6 +207,13 @@ class Router:
                 routes.append(Route(local=True, cut=cut, share=share))
         return any(self.reroute(route) != route for route in routes)
 
+    def begin(self, plan: Plan, replanner: Replanner, *, reason: str) -> None:
+        """Put a plan measured while the job ran into force, with its re-planner: a job
+        that started on the default plan because no server could be measured."""
+        with self._replanning:
+            self.replanner = replanner
+        self.set(plan.cut, plan.share, reason=reason, plan=plan)
+
     def observe(self, record: ChunkRecord) -> None:
         """Take in a chunk's measurements (its server's and link's when it is read, its
         trainer's when it is trained); re-plan when they call for it. Thread-safe."""
