@@ -37,13 +37,13 @@ class Event:
     kind: EventKind
     """`plan` (the first choice), `plan-deferred` (no server could be measured: training
     started on the freeze cut, and the plan is measured while it trains), `plan-failed`
-    (none could be within the retry budget: the freeze cut stays), `replan` (a change of cut or share), `reroute` (a chunk
-    in flight following a change of cut with its keys not yet delivered), `recall` (the
-    streams in flight cut with what the server had sent ahead on them, so the chunks could
-    follow a change of plan at once), `retry` (a
-    chunk asked for again), `reopen` (a session the server had lost, opened again),
-    `failover` (a chunk whose server failed, moved to another server), `fallback` (a
-    chunk read from the store and computed in the trainer: no server answered)."""
+    (none could be within the retry budget: the freeze cut stays), `replan` (a change of
+    cut or share), `reroute` (a chunk in flight following a change of cut with its keys
+    not yet delivered), `recall` (the streams in flight cut with what the server had sent
+    ahead on them, so the chunks could follow a change of plan at once), `retry` (a chunk
+    asked for again), `reopen` (a session the server had lost, opened again), `failover`
+    (a chunk whose server failed, moved to another server), `fallback` (a chunk read from
+    the store and computed in the trainer: no server answered)."""
     epoch: int | None
     """The epoch it happened in (None: before the first)."""
     chunk: int | None
