@@ -21,6 +21,7 @@ from hapi.data import Transforms, open_store, synth_dataset
 from hapi.graph import ModelSpec, build_model, trace
 from hapi.server import HapiServer, ServerConfig, serve
 from hapi.server.budget import default_budget
+from hapi.server.limits import memory_limits
 from hapi.server.memory import measure_head, measured_batches
 from hapi.wire import ActionType, ChunkTicket, SessionRequest
 from hapi.wire.messages import ProfileRequest
@@ -205,10 +206,16 @@ def test_a_gpu_server_keeps_its_real_allocations_inside_a_tight_budget(store_dir
     torch.testing.assert_close(got, expected, **TF32)
 
 
-def test_the_default_budget_on_a_gpu_is_most_of_its_free_memory() -> None:
+def test_the_default_budget_on_a_gpu_is_most_of_its_free_memory_within_the_host() -> None:
     free, total = torch.cuda.mem_get_info()
+    limits = memory_limits(GPU)
+    device = next(limit for limit in limits if limit.what == GPU)
+    assert device.budget <= 0.9 * free + (64 << 20) and device.budget >= 0.8 * free
+    # Inputs are decoded in host memory: the host's (and a container's) limits bind too.
+    host = min(limit.budget for limit in limits if limit.what != GPU)
     budget = default_budget(GPU)
-    assert 0.8 * free <= budget <= 0.9 * free + (64 << 20) and budget < total
+    assert budget <= 0.9 * free + (64 << 20) and budget < total
+    assert 0.8 * min(device.budget, host) <= budget <= 1.2 * min(device.budget, host)
 
 
 def test_a_tail_trained_on_the_gpu_learns_what_the_cpu_does(

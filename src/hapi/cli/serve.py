@@ -31,8 +31,9 @@ def serve(
     threads: int = typer.Option(None, help="torch threads for heads."),
     memory_budget: str = typer.Option(
         None,
-        help="Memory heads and running batches may hold, e.g. 4GiB (default: half the "
-        "available memory or cgroup limit; on a GPU its free memory).",
+        help="Memory heads and running batches may hold, e.g. 4GiB (default: half the room "
+        "left under the tightest of the host's memory and the process's memory cgroups; on "
+        "a GPU at most 90% of its free memory).",
     ),
     compute_slots: int = typer.Option(
         None, help="Batches computed at once (default: one per core this process may use)."
@@ -130,9 +131,14 @@ def serve(
     if server.metrics.url:
         Console().print(f"metrics at [bold]{server.metrics.url}[/]")
     room = server.scheduler.stats()
-    Console().print(
-        f"memory budget {format_bytes(room.budget)}, {room.slots} batch(es) computed at once"
+    basis = server.memory_limit if server.memory_limit is not None else "--memory-budget"
+    # One line, however narrow the terminal: operators and tests grep for it.
+    Console(highlight=False, soft_wrap=True).print(
+        f"memory budget {format_bytes(room.budget)}: {basis}; "
+        f"{room.slots} batch(es) computed at once"
     )
+    if server.memory_limit is None:
+        _warn_over_limit(room.budget, device)
     # SIGTERM and SIGINT end the server through an exception, and it then stops cleanly;
     # SIGHUP re-reads the tenants file.
     signal.signal(signal.SIGTERM, _interrupt)
@@ -154,6 +160,22 @@ def serve(
         # Streams cut off by a vanished client can hold shutdown; do not wait forever.
         stopper.join(timeout=10)
     Console().print("hapi server stopped")
+
+
+def _warn_over_limit(budget: int, device: str) -> None:
+    """Warn when a configured budget leaves no room under the tightest memory limit."""
+    from hapi.server.budget import format_bytes
+    from hapi.server.limits import tightest_room
+
+    limit = tightest_room(device)
+    if budget > limit.room:
+        Console(stderr=True, highlight=False, soft_wrap=True).print(
+            f"[yellow]warning:[/] --memory-budget {format_bytes(budget)} is more than the "
+            f"{format_bytes(limit.room)} left under {limit.what}"
+            f"{' of ' + limit.where if limit.where else ''} "
+            f"({format_bytes(limit.limit)}, {format_bytes(limit.used)} in use): the kernel "
+            "may kill the server before the budget stops it; lower --memory-budget"
+        )
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import math
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,13 +28,6 @@ _UNITS = {
     "g": 2**30, "gb": 10**9, "gib": 2**30,
     "t": 2**40, "tb": 10**12, "tib": 2**40,
 }  # fmt: skip
-
-_CGROUP_V1 = Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")
-_CGROUP_V2 = Path("/sys/fs/cgroup/memory.max")
-DEFAULT_SHARE = 0.5
-"""Share of the machine's available memory a server takes when no budget is given: the
-store, the page cache and the server's own Python objects need the rest."""
-
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
 ALLOCATOR_THRESHOLD = 4 << 20
@@ -102,55 +94,20 @@ def format_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-def default_budget(device: str = "cpu") -> int:
-    """The budget when none is configured.
+def default_budget(device: str = "cpu", *, root: Path = Path("/")) -> int:
+    """The budget when none is configured: what the tightest limit on the process's
+    memory allows (`hapi.server.limits`): half the room left under the host's memory or
+    any of the process's memory cgroups (less what is in use there, this process's own
+    memory included), and on a GPU also 90% of its free memory. The budget must hold
+    where the kernel would kill the process: in a container, that is its cgroup's limit.
 
-    On a GPU, the device's free memory less a tenth (the CUDA context and allocator slack
-    sit outside what torch reports). On the CPU, half of what the machine has available,
-    or of the memory cgroup's limit when the server runs in one with a lower limit (a
-    container): the budget must hold where the kernel would kill the process.
+    Args:
+        device: where heads run (cpu, cuda, cuda:N).
+        root: where `/proc` and `/sys` are read (a directory laid out like them in tests).
     """
-    if device.startswith("cuda"):
-        import torch
+    from hapi.server.limits import tightest_limit
 
-        free, _ = torch.cuda.mem_get_info(torch.device(device))
-        return int(free * 0.9)
-    available = _mem_available()
-    limit = _cgroup_limit()
-    if limit is not None:
-        available = min(available, limit)
-    return int(available * DEFAULT_SHARE)
-
-
-def _mem_available() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def _cgroup_limit() -> int | None:
-    """The memory cgroup's limit less what the group already uses, if it sets one."""
-    for path, usage in (
-        (_CGROUP_V1, _CGROUP_V1.with_name("memory.usage_in_bytes")),
-        (_CGROUP_V2, _CGROUP_V2.with_name("memory.current")),
-    ):
-        try:
-            text = path.read_text().strip()
-        except OSError:
-            continue
-        # "max" (v2) or a page-rounded 2**63 (v1) mean no limit.
-        if not text.isdigit() or int(text) >= 2**62:
-            return None
-        try:
-            used = int(usage.read_text().strip())
-        except (OSError, ValueError):
-            used = 0
-        return max(int(text) - used, 0)
-    return None
+    return tightest_limit(device, root=root).budget
 
 
 @dataclass(frozen=True, kw_only=True)

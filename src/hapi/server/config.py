@@ -64,8 +64,8 @@ class ServerConfig:
     repo: str | None = None
     """URI of a model repository for `repo://` model references; None: named models only."""
     memory_budget: int | str | None = None
-    """Bytes heads and running batches may hold together (`4GiB`, or a number); None: half
-    of the available memory (or of the memory cgroup's limit), or on a GPU its free memory."""
+    """Bytes heads and running batches may hold together (`4GiB`, or a number); None: from
+    the tightest limit on the process's memory (`hapi.server.limits.tightest_limit`)."""
     max_head_bytes: int | str = "2GiB"
     """The largest head a trainer may upload (a user's own model, exported: program and
     weights); larger uploads are refused before they are held in memory."""

@@ -32,9 +32,10 @@ from hapi.server._guard import errors_to_wire
 from hapi.server._listen import Listener, serve_metrics
 from hapi.server._order import SendOrder
 from hapi.server.auth import caller
-from hapi.server.budget import MemoryModel, default_budget, parse_bytes
+from hapi.server.budget import MemoryModel, parse_bytes
 from hapi.server.config import ServerConfig
 from hapi.server.head_cache import HeadCache, HeadLease, LoadedModel
+from hapi.server.limits import MemoryLimit, tightest_limit
 from hapi.server.memory import device_memory, session_memory, tensor_bytes
 from hapi.server.metrics import Metrics
 from hapi.server.profiler import Profiler
@@ -136,11 +137,13 @@ class HapiServer(flight.FlightServerBase):
             else open_store(config.store, config.store_options, create=False)
         )
         self.repo = _open_repo(config)
-        budget = (
-            parse_bytes(config.memory_budget)
-            if config.memory_budget is not None
-            else default_budget(config.device)
-        )
+        self.memory_limit: MemoryLimit | None = None
+        """The limit the default budget came from (None: `memory_budget` was given)."""
+        if config.memory_budget is not None:
+            budget = parse_bytes(config.memory_budget)
+        else:
+            self.memory_limit = tightest_limit(config.device)
+            budget = self.memory_limit.budget
         slots = config.compute_slots or len(os.sched_getaffinity(0))
         self.scheduler = Scheduler(budget, slots)
         self.heads = HeadCache(
