@@ -9,6 +9,7 @@ batch-norm statistics must be equal bit for bit.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -18,7 +19,7 @@ from torch import nn
 
 from hapi.graph import ModelGraph, ModelSpec, build_model, model_output, trace
 
-from ..graph_checks import train_step_both_ways
+from ..graph_checks import split_exactly, train_step_both_ways
 
 
 class Noisy(nn.Module):
@@ -160,13 +161,93 @@ def test_batch_norm_statistics_update_in_the_trainable_part_only(
     assert not torch.equal(body_bn.running_mean, before[1])
 
 
-def test_a_root_branching_on_training_is_traced_in_eval_mode_and_says_so() -> None:
+class NoisyAux(nn.Module):
+    """A user's root forward with training-only branches: feature noise, an auxiliary head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+        self.body = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+        self.fc = nn.Linear(8, 5)
+        self.aux = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.body(self.stem(x))
+        if self.training:
+            x = x + 0.1 * torch.randn_like(x)
+        x = x.mean(dim=(2, 3))
+        out = self.fc(x)
+        if self.training:
+            out = out + 0.5 * self.aux(x)
+        return out
+
+
+@pytest.fixture(scope="module")
+def noisy_aux() -> tuple[nn.Module, ModelGraph]:
+    torch.manual_seed(0)
+    model = NoisyAux()
+    return model, trace(model, (3, 8, 8))
+
+
+def test_a_root_branching_on_training_is_traced_in_both_modes(
+    noisy_aux: tuple[nn.Module, ModelGraph], caplog: pytest.LogCaptureFixture
+) -> None:
+    model = NoisyAux()
+    with caplog.at_level(logging.WARNING, logger="hapi.graph"):
+        graph = trace(model, (3, 8, 8))
+    assert not caplog.records  # the warning that the branch was lost is gone
+    # `fc` ends where one tensor flows in eval mode only: in training the auxiliary head
+    # reads the pooled features too, so it is no cut point.
+    assert graph.names() == noisy_aux[1].names()
+    assert graph.names()[-2:] == ("body", "body+mean") and graph.method == "fx"
+    assert "traced in train and in eval mode" in graph.notes[0]
+    assert "From cut 7 (body+mean) on" in graph.notes[0] and "randn_like" in graph.notes[0]
+    split_exactly(model, graph)
+
+
+@pytest.mark.parametrize("cut", ["input", "stem", "body.0", "body"])
+def test_a_tail_trains_the_training_only_branches_as_the_original(
+    noisy_aux: tuple[nn.Module, ModelGraph], cut: str
+) -> None:
+    model, graph = noisy_aux
+    # Equal outputs (the seeded noise and the auxiliary head), gradients (the auxiliary
+    # head's too) and batch-norm statistics, bit for bit.
+    train_step_both_ways(model, graph, graph.resolve_cut(cut), seed=3)
+
+
+def test_the_tail_switches_graphs_with_its_mode_and_holds_both_from_the_start(
+    noisy_aux: tuple[nn.Module, ModelGraph],
+) -> None:
+    model, graph = noisy_aux
+    cut = graph.resolve_cut("body")
+    tail = graph.tail(cut)
+    keys = set(tail.state_dict())
+    assert {"aux.weight", "fc.weight"} <= keys  # an optimizer made now holds the aux head
+    assert any(p is model.aux.weight for p in tail.parameters())
+    x = torch.randn(4, 3, 8, 8)
+    with torch.no_grad():
+        features = graph.head(cut).eval()(x)
+        for _ in range(2):  # back and forth
+            torch.manual_seed(5)
+            trained = tail.train()(features)
+            model.train()
+            for module in (model.stem, model.body):
+                module.eval()
+            torch.manual_seed(5)
+            assert torch.equal(trained, model(x))
+            assert torch.equal(tail.eval()(features), model.eval()(x))
+    assert set(tail.state_dict()) == keys
+
+
+def test_a_root_branch_after_the_last_module_runs_in_the_tail() -> None:
     model = RootBranch()
     graph = trace(model, (4,))
-    assert graph.notes and "self.training" in graph.notes[0]
     x = torch.randn(3, 4)
     with torch.no_grad():
-        assert torch.equal(graph.tail(0).train()(x), model.eval()(x))
+        features = graph.head(1)(x)
+        for cut, given in ((0, x), (1, features)):
+            assert torch.equal(graph.tail(cut).train()(given), model.train()(x))
+            assert torch.equal(graph.tail(cut).eval()(given), model.eval()(x))
 
 
 def test_an_exported_tail_moved_with_to_updates_the_models_own_statistics() -> None:

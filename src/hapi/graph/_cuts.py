@@ -44,6 +44,7 @@ __all__ = [
     "Cuts",
     "find_cuts",
     "is_batch_size",
+    "keep_cuts",
     "sample_shape",
     "sample_strides",
     "shared_values",
@@ -96,17 +97,27 @@ def find_cuts(model: nn.Module, gm: fx.GraphModule) -> Cuts:
             cut_nodes.append(n)
         if scopes:
             anchor = scopes[0]
+    return keep_cuts(model, gm, points, cut_nodes)
 
+
+def keep_cuts(
+    model: nn.Module, gm: fx.GraphModule, points: list[CutPoint], cut_nodes: list[fx.Node]
+) -> Cuts:
+    """The cuts of `gm` at `cut_nodes` only (a subset of its cut points, in graph order),
+    numbered again from 1, with each parameter's first cut and each head's parameters."""
+    nodes = list(gm.graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
     param_cut = _param_cuts(model, gm, nodes, [order[n] for n in cut_nodes])
     totals = [0] * (len(points) + 2)
     numels = dict(model.named_parameters())
     for name, cut in param_cut.items():
         totals[cut] += numels[name].numel()
     running = 0
+    kept: list[CutPoint] = []
     for i, p in enumerate(points):
         running += totals[i + 1]
-        points[i] = CutPoint(p.index, p.name, p.shape, p.aliases, running)
-    return Cuts(tuple(points), tuple(cut_nodes), param_cut)
+        kept.append(CutPoint(i + 1, p.name, p.shape, p.aliases, running))
+    return Cuts(tuple(kept), tuple(cut_nodes), param_cut)
 
 
 def is_batch_size(n: fx.Node) -> bool:

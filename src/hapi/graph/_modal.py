@@ -11,6 +11,9 @@ would, with its frozen modules in eval mode and the rest in train mode.
 `ModalPart.train(mode)` sets the flags of the model's modules it runs: for a head, those
 whose every operation is in the head; for a tail, those with an operation in the tail,
 and the model itself. (A module running on both sides of the cut follows the tail.)
+
+`ModalPart` runs any `PartSource`: `ExportSource` here, and `hapi.graph._fx_modes`'s
+`FxSource`, a torch.fx model whose root branches on `self.training` (two graphs).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from torch import fx, nn
 
@@ -27,7 +30,7 @@ from hapi.errors import InvalidCut, InvalidRequest
 from hapi.graph._cuts import Cuts, find_cuts
 from hapi.graph._split import split
 
-__all__ = ["ExportSource", "ModalPart"]
+__all__ = ["ExportSource", "ModalPart", "PartSource", "Variant", "owned_modules"]
 
 Modes = tuple[bool, ...]
 
@@ -41,6 +44,31 @@ class Variant:
     gm: fx.GraphModule
     cuts: Cuts
     by_name: dict[str, fx.Node]
+
+
+class PartSource(Protocol):
+    """Where a `ModalPart` finds the graph to run: one variant of the model per set of modes.
+
+    A protocol because the two sources key their variants differently: an exported
+    model's operations depend on every module's flag, a torch.fx graph's only on its
+    root's (its modules that read theirs are leaves, and run per their own flag).
+    """
+
+    model: nn.Module
+    first: Variant
+    """The variant the cut points were found in (eval mode)."""
+    first_modes: Modes
+    """The key of `first`."""
+    located: tuple[Variant, ...]
+    """The variants made up front: they say which modules run where."""
+
+    def variant(self, *, head: bool, training: bool) -> tuple[Modes, Variant]:
+        """The variant a head or a tail runs now; `training` is the part's own flag."""
+        ...
+
+    def owned(self, cut_name: str | None, head: bool) -> list[nn.Module]:
+        """The modules whose flags a head or tail at `cut_name` sets (see the module doc)."""
+        ...
 
 
 class ExportSource:
@@ -68,8 +96,8 @@ class ExportSource:
         finally:
             for m, mode in zip(model.modules(), modes, strict=True):
                 m.training = mode
-        self._located = (first,) if trained is None else (first, trained)
-        scopes = {s for v in self._located for n in v.gm.graph.nodes for s in _scopes(n)}
+        self.located: tuple[Variant, ...] = (first,) if trained is None else (first, trained)
+        scopes = {s for v in self.located for n in v.gm.graph.nodes for s in _scopes(n)}
         # Modules that run no operation in either mode: their flags change nothing.
         self._relevant = [model, *(m for name, m in model.named_modules() if name in scopes)]
         self.first_modes = self.modes()
@@ -82,8 +110,9 @@ class ExportSource:
         """The `training` flags of the model and of its modules that run operations."""
         return tuple(m.training for m in self._relevant)
 
-    def variant(self) -> tuple[Modes, Variant]:
-        """The variant for the modes the model is in now, exported on first use."""
+    def variant(self, *, head: bool = False, training: bool = False) -> tuple[Modes, Variant]:
+        """The variant for the modes the model's modules are in now, exported on first use
+        (a part's own flag is not asked: `ModalPart.train` sets the modules' flags)."""
         modes = self.modes()
         with self._lock:
             found = self._variants.get(modes)
@@ -101,19 +130,28 @@ class ExportSource:
 
     def owned(self, cut_name: str | None, head: bool) -> list[nn.Module]:
         """The modules whose flags a head or tail at `cut_name` sets (see the module doc)."""
-        before: set[str] = set()
-        after: set[str] = set()
-        for variant in self._located:
-            nodes = list(variant.gm.graph.nodes)
-            node = variant.by_name.get(cut_name) if cut_name is not None else None
-            if cut_name is not None and node is None:
-                continue  # not a cut point in this variant: it says nothing of this cut
-            at = nodes.index(node) if node is not None else -1  # INPUT: all is after
-            for i, n in enumerate(nodes):
-                (before if i <= at else after).update(_scopes(n))
-        names = (before - after) if head else after
-        owned = [self.model.get_submodule(name) for name in sorted(names)]
-        return owned if head else [self.model, *owned]
+        return owned_modules(self.model, self.located, cut_name, head)
+
+
+def owned_modules(
+    model: nn.Module, located: tuple[Variant, ...], cut_name: str | None, head: bool
+) -> list[nn.Module]:
+    """The modules whose flags a head or tail at `cut_name` sets: for a head, those whose
+    every operation is before the cut in each variant; for a tail, the model and those
+    with an operation after it in some variant."""
+    before: set[str] = set()
+    after: set[str] = set()
+    for variant in located:
+        nodes = list(variant.gm.graph.nodes)
+        node = variant.by_name.get(cut_name) if cut_name is not None else None
+        if cut_name is not None and node is None:
+            continue  # not a cut point in this variant: it says nothing of this cut
+        at = nodes.index(node) if node is not None else -1  # INPUT: all is after
+        for i, n in enumerate(nodes):
+            (before if i <= at else after).update(_scopes(n))
+    names = (before - after) if head else after
+    owned = [model.get_submodule(name) for name in sorted(names)]
+    return owned if head else [model, *owned]
 
 
 def _scopes(n: fx.Node) -> tuple[str, ...]:
@@ -132,7 +170,7 @@ def _variant(model: nn.Module, gm: fx.GraphModule) -> Variant:
 class ModalPart(fx.GraphModule):
     """The head or the tail of an exported model at a cut, in the model's current modes."""
 
-    def __init__(self, source: ExportSource, cut: int, *, head: bool) -> None:
+    def __init__(self, source: PartSource, cut: int, *, head: bool) -> None:
         first = source.first
         cut_name = first.cuts.points[cut - 1].name if cut else None
         part = _part(first, cut_name, head)
@@ -142,9 +180,16 @@ class ModalPart(fx.GraphModule):
         self._head = head
         self._modes = source.first_modes
         self._owned = source.owned(cut_name, head)
+        # What the other variants made up front run is held from the start, so the part's
+        # parameters and state dict are the same whichever mode it has run in (an
+        # optimizer made before the first switch still holds them all; a saved state
+        # loads into a new part).
+        for variant in source.located[1:]:
+            if cut_name is None or cut_name in variant.by_name:
+                self._hold(_part(variant, cut_name, head))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        modes, variant = self._source.variant()
+        modes, variant = self._source.variant(head=self._head, training=self.training)
         if modes != self._modes:
             self._adopt(_part(variant, self._cut_name, self._head))
             self._modes = modes
@@ -166,8 +211,9 @@ class ModalPart(fx.GraphModule):
                 self._link(str(n.target), None)
         return self
 
-    def _link(self, target: str, part: fx.GraphModule | None) -> None:
-        """Point attribute `target` at the model's tensor of that name (else `part`'s)."""
+    def _link(self, target: str, part: fx.GraphModule | None, *, replace: bool = False) -> None:
+        """Point attribute `target` at the model's tensor of that name (else `part`'s,
+        replacing one held already only when `replace`: a constant of one variant)."""
         model = self._source.model
         for get in (model.get_parameter, model.get_buffer):
             try:
@@ -176,18 +222,23 @@ class ModalPart(fx.GraphModule):
             except AttributeError:
                 continue
         else:
-            if part is None or _has(self, target):
+            if part is None or (_has(self, target) and not replace):
                 return
             value = _fetch(part, target)
         fx.graph_module._assign_attr(value, self, target)
 
-    def _adopt(self, part: fx.GraphModule) -> None:
+    def _hold(self, part: fx.GraphModule, *, replace: bool = False) -> None:
+        """Hold the modules and attributes `part`'s graph reads."""
         for n in part.graph.nodes:
             target = str(n.target)
             if n.op == "get_attr":
-                self._link(target, part)
+                self._link(target, part, replace=replace)
             elif n.op == "call_module" and not _has(self, target):
                 fx.graph_module._assign_attr(_fetch(part, target), self, target)
+
+    def _adopt(self, part: fx.GraphModule) -> None:
+        # Constants a graph made for itself may share a name with another variant's.
+        self._hold(part, replace=True)
         graph = fx.Graph()
         out = graph.graph_copy(part.graph, {})
         graph.output(out)

@@ -8,8 +8,10 @@ keep it live instead:
   the module itself, which then behaves per its own mode (`reads_training`);
 - the root's own reads of `self.training` become a read of the traced graph's `training`
   attribute, so `tail.train()` switches them (`training_as_graph_input`). A root that
-  branches on it in Python cannot be traced that way; `trace_scoped` then traces it with
-  the mode it has, and says so.
+  branches on it in Python cannot be traced that way; it is traced once per mode instead
+  (`trace_in_mode`), and its tails run the graph of the mode they are in
+  (`hapi.graph._fx_modes`), as torchvision's `create_feature_extractor` builds a train
+  graph and an eval graph.
 """
 
 from __future__ import annotations

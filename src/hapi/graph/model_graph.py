@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from torch import fx, nn
 
 from hapi.errors import InvalidCut
-from hapi.graph._modal import ExportSource, ModalPart
+from hapi.graph._modal import ModalPart, PartSource
 from hapi.graph._split import split
 from hapi.graph.cut_point import INPUT, RAW, CutPoint
 
@@ -42,9 +42,11 @@ class ModelGraph:
     _nodes: tuple[fx.Node, ...] = field(default=(), repr=False)
     _param_cut: dict[str, int] = field(default_factory=dict, repr=False)
     notes: tuple[str, ...] = ()
-    """How it was traced when not by torch.fx, and what the graph does not keep of the
-    model (a root branching on `self.training` in Python)."""
-    _source: ExportSource | None = field(default=None, repr=False)
+    """How it was traced when not by torch.fx alone in one mode (by torch.export, or in
+    train and eval mode for a root branching on `self.training` in Python)."""
+    _source: PartSource | None = field(default=None, repr=False)
+    """Where tails find the graph of their mode: an exported model's variants, or the
+    train and eval graphs of a torch.fx root that branches on `self.training`."""
 
     @property
     def method(self) -> str:
@@ -80,11 +82,12 @@ class ModelGraph:
         self._check_range(cut, allow_input=True)
         if cut == INPUT:
             return nn.Identity()
+        if self._gm is not None:
+            # The eval graph also when traced per mode: a head is frozen, so runs eval.
+            return split(self._gm, self._nodes[cut - 1], head=True)
         if self._source is not None:
             return ModalPart(self._source, cut, head=True)
-        if self._gm is None:
-            return nn.Sequential(*list(self.model.children())[:cut])
-        return split(self._gm, self._nodes[cut - 1], head=True)
+        return nn.Sequential(*list(self.model.children())[:cut])
 
     def tail(self, cut: int) -> nn.Module:
         """The module computing the model's output from the activation at `cut`."""

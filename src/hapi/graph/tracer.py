@@ -9,7 +9,7 @@ from torch import fx, nn
 
 from hapi.graph._training import reads_training, training_as_graph_input
 
-__all__ = ["ScopeTracer", "is_container", "trace_scoped"]
+__all__ = ["ScopeTracer", "is_container", "trace_in_mode", "trace_scoped"]
 
 
 class ScopeTracer(fx.Tracer):
@@ -49,7 +49,7 @@ class ScopeTracer(fx.Tracer):
         return node
 
 
-def trace_scoped(model: nn.Module) -> tuple[fx.GraphModule, str | None]:
+def trace_scoped(model: nn.Module) -> tuple[fx.GraphModule, bool]:
     """Trace `model` into a GraphModule whose nodes carry their module scopes.
 
     The forward's first argument is the input; the others keep their defaults (an
@@ -57,32 +57,43 @@ def trace_scoped(model: nn.Module) -> tuple[fx.GraphModule, str | None]:
     tuple or a dict computes its first element or its `logits` in the graph.
 
     Returns:
-        The graph module, and a note when the root's forward branches on `self.training`
-        in Python, so that branch is traced in the model's current mode.
+        The graph module, and whether the root's forward branches on `self.training` in
+        Python: then the graph is the one of the root's current mode, and
+        `trace_in_mode` gives the other.
 
     Raises:
         Exception: whatever torch.fx raises for a model it cannot trace.
     """
-    concrete = _defaults_after_first(model)
     tracer = ScopeTracer()
-    note = None
     try:
         with training_as_graph_input(model, tracer):
-            graph = tracer.trace(model, concrete_args=concrete)
-    except Exception as dynamic_exc:
+            graph = tracer.trace(model, concrete_args=_defaults_after_first(model))
+    except Exception:
         # Traced again with `training` a constant: when that fails too, its error is the
         # one that says what torch.fx cannot follow.
-        tracer = ScopeTracer()
-        graph = tracer.trace(model, concrete_args=concrete)
-        mode = "train" if model.training else "eval"
-        note = (
-            f"{type(model).__name__}.forward branches on self.training in Python, so that "
-            f"branch is traced in {mode} mode ({type(dynamic_exc).__name__})"
-        )
+        return trace_in_mode(model, model.training), True
+    return _finish(model, tracer, graph), False
+
+
+def trace_in_mode(model: nn.Module, training: bool) -> fx.GraphModule:
+    """Trace `model` with its root's `self.training` a constant, `training`: the graph of
+    one mode of a root whose forward branches on it in Python. Only the root's flag is
+    set while tracing: a submodule that reads its own is a leaf (see `ScopeTracer`)."""
+    tracer = ScopeTracer()
+    was = model.training
+    model.training = training
+    try:
+        graph = tracer.trace(model, concrete_args=_defaults_after_first(model))
+    finally:
+        model.training = was
+    return _finish(model, tracer, graph)
+
+
+def _finish(model: nn.Module, tracer: ScopeTracer, graph: fx.Graph) -> fx.GraphModule:
     _drop_constant_inputs(graph)
     gm = fx.GraphModule(tracer.root, graph, type(model).__name__)
     _one_output(gm)
-    return gm, note
+    return gm
 
 
 def _defaults_after_first(model: nn.Module) -> dict[str, Any]:

@@ -20,10 +20,11 @@ from torch import fx, nn
 from hapi.errors import InvalidRequest
 from hapi.graph._cuts import find_cuts
 from hapi.graph._exported import export_scoped, model_output
+from hapi.graph._fx_modes import FxSource
 from hapi.graph._modal import ExportSource
 from hapi.graph.cut_point import CutPoint
 from hapi.graph.model_graph import ModelGraph
-from hapi.graph.tracer import trace_scoped
+from hapi.graph.tracer import trace_in_mode, trace_scoped
 
 __all__ = ["probe", "trace"]
 
@@ -53,16 +54,31 @@ def trace(model: nn.Module, input_shape: tuple[int, ...] = (3, 224, 224)) -> Mod
         # Eval mode: shape propagation must not update BatchNorm statistics.
         model.eval()
         try:
-            gm, note = trace_scoped(model)
+            gm, branches = trace_scoped(model)
+            train_gm = trace_in_mode(model, True) if branches else None
         except Exception as exc:  # fx raises many types for untraceable code
             return _exported(model, shape, _reason(exc))
-        _propagate_shapes(gm, probe(model, shape, batch=1))
-        cuts = find_cuts(model, gm)
-        if note:
-            log.warning("%s", note)
-        notes = (note,) if note else ()
+        x = probe(model, shape, batch=1)
+        _propagate_shapes(gm, x)
+        if train_gm is None:
+            cuts = find_cuts(model, gm)
+            return ModelGraph(model, shape, cuts.points, True, None, gm, cuts.nodes, cuts.param_cut)
+        # The train graph's own randomness (noise it adds) must not move the user's seed.
+        with torch.random.fork_rng(devices=[x.get_device()] if x.is_cuda else []):
+            _propagate_shapes(train_gm, x)
+        source = FxSource(model, gm, train_gm)
+        first = source.first.cuts
         return ModelGraph(
-            model, shape, cuts.points, True, None, gm, cuts.nodes, cuts.param_cut, notes=notes
+            model,
+            shape,
+            first.points,
+            True,
+            None,
+            gm,
+            first.nodes,
+            source.param_cut,
+            notes=(source.note,),
+            _source=source,
         )
     finally:
         for m, training in was_training.items():
