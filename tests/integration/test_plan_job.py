@@ -107,10 +107,12 @@ def test_the_plan_predicts_the_freeze_cut_at_what_its_probe_chunks_reported(
     monkeypatch.setattr(Connection, "stream", recorded)
     job = _job(server, replan=False)
     assert job.plan is not None
-    # The probes: RAW, then the freeze cut; each ran its chunks twice, the second measured.
+    # The probes: a pass at the freeze cut that warms, RAW measured, the freeze cut
+    # measured - its chunks ran twice, the second measured.
     sessions = list(dict.fromkeys(session for session, _, _ in seen))
     assert len(sessions) == 2
-    at_freeze = [chunk for chunk in seen if chunk[0] == sessions[-1]]
+    at_freeze = [chunk for chunk in seen if chunk[0] == sessions[0]]
+    assert len(at_freeze) % 2 == 0 and at_freeze
     measured = at_freeze[len(at_freeze) // 2 :]
     reported = sum(r for *_, r in measured) / sum(n for _, n, _ in measured)
     assert reported > 0.0

@@ -64,6 +64,9 @@ class JobConfig:
     says when); False keeps the first plan."""
     probe_samples: int = 16
     """Objects the planner's probes read to measure the server, the link and decoding."""
+    reuse_profiles: bool = True
+    """Keep the trainer's measured head and training times on disk (`$HAPI_CACHE_DIR`)
+    for later jobs on the same model, batch size and machine; False measures every job."""
     retry_budget_s: float = 60.0
     """Seconds a chunk is retried (backoff with jitter) when the server or its store is
     unreachable or its stream is cut; 0 fails at once."""

@@ -19,6 +19,7 @@ from hapi.client._decode import RawDecoder
 from hapi.client._from_repo import build_from_repo
 from hapi.client._parts import ModelParts
 from hapi.client._plan_retry import DeferredPlan, measure_any, measure_round
+from hapi.client._profile_cache import TrainerProfiles
 from hapi.client._resume import STATE_VERSION, capture_rng, read_state, restore_rng
 from hapi.client.config import JobConfig
 from hapi.client.connection import Connection, connect
@@ -653,6 +654,7 @@ class TransferJob:
             batch_size=config.batch_size,
             seed=config.seed,
             wire_dtype=config.wire_dtype,
+            profiles=TrainerProfiles() if config.reuse_profiles else None,
         )
         self.history.events.append(Event("plan", None, None, plan.reason, plan.to_dict()))
         return plan

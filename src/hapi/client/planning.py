@@ -13,8 +13,9 @@ every chunk runs, in chunks of the job's size, and the session's counters give i
 decoding and head time per sample.
 An older server gets the probe alone, and the head to the other cuts is the trainer's
 measured head scaled by the server/trainer ratio at the freeze point: the layers'
-relative costs are the model's, the ratio is the machines'. Each probe chunk runs twice
-and the second is measured, so a cold store or a first kernel call does not count.
+relative costs are the model's, the ratio is the machines'. A first pass at the freeze
+cut warms the store's cache and the head's first calls, so neither counts in the measured
+passes.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hapi.client._profile_cache import TrainerProfiles
 from hapi.client.connection import Connection
 from hapi.data import DatasetManifest, Transforms
 from hapi.errors import HapiError, InvalidRequest
@@ -104,17 +106,18 @@ def plan_job(
     seed: int = 0,
     wire_dtype: str = "fp32",
     config: PlannerConfig | None = None,
+    profiles: TrainerProfiles | None = None,
 ) -> Plan:
     """Measure the job's pipeline (`measure_job`) and choose its plan for `workload`."""
-    profiles = measure_job(
+    measured = measure_job(
         connection, request, manifest, graph, freeze, transforms,
         samples=samples, batch_size=batch_size, chunk_size=workload.chunk_size, seed=seed,
-        wire_dtype=wire_dtype,
+        wire_dtype=wire_dtype, profiles=profiles,
     )  # fmt: skip
     return choose_plan(
-        profiles.server,
-        profiles.trainer,
-        profiles.link,
+        measured.server,
+        measured.trainer,
+        measured.link,
         workload,
         freeze=freeze,
         names=graph.names(),
@@ -135,6 +138,7 @@ def measure_job(
     chunk_size: int | None = None,
     seed: int = 0,
     wire_dtype: str = "fp32",
+    profiles: TrainerProfiles | None = None,
 ) -> Profiles:
     """Measure the server, the link and the trainer for a job (a few seconds).
 
@@ -151,36 +155,37 @@ def measure_job(
             of this size, so the server's head runs the batches the job's chunks will.
         seed: picks the probe's objects.
         wire_dtype: the dtype features travel in.
+        profiles: where the trainer's head and step times are kept between jobs; None
+            measures them.
 
     Raises:
         HapiError: the server refused a probe or cannot be reached.
     """
     keys, labels = probe_keys(manifest, samples, seed)
-    with _session(connection, request(RAW)) as session:
-        raw = _probe(connection, session, keys, labels)
-        # The trainer measures itself while the server profiles: the tiers are two
-        # machines (or two cores), and one after the other they took twice as long - 4.1 s
-        # of the trainer's and 3.6 s of the server's for ResNet-18 at 112 px. Only the RAW
-        # probe above needs the trainer idle: its CPU time is what receiving costs.
-        with concurrent.futures.ThreadPoolExecutor(1, "hapi-measure") as pool:
-            measured = pool.submit(
-                lambda: measure_trainer(
-                    graph,
-                    freeze,
-                    decode_s=measure_decode(raw.blobs, transforms, seed=seed),
-                    batch_size=batch_size,
+    with _session(connection, request(freeze)) as at_cut:
+        # A first pass at the freeze cut warms what the measured passes must not pay for
+        # - the store's cache of these objects, the head's first calls - and sends few
+        # bytes: a RAW pass did it before, which at 10 Mbit/s cost 1.2 s of link.
+        _read_all(connection, _tickets(at_cut, keys, labels, chunk_size))
+        with _session(connection, request(RAW)) as session:
+            raw = _probe(connection, session, keys, labels)
+            # The trainer measures itself while the server profiles: the tiers are two
+            # machines (or two cores), and one after the other they took twice as long.
+            # Only the RAW probe above needs the trainer idle: its CPU time is what
+            # receiving costs.
+            with concurrent.futures.ThreadPoolExecutor(1, "hapi-measure") as pool:
+                measured = pool.submit(
+                    _measure_trainer, graph, freeze, raw, transforms, seed, batch_size, profiles
                 )
-            )
-            try:
-                profiled = _profile_action(connection, session, keys, chunk_size or batch_size)
-                if profiled is not None and profiled.last_cut < freeze:
-                    profiled = None
-                at_freeze = None
-                if profiled is None or freeze > INPUT:
-                    with _session(connection, request(freeze)) as at_cut:
+                try:
+                    profiled = _profile_action(connection, session, keys, chunk_size or batch_size)
+                    if profiled is not None and profiled.last_cut < freeze:
+                        profiled = None
+                    at_freeze = None
+                    if profiled is None or freeze > INPUT:
                         at_freeze = _probe(connection, at_cut, keys, labels, chunk_size)
-            finally:
-                trainer_alone = measured.result()
+                finally:
+                    trainer_alone = measured.result()
     link = _link(raw)
     trainer = dataclasses.replace(
         trainer_alone,
@@ -194,6 +199,29 @@ def measure_job(
     else:
         server = _calibrated(profiled, raw=raw, at_freeze=at_freeze, freeze=freeze)
     return Profiles(server=server, trainer=trainer, link=link)
+
+
+def _measure_trainer(
+    graph: ModelGraph,
+    freeze: int,
+    raw: _Probe,
+    transforms: Transforms,
+    seed: int,
+    batch_size: int,
+    profiles: TrainerProfiles | None,
+) -> TrainerProfile:
+    """The trainer's profile: its heads and training step (kept in `profiles` when given),
+    and decoding this job's objects (measured every time: it is the data's)."""
+
+    def measure() -> TrainerProfile:
+        return measure_trainer(graph, freeze, batch_size=batch_size)
+
+    if profiles is None:
+        trainer = measure()
+    else:
+        trainer, _ = profiles.get_or_measure(graph, freeze, batch_size, measure)
+    decode_s = measure_decode(raw.blobs, transforms, seed=seed)
+    return dataclasses.replace(trainer, decode_s=decode_s)
 
 
 @contextlib.contextmanager
@@ -340,24 +368,13 @@ def _probe(
     labels: list[int],
     chunk_size: int | None = None,
 ) -> _Probe:
-    """Run `keys` twice in `session` and measure the second: as one chunk, or in chunks of
-    `chunk_size` one after another, so the server's batches are the size the job's are
-    (a head's time per sample depends on its batch)."""
-    size = chunk_size or len(keys)
-    tickets = [
-        ChunkTicket(session=session, chunk=i, keys=keys[i : i + size], labels=labels[i : i + size])
-        for i in range(0, len(keys), size)
-    ]
-    for ticket in tickets:  # warm: the store's cache, the head's first call
-        _read(connection, ticket)
+    """Run `keys` in `session` (warmed by `measure_job`'s first pass) and measure them: as
+    one chunk, or in chunks of `chunk_size` one after another, so the server's batches are
+    the size the job's are (a head's time per sample depends on its batch)."""
+    tickets = _tickets(session, keys, labels, chunk_size)
     before, cpu1, rtt1 = _counters(connection, session)
     t0, cpu0 = time.perf_counter(), time.process_time()
-    nbytes = samples = 0
-    reported_s = 0.0
-    blobs: list[bytes] = []
-    for ticket in tickets:
-        n, s, b, r = _read(connection, ticket)
-        nbytes, samples, blobs, reported_s = nbytes + n, samples + s, blobs + b, reported_s + r
+    nbytes, samples, blobs, reported_s = _read_all(connection, tickets)
     seconds, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
     after, cpu2, rtt2 = _counters(connection, session)
     delta = SessionStats(
@@ -366,6 +383,29 @@ def _probe(
     return _Probe(
         seconds, nbytes, samples, delta, blobs, min(rtt1, rtt2), cpu_s, reported_s, cpu2 - cpu1
     )
+
+
+def _tickets(
+    session: str, keys: list[str], labels: list[int], chunk_size: int | None
+) -> list[ChunkTicket]:
+    size = chunk_size or len(keys)
+    return [
+        ChunkTicket(session=session, chunk=i, keys=keys[i : i + size], labels=labels[i : i + size])
+        for i in range(0, len(keys), size)
+    ]
+
+
+def _read_all(
+    connection: Connection, tickets: list[ChunkTicket]
+) -> tuple[int, int, list[bytes], float]:
+    """The chunks' bytes, samples, raw objects and the server's reported time on them."""
+    nbytes = samples = 0
+    reported_s = 0.0
+    blobs: list[bytes] = []
+    for ticket in tickets:
+        n, s, b, r = _read(connection, ticket)
+        nbytes, samples, blobs, reported_s = nbytes + n, samples + s, blobs + b, reported_s + r
+    return nbytes, samples, blobs, reported_s
 
 
 def _read(connection: Connection, ticket: ChunkTicket) -> tuple[int, int, list[bytes], float]:

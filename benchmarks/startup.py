@@ -1,0 +1,245 @@
+"""What a user waits for: a whole training script's wall time, planning included.
+
+`plan.py` measures steady-state epochs; a user waits for the whole process - importing
+torch, building the model, measuring the plan, every epoch. Each run here is its own
+trainer process running a user's script (build a `TransferJob`, `fit(2)`, exit), timed
+from its start to its exit, on a real shaped link: `hapi serve` (on a local store of
+~90 KB photo-like JPEGs) in one network namespace on core 0, the trainer in another on
+core 1, one torch thread each, joined by a veth shaped with `tc tbf` (root only).
+
+Every run meets a server just started (no head loaded, nothing profiled). Options,
+interleaved in each repeat in a rotated order:
+- `auto cold`: `cut="auto"` with nothing measured before - an empty trainer profile
+  cache;
+- `auto warm`: `cut="auto"` after another job on the same model (the server's profile
+  and the trainer's kept profile are reused; the link is measured again);
+- `freeze cut`, `RAW`: the two fixed options a user would otherwise pick.
+
+    python benchmarks/startup.py                 # writes benchmarks/out/startup.{json,png}
+    python benchmarks/startup.py --results       # ... and its section of benchmarks/RESULTS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _host import machine, pin
+from _results import write_section
+from plan import Stage
+
+HERE = Path(__file__).resolve().parent
+OPTIONS = ("auto cold", "auto warm", "freeze cut", "RAW")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rates", default="10mbit,100mbit,1gbit")
+    parser.add_argument("--images", type=int, default=220)
+    parser.add_argument("--classes", type=int, default=4)
+    parser.add_argument("--stored-size", type=int, default=420, help="side of the stored JPEGs")
+    parser.add_argument("--image-size", type=int, default=112)
+    parser.add_argument("--freeze", default="avgpool+flatten")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=HERE / "out")
+    parser.add_argument("--results", action="store_true", help="write benchmarks/RESULTS.md")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one user's script
+    args = parser.parse_args()
+    if args.worker:
+        _script(json.loads(args.worker))
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="hapi-startup-") as root:
+        manifest = _make_dataset(root, args)
+        rates = args.rates.split(",")
+        with Stage(root, rates[0], argparse.Namespace(shaping="netns")) as stage:
+            for rate in rates:
+                stage.set_rate(rate)
+                rows.append(_rate(stage, root, rate, args))
+                print(json.dumps(_summary(rows[-1])), flush=True)
+    result = {
+        "machine": machine(),
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "mean_object_bytes": manifest,
+        "minutes": (time.time() - started) / 60,
+        "rates": rows,
+    }
+    (args.out / "startup.json").write_text(json.dumps(result, indent=2))
+    _plot(rows, args.out / "startup.png")
+    text = _report(rows, args, manifest)
+    print(text)
+    if args.results:
+        write_section("startup", text)
+
+
+def _rate(stage: Stage, root: str, rate: str, args: argparse.Namespace) -> dict:
+    job = {
+        "freeze": args.freeze, "image_size": args.image_size, "classes": args.classes,
+        "epochs": args.epochs,
+    }  # fmt: skip
+    runs: dict[str, list[dict]] = {name: [] for name in OPTIONS}
+    for r in range(args.repeats):
+        for name in OPTIONS[r % len(OPTIONS) :] + OPTIONS[: r % len(OPTIONS)]:
+            with tempfile.TemporaryDirectory(prefix="hapi-cache-") as cache:
+                # Every run meets a server just started - no head loaded, nothing profiled -
+                # so each pays the same cold server, and `auto cold` has nothing measured.
+                stage._stop()
+                stage._start()
+                if name == "auto warm":  # another job on the same model came first
+                    _run(stage, {**job, "option": "auto"}, cache)
+                runs[name].append(_run(stage, {**job, "option": name}, cache))
+    return {"rate": rate, "runs": runs}
+
+
+def _run(stage: Stage, job: dict, cache: str) -> dict:
+    """One user's script in the trainer's namespace on the trainer's core, timed whole."""
+    assert stage.link is not None
+    cmd = stage.link.trainer_cmd(
+        [sys.executable, __file__, "--worker", json.dumps({**job, "address": stage.address})]
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HAPI_CACHE_DIR": cache}
+    t0 = time.perf_counter()
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, env=env, preexec_fn=lambda: pin(1), check=False
+    )
+    wall = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise RuntimeError(f"the script failed: {done.stderr[-2000:]}")
+    return {"wall_s": wall, **json.loads(done.stdout.strip().splitlines()[-1])}
+
+
+def _script(spec: dict) -> None:
+    """A user's script: a job, two epochs, done."""
+    t0 = time.perf_counter()
+    import torch
+
+    from hapi import TransferJob
+
+    torch.set_num_threads(1)
+    option = spec["option"]
+    fixed: dict[str, object] = {}
+    if option == "freeze cut":
+        fixed = {"cut": None}
+    elif option == "RAW":
+        fixed = {"cut": -1}
+    job = TransferJob(
+        {"name": "resnet18", "num_classes": spec["classes"]},
+        "train",
+        spec["address"],
+        freeze=spec["freeze"],
+        image_size=spec["image_size"],
+        batch_size=32,
+        **fixed,
+    )
+    built = time.perf_counter()
+    job.fit(spec["epochs"], lr=0.01)
+    end = time.perf_counter()
+    epochs = [e.seconds for e in job.history.epochs]
+    plan = job.history.of_kind("plan")
+    print(
+        json.dumps(
+            {
+                "build_s": built - t0,
+                "fit_s": end - built,
+                "epochs_s": epochs,
+                # What `fit` spent before its first epoch: measuring the plan, opening sessions.
+                "before_epochs_s": end - built - sum(epochs),
+                "cut": job.history.epochs[-1].cut,
+                "share": job.history.epochs[-1].share,
+                "plan": plan[0].message if plan else None,
+                "replans": len(job.history.plan_changes),
+            }
+        )
+    )
+
+
+def _summary(row: dict) -> dict:
+    return {
+        "rate": row["rate"],
+        "wall_s": {k: round(_median(v, "wall_s"), 2) for k, v in row["runs"].items()},
+    }
+
+
+def _median(runs: list[dict], field: str) -> float:
+    return statistics.median(r[field] for r in runs)
+
+
+def _report(rows: list[dict], args: argparse.Namespace, object_bytes: float) -> str:
+    lines = [
+        "## What a user waits for: a whole script, planning included",
+        "",
+        f"`python benchmarks/startup.py{' --results' if args.results else ''}` on "
+        f"{machine()}: ResNet-18 at {args.image_size} px frozen to `{args.freeze}`, "
+        f"{args.images} photos of {object_bytes / 1e3:.0f} KB, {args.epochs} epochs, server "
+        "and trainer pinned to a core each across a `tc tbf` veth; each run a new process, "
+        f"timed from start to exit; medians of {args.repeats} repeats, options interleaved.",
+        "",
+        "| link | auto cold | auto warm | freeze cut | RAW | best fixed | auto cold / best "
+        "| auto warm / best | cold: before epoch 1 | warm: before epoch 1 |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        runs = row["runs"]
+        wall = {k: _median(v, "wall_s") for k, v in runs.items()}
+        best = min(wall["freeze cut"], wall["RAW"])
+        lines.append(
+            f"| {row['rate']} | {wall['auto cold']:.1f} s | {wall['auto warm']:.1f} s "
+            f"| {wall['freeze cut']:.1f} s | {wall['RAW']:.1f} s | {best:.1f} s "
+            f"| {wall['auto cold'] / best:.2f}x | {wall['auto warm'] / best:.2f}x "
+            f"| {_median(runs['auto cold'], 'before_epochs_s'):.1f} s "
+            f"| {_median(runs['auto warm'], 'before_epochs_s'):.1f} s |"
+        )
+    lines += ["", "The plans `auto` ran (last epoch's cut and share, per run):", ""]
+    for row in rows:
+        for name in ("auto cold", "auto warm"):
+            chosen = ", ".join(
+                f"{'RAW' if r['cut'] == -1 else r['cut']}+{r['share']:.0%}" for r in row["runs"][name]
+            )
+            lines.append(f"- {row['rate']}, {name}: {chosen}")
+    return "\n".join(lines)
+
+
+def _plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    width = 0.2
+    for i, name in enumerate(OPTIONS):
+        walls = [_median(row["runs"][name], "wall_s") for row in rows]
+        xs = [j + (i - 1.5) * width for j in range(len(rows))]
+        ax.bar(xs, walls, width, label=name)
+    ax.set_xticks(range(len(rows)), [row["rate"] for row in rows])
+    ax.set_ylabel("whole script, s (median)")
+    ax.set_title("a user's script: ResNet-18, 2 epochs, planning included", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _make_dataset(root: str, args: argparse.Namespace) -> float:
+    """The photo-like JPEGs; their mean size in bytes."""
+    from hapi.data import open_store, synth_dataset
+
+    synth_dataset(
+        open_store(root), "train", classes=args.classes,
+        per_class=max(1, args.images // args.classes), size=args.stored_size, seed=0, quality=90,
+    )  # fmt: skip
+    sizes = [p.stat().st_size for p in Path(root, "train").rglob("*.jpg")]
+    return statistics.mean(sizes)
+
+
+if __name__ == "__main__":
+    main()
