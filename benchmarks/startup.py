@@ -202,11 +202,13 @@ def _report(rows: list[dict], args: argparse.Namespace, object_bytes: float) -> 
     lines += ["", "The plans `auto` ran (last epoch's cut and share, per run):", ""]
     for row in rows:
         for name in ("auto cold", "auto warm"):
-            chosen = ", ".join(
-                f"{'RAW' if r['cut'] == -1 else r['cut']}+{r['share']:.0%}" for r in row["runs"][name]
-            )
+            chosen = ", ".join(_choice(r) for r in row["runs"][name])
             lines.append(f"- {row['rate']}, {name}: {chosen}")
     return "\n".join(lines)
+
+
+def _choice(run: dict) -> str:
+    return f"{'RAW' if run['cut'] == -1 else run['cut']}+{run['share']:.0%}"
 
 
 def _plot(rows: list[dict], path: Path) -> None:
