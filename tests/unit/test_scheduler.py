@@ -15,7 +15,7 @@ import pytest
 
 from hapi.errors import OverBudget
 from hapi.server.budget import MemoryModel
-from hapi.server.scheduler import Demand, Scheduler
+from hapi.server.scheduler import Abandoned, Demand, Scheduler
 
 
 class FakeClock:
@@ -213,3 +213,38 @@ def test_free_share_counts_what_others_run_and_wait_for() -> None:
     with scheduler.run("a", (0, 0), _demand()):
         assert scheduler.free_share() == 1.0  # only itself
         assert scheduler.free_share(running_self=0) == 0.5
+
+
+def test_a_batch_whose_requester_has_gone_leaves_the_queue_ungranted() -> None:
+    scheduler = Scheduler(1 << 20, 1)
+    left = threading.Event()
+    outcome: list[object] = []
+
+    def wait(**how: object) -> None:
+        try:
+            with scheduler.run("gone", (0, 1), _demand(), **how):  # type: ignore[arg-type]
+                outcome.append("granted")
+        except Abandoned as exc:
+            outcome.append(exc)
+
+    with scheduler.run("gone", (0, 0), _demand(), gone=left.is_set) as first:
+        # Both wait while this batch holds the only slot: a new batch with the same
+        # `gone`, and the chunk's next batch, queued by `follow`, which inherits it.
+        waiters = [
+            threading.Thread(target=wait, kwargs={"gone": left.is_set}),
+            threading.Thread(target=wait, kwargs={"place": first.follow(_demand())}),
+        ]
+        for t in waiters:
+            t.start()
+        _wait_until(lambda: scheduler.stats().waiting == 2)
+        left.set()
+        # They leave while the slot is still taken: neither was ever granted.
+        _wait_until(lambda: scheduler.stats().waiting == 0)
+        for t in waiters:
+            t.join(timeout=30)
+        assert [type(o) for o in outcome] == [Abandoned, Abandoned]
+    stats = scheduler.stats()
+    assert stats.used == stats.running == stats.waiting == 0
+    # Its session's share is whole: its next batch runs.
+    with scheduler.run("gone", (0, 2), _demand()) as grant:
+        assert grant.batch == 1

@@ -19,6 +19,7 @@ class SessionCounters:
     chunks: int = 0
     samples: int = 0
     skipped: int = 0
+    abandoned: int = 0
     bytes_read: int = 0
     bytes_sent: int = 0
     read_s: float = 0.0

@@ -3,18 +3,29 @@
 A chunk computes in a thread of its own and its Flight stream sends from the outbox, so
 computing batch k+1 overlaps sending batch k, and a chunk waiting for a slow link holds
 no compute slot (it waits on the outbox, not inside a grant).
+
+The consumer is the one that learns its client has gone (only the stream's own thread
+may ask gRPC); it closes the outbox, and the producer, which checks `closed` before each
+batch, stops: work for nobody ends within the batch being computed.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
 __all__ = ["Outbox"]
 
 T = TypeVar("T")
+
+POLL_S = 0.1
+"""How often a consumer waiting for an item asks whether it has gone (`Outbox.items`)."""
+
+
+def _never() -> bool:
+    return False
 
 
 class Outbox(Generic[T]):
@@ -36,6 +47,19 @@ class Outbox(Generic[T]):
     def closed(self) -> bool:
         """Whether the consumer has gone (the producer should stop)."""
         return self._closed
+
+    @property
+    def room(self) -> bool:
+        """Whether an item would fit now."""
+        with self._cond:
+            return len(self._items) < self.capacity
+
+    def wait_room(self) -> bool:
+        """Wait until an item would fit; False when the consumer has gone."""
+        with self._cond:
+            while not self._closed and len(self._items) >= self.capacity:
+                self._cond.wait()
+            return not self._closed
 
     def offer(self, item: T) -> bool:
         """Add `item` if there is room now; False when full (or closed)."""
@@ -72,15 +96,32 @@ class Outbox(Generic[T]):
 
     def __iter__(self) -> Iterator[T]:
         """The items as they come, until the producer finishes (raising its error)."""
+        return self.items()
+
+    def items(self, gone: Callable[[], bool] = _never, poll_s: float = POLL_S) -> Iterator[T]:
+        """The items as they come, until the producer finishes (raising its error) or,
+        while waiting for one, `gone()` says the consumer's client left: then the outbox
+        closes (the producer stops) and the items end early (`closed` tells which).
+
+        Args:
+            gone: asked every `poll_s` while no item is ready, outside the lock, from the
+                consumer's thread (a gRPC call context may be asked from its own only).
+            poll_s: seconds between its calls.
+        """
         while True:
             with self._cond:
-                while not self._items and not self._done:
-                    self._cond.wait()
-                if self._items:
+                if not self._items and not self._done:
+                    self._cond.wait(poll_s)
+                ready = bool(self._items)
+                if ready:
                     item = self._items.popleft()
                     self._cond.notify_all()
-                elif self._error is not None:
-                    raise self._error
-                else:
+                elif self._done:
+                    if self._error is not None:
+                        raise self._error
                     return
-            yield item
+            if ready:
+                yield item
+            elif gone():
+                self.close()
+                return

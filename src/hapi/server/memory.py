@@ -25,6 +25,7 @@ crop has to be refused, not tried.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import threading
@@ -38,9 +39,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from hapi._tracing import TRACING
-from hapi.data import Transforms
+from hapi.data import Transforms, decoded_size
 from hapi.data.ops import CenterCrop, HorizontalFlip, Normalize, RandomResizedCrop, Resize
-from hapi.errors import OverBudget
+from hapi.errors import OverBudget, shorten
 from hapi.graph import RAW, ModelGraph
 from hapi.server.budget import MemoryModel
 from hapi.server.scheduler import Demand, Scheduler
@@ -48,10 +49,13 @@ from hapi.server.scheduler import Demand, Scheduler
 __all__ = [
     "LiveTensors",
     "decode_bytes",
+    "decoding",
     "device_memory",
     "measure_head",
     "measured_batches",
+    "object_decode_bytes",
     "session_memory",
+    "session_name",
     "static_bytes",
     "tensor_bytes",
 ]
@@ -356,6 +360,28 @@ def decode_bytes(transforms: Transforms, width: int, height: int) -> int:
     tensor = original + current + (_UINT8_CHW + _FLOAT_CHW) * pixels
     normalized = original + current + 2 * _FLOAT_CHW * pixels
     return max(peak, tensor, normalized)
+
+
+def object_decode_bytes(data: bytes, transforms: Transforms, seed: int) -> int:
+    """What decoding the object `data` into a sample of `seed` holds in the budget, from
+    its header alone; 0 when it is no image (decoding it fails at once, allocating little).
+
+    As large as it is decoded: a 12-megapixel JPEG cropped to 64 px decodes at 1/8.
+    """
+    size = decoded_size(data, transforms, seed)
+    return int(decode_bytes(transforms, *size) * MARGIN) if size is not None else 0
+
+
+def decoding(model: MemoryModel, decode: int) -> MemoryModel:
+    """`model` with room to decode `decode` bytes instead of what it expected: what a
+    batch asks for, and is checked against, when its largest image is known."""
+    return dataclasses.replace(model, fixed=model.fixed - model.decode + decode, decode=decode)
+
+
+def session_name(model: object, cut: int) -> str:
+    """How a refusal names a session's work at `cut`: `open_session`'s and `profile`'s
+    say the same, so a job is told the same thing whichever asked first."""
+    return f"a session of {shorten(repr(model), 100)} at cut {cut}"
 
 
 def _output_size(op: object, w: int, h: int) -> tuple[int, int]:

@@ -3,10 +3,17 @@
 The planner chooses the cut and the local share from these (issue: the planner). A
 profile reads a few objects (timing the store), decodes and transforms them (timing the
 sample pipeline the chunks run), and runs the head to its last candidate cut on a batch
-of them, with the memory each cut's batches need measured as at `open_session`. It runs
-under grants of the scheduler like a chunk's batches, so it neither breaks the budget nor
-jumps the queue: a small one to read, decode and measure memory, then one for a batch of
-the heaviest cut to time the heads in.
+of them.
+
+A profile computes what a chunk computes, so it is admitted as a chunk is, through the
+same code rather than a copy of its checks: each cut's memory is `session_memory`'s, the
+function `open_session` sizes and refuses a session with (a profile asked of a RAW
+session whose transforms make a 260 GiB sample is refused with `open_session`'s words,
+before any object is read); each object's decoding is sized from its header and refused
+as a chunk's is (`object_decode_bytes`, `decoding`); and the decoding and timing run under
+one grant of the scheduler for the heaviest cut's batch, which sets the batch the heads
+are timed at (smaller when the budget is short: the reply's `batch_size` says so). Only
+the objects themselves are read before the grant; the grant counts them.
 
 The batch is the size the request asks for (the job's chunks' batches: a head's time
 per sample depends on its batch, weight-heavy layers most), else `BATCH`. The head is
@@ -33,16 +40,16 @@ from typing import TypeVar
 import torch
 
 from hapi._tracing import TRACING
-from hapi.data import ObjectStore
+from hapi.data import ObjectStore, sample_seed
 from hapi.data.samples import Sample, load_one
-from hapi.errors import InvalidCut
+from hapi.errors import InvalidCut, shorten
 from hapi.graph import INPUT
 from hapi.plan import head_segments, time_segments
 from hapi.plan.profiles import ProfileKey
 from hapi.server.budget import MemoryModel
 from hapi.server.head_cache import HeadCache, LoadedModel
-from hapi.server.memory import measure_head
-from hapi.server.scheduler import Demand, Scheduler
+from hapi.server.memory import decoding, object_decode_bytes, session_memory, session_name
+from hapi.server.scheduler import Demand, Scheduler, never
 from hapi.server.session import Session
 from hapi.wire import dtype_width
 from hapi.wire.messages import ProfileRequest
@@ -71,22 +78,40 @@ class Profiler:
         heads: where heads for each cut come from.
         scheduler: grants the measurement its compute slot and memory.
         store: where the objects are read.
+        read_bytes: what a session's batch holds for its chunk's read-ahead (the
+            server's): a profile holds its objects instead.
     """
 
-    def __init__(self, heads: HeadCache, scheduler: Scheduler, store: ObjectStore) -> None:
+    def __init__(
+        self, heads: HeadCache, scheduler: Scheduler, store: ObjectStore, *, read_bytes: int = 0
+    ) -> None:
         self.heads = heads
         self.scheduler = scheduler
         self.store = store
+        self.read_bytes = read_bytes
         self._cache: OrderedDict[str, ProfileReply] = OrderedDict()
         self._lock = threading.Lock()
 
     def profile(
-        self, session: Session, loaded: LoadedModel, request: ProfileRequest
+        self,
+        session: Session,
+        loaded: LoadedModel,
+        request: ProfileRequest,
+        *,
+        gone: Callable[[], bool] = never,
     ) -> ProfileReply:
         """Measure `session`'s costs for cuts 0..max(`request.cuts`) (default its freeze).
 
+        Args:
+            session: whose objects, transforms and wire dtype.
+            loaded: its model.
+            request: the objects, cuts and batch.
+            gone: whether the caller has gone (then a batch still queued leaves).
+
         Raises:
             InvalidCut: a cut outside 1..freeze.
+            OverBudget: a sample at one of the cuts, or one of the objects, can never fit
+                in the budget: refused as `open_session` and a chunk refuse them.
             HapiError: an object that cannot be read or decoded, naming its key.
         """
         last = _last_cut(request.cuts, session.info.freeze, loaded.graph.num_cuts)
@@ -103,21 +128,36 @@ class Profiler:
             if cached is not None:
                 self._cache.move_to_end(cache_key)
                 return cached.model_copy(update={"cached": True})
-        demand = Demand(model=session.memory, max_batch=BATCH)
-        with self.scheduler.run(session.id, (-1, 0), demand, weight=session.weight):
-            reply, tensors = self._measure(session, loaded, request, last, key)
-        # Timing at the job's batch holds a segment's input and output at once: ask for
-        # what a batch of the heaviest cut holds, and time the batch that is granted.
-        heaviest = MemoryModel(
-            fixed=max([session.memory.fixed, *reply.memory_fixed]),
-            per_sample=max([session.memory.per_sample, *reply.memory_bytes]),
-        )
-        demand = Demand(model=heaviest, max_batch=batch)
-        with self.scheduler.run(session.id, (-1, 0), demand, weight=session.weight) as grant:
+        width = dtype_width(session.info.wire_dtype)
+        # Every cut's batches as a session at that cut has them: measured, and refused
+        # with the same message, by what `open_session` runs - before any object is read.
+        models = [self._cut_memory(session, loaded, cut, width) for cut in range(last + 1)]
+        read_s, blobs = _timed(self.store.get, request.keys)
+        demand = self._demand(session, request, models, blobs, batch)
+        with self.scheduler.run(
+            session.id, (-1, 0), demand, weight=session.weight, gone=gone
+        ) as grant:
             ran = min(batch, grant.batch)
+            decode_s, tensors = self._decode(session, request, blobs, ran)
             x = torch.stack([tensors[i % len(tensors)] for i in range(ran)])
             head_s = self._head_times(loaded, last, x.to(self.heads.device))
-        reply = reply.model_copy(update={"head_s": list(head_s), "batch_size": ran})
+        graph = loaded.graph
+        key_bytes = statistics.mean(len(k.encode()) for k in request.keys) + _ROW_OVERHEAD
+        shapes = [graph.input_shape, *(graph.cut_point(k).shape for k in range(1, last + 1))]
+        reply = ProfileReply(
+            read_s=read_s,
+            decode_s=decode_s,
+            head_s=list(head_s),
+            out_bytes=[int(width * _numel(shape) + key_bytes) for shape in shapes],
+            memory_bytes=[m.per_sample for m in models],
+            raw_bytes=statistics.mean(len(b) for b in blobs),
+            wire_dtype=session.info.wire_dtype,
+            batch_size=ran,
+            key=ProfileKeyInfo(**key.to_dict()),
+            cut_names=["input", *(graph.cut_point(k).name for k in range(1, last + 1))],
+            samples=len(blobs),
+            memory_fixed=[m.fixed for m in models],
+        )
         if ran == batch:  # a batch cut short by a full budget is not what the next job gets
             with self._lock:
                 self._cache[cache_key] = reply
@@ -125,51 +165,74 @@ class Profiler:
                     self._cache.popitem(last=False)
         return reply
 
-    def _measure(
+    def _cut_memory(
+        self, session: Session, loaded: LoadedModel, cut: int, width: int
+    ) -> MemoryModel:
+        """A batch at `cut` of `session`'s job, as `open_session` measures and checks it
+        (one function, so a profile is refused where a session would be, and says so
+        alike; the measurement is cached for both)."""
+        graph = loaded.graph
+        shape = graph.input_shape if cut == INPUT else graph.cut_point(cut).shape
+        with self.heads.borrow(loaded, cut) as head:
+            return session_memory(
+                self.scheduler,
+                head=head,
+                graph=graph,
+                cut=cut,
+                device=self.heads.device,
+                transforms=session.transforms,
+                out_bytes=width * _numel(shape),
+                read_bytes=self.read_bytes,
+                what=session_name(session.request.model, cut),
+                measured_as=self.heads.head_key(loaded, cut) if cut > INPUT else "input",
+                max_batch=session.batch_size,
+            )
+
+    def _demand(
         self,
         session: Session,
-        loaded: LoadedModel,
         request: ProfileRequest,
-        last: int,
-        key: ProfileKey,
-    ) -> tuple[ProfileReply, list[torch.Tensor]]:
-        """Everything but the heads' times (left at 0), and the decoded objects."""
-        read_s, blobs = _timed(lambda k: self.store.get(k), request.keys)
-        decode_s, samples = _timed(
-            lambda i: _sample(session, request.keys[i], blobs[i], request.epoch),
-            range(len(blobs)),
+        models: list[MemoryModel],
+        blobs: list[bytes],
+        batch: int,
+    ) -> Demand:
+        """What decoding the objects and timing the heads at `batch` holds: the heaviest
+        cut's batch, room to decode the largest object (each refused, naming it, where a
+        chunk would refuse it), and the objects read in place of a chunk's read-ahead."""
+        seed, epoch = session.request.seed, request.epoch
+        decodes = [
+            object_decode_bytes(blob, session.transforms, sample_seed(seed, epoch, key))
+            for key, blob in zip(request.keys, blobs, strict=True)
+        ]
+        least = min(m.decode for m in models)
+        held = max(sum(len(b) for b in blobs) - self.read_bytes, 0)
+        # Each cut's model is `fixed = head + read-ahead + decode`: the heads' part is
+        # what is left of the largest without its decode.
+        heaviest = MemoryModel(
+            fixed=max(m.fixed - m.decode for m in models) + held,
+            per_sample=max(m.per_sample for m in models),
         )
-        tensors = [s.tensor for s in samples]
-        device = self.heads.device
-        graph = loaded.graph
-        width = dtype_width(session.info.wire_dtype)
-        key_bytes = statistics.mean(len(k.encode()) for k in request.keys) + _ROW_OVERHEAD
-        out_bytes: list[int] = []
-        memory: list[int] = []
-        fixed: list[int] = []
-        for cut in range(INPUT, last + 1):
-            shape = graph.input_shape if cut == INPUT else graph.cut_point(cut).shape
-            out = width * _numel(shape)
-            out_bytes.append(int(out + key_bytes))
-            with self.heads.borrow(loaded, cut) as head, TRACING.shared():
-                model = measure_head(head, graph.input_shape, device, out_bytes=out)
-            memory.append(model.per_sample)
-            fixed.append(model.fixed)
-        reply = ProfileReply(
-            read_s=read_s,
-            decode_s=decode_s,
-            head_s=[0.0] * (last + 1),
-            out_bytes=out_bytes,
-            memory_bytes=memory,
-            raw_bytes=statistics.mean(len(b) for b in blobs),
-            wire_dtype=session.info.wire_dtype,
-            batch_size=BATCH,
-            key=ProfileKeyInfo(**key.to_dict()),
-            cut_names=["input", *(graph.cut_point(k).name for k in range(1, last + 1))],
-            samples=len(blobs),
-            memory_fixed=fixed,
-        )
-        return reply, tensors
+        for key, decode in zip(request.keys, decodes, strict=True):
+            if decode > least:
+                self.scheduler.check_fits(
+                    decoding(heaviest, decode), f"object {shorten(repr(key))}"
+                )
+        model = decoding(heaviest, max([least, *decodes]))
+        self.scheduler.check_fits(model, f"profiling session {session.id}")
+        return Demand(model=model, max_batch=batch)
+
+    def _decode(
+        self, session: Session, request: ProfileRequest, blobs: list[bytes], keep: int
+    ) -> tuple[float, list[torch.Tensor]]:
+        """Seconds per object to decode and transform each, and the first `keep` inputs
+        (only those are held: the batch is granted room for them)."""
+        kept: list[torch.Tensor] = []
+        t0 = time.perf_counter()
+        for key, blob in zip(request.keys, blobs, strict=True):
+            sample = _sample(session, key, blob, request.epoch)
+            if len(kept) < keep:
+                kept.append(sample.tensor)
+        return (time.perf_counter() - t0) / max(len(blobs), 1), kept
 
     def _head_times(self, loaded: LoadedModel, last: int, x: torch.Tensor) -> tuple[float, ...]:
         """Seconds per sample of the head to each cut 0..last on the batch `x`."""

@@ -17,6 +17,9 @@ given back once it is encoded. The scheduler grants in this order:
   largest power of two that does (at least 1). When even one sample does not fit, idle
   heads are evicted (the `Reclaimer`), and then the queue waits for running batches
   to finish: nothing runs past it, so a large request is never starved by small ones.
+- **nothing for a requester that has gone**: a batch waits with its requester's `gone`
+  (a chunk's: its stream's client left) and leaves the queue, ungranted, once it says
+  so (`Abandoned`), within `POLL_S`.
 
 Why weighted fair queuing and not a solver (HAPI's paper solves for every pending
 request's batch size at once): the decision is made one batch at a time, as memory
@@ -36,10 +39,35 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from hapi.errors import OverBudget
+from hapi.errors import HapiError, OverBudget
 from hapi.server.budget import MemoryModel, format_bytes
 
-__all__ = ["Demand", "Grant", "Place", "Reclaimer", "Scheduler", "SchedulerStats"]
+__all__ = [
+    "Abandoned",
+    "Demand",
+    "Grant",
+    "Place",
+    "Reclaimer",
+    "Scheduler",
+    "SchedulerStats",
+    "never",
+]
+
+POLL_S = 0.1
+"""How often a waiting batch asks whether its requester has gone."""
+
+
+def never() -> bool:
+    """A requester that never goes (what a batch has when nobody can leave)."""
+    return False
+
+
+class Abandoned(HapiError):
+    """A batch's requester went away while it waited: it left the queue, nothing granted.
+
+    Defined here, not among the wire's errors: no client ever receives it (its requester
+    has gone); the server logs it as a request's end, not as an internal error.
+    """
 
 
 class Reclaimer(Protocol):
@@ -93,7 +121,9 @@ class Grant:
         chunk in, and every chunk in flight advances together. Pass the place to `run`
         (or to `Scheduler.cancel` if the batch is not run after all)."""
         place = self._place
-        return self._scheduler._enqueue(place.session, place.order, demand, place.weight)
+        return self._scheduler._enqueue(
+            place.session, place.order, demand, place.weight, place.gone
+        )
 
 
 @dataclass(frozen=True)
@@ -133,6 +163,8 @@ class Place:
     weight: float
     seq: int
     since: float
+    gone: Callable[[], bool] = never
+    """Whether its requester has gone (then it leaves the queue ungranted)."""
     grant: Grant | None = None
     charged: float = 0.0
 
@@ -269,6 +301,7 @@ class Scheduler:
         *,
         weight: float = 1.0,
         place: Place | None = None,
+        gone: Callable[[], bool] = never,
     ) -> Iterator[Grant]:
         """Wait for a grant to run one batch of `session`'s chunk `order`, hold it while
         the block runs, and give it back.
@@ -280,13 +313,16 @@ class Scheduler:
             weight: the session's weight now (a tenant's weight may change on reload).
             place: the place `Grant.follow` queued for this batch (then the other
                 arguments are those it was queued with).
+            gone: whether the batch's requester has gone; asked every `POLL_S` while it
+                waits, from the waiting thread, so it must be safe to call from there.
 
         Raises:
             OverBudget: one sample of `demand` can never fit (see `check_fits`).
+            Abandoned: `gone()` said so before the batch was granted.
         """
         if place is None:
             self.check_fits(demand.model, "this chunk")
-            place = self._enqueue(session, order, demand, weight)
+            place = self._enqueue(session, order, demand, weight, gone)
         waiter = place
         grant = self._await(waiter)
         try:
@@ -335,7 +371,12 @@ class Scheduler:
             return max(self._reserved - idle, 0)
 
     def _enqueue(
-        self, session: str, order: tuple[int, ...], demand: Demand, weight: float
+        self,
+        session: str,
+        order: tuple[int, ...],
+        demand: Demand,
+        weight: float,
+        gone: Callable[[], bool] = never,
     ) -> Place:
         with self._cond:
             share = self._shares.setdefault(session, _Share(weight=weight))
@@ -343,7 +384,9 @@ class Scheduler:
             if not share.active:
                 share.vtime = max(share.vtime, self._vclock)
             share.active += 1
-            waiter = Place(session, order, demand, weight, next(self._seq), self._clock())
+            waiter = Place(
+                session, order, demand, weight, next(self._seq), self._clock(), gone=gone
+            )
             self._waiting.append(waiter)
             return waiter
 
@@ -352,12 +395,19 @@ class Scheduler:
             while True:
                 with self._cond:
                     # Every wait follows a dispatch under the same hold of the lock, so
-                    # no release is missed.
+                    # no release is missed; the timeout asks `gone` now and then.
                     shortfall = self._dispatch()
                     if waiter.grant is None and not shortfall:
-                        self._cond.wait()
+                        self._cond.wait(POLL_S)
                     if waiter.grant is not None:
                         return waiter.grant
+                # Asked outside the lock: it may be a call into gRPC.
+                if waiter.gone():
+                    waited = self._clock() - waiter.since
+                    raise Abandoned(
+                        f"a batch of session {waiter.session} waited {waited:.1f}s and its "
+                        "requester went away: it leaves the queue without running"
+                    )
                 if not shortfall:
                     continue
                 # Evict idle heads outside the lock: the head cache gives back what it
@@ -367,7 +417,7 @@ class Scheduler:
                     with self._cond:
                         self._dispatch()
                         if waiter.grant is None:
-                            self._cond.wait()
+                            self._cond.wait(POLL_S)
         except BaseException:
             self.cancel(waiter)
             raise

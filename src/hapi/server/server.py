@@ -36,10 +36,10 @@ from hapi.server.budget import MemoryModel, parse_bytes
 from hapi.server.config import ServerConfig
 from hapi.server.head_cache import HeadCache, HeadLease, LoadedModel
 from hapi.server.limits import MemoryLimit, tightest_limit
-from hapi.server.memory import device_memory, session_memory, tensor_bytes
+from hapi.server.memory import device_memory, session_memory, session_name, tensor_bytes
 from hapi.server.metrics import Metrics
 from hapi.server.profiler import Profiler
-from hapi.server.scheduler import Scheduler
+from hapi.server.scheduler import Scheduler, never
 from hapi.server.session import RAW_BATCH_BYTES, Session
 from hapi.server.shaping import TokenBucket, parse_rate
 from hapi.server.tenants import Tenant, reload_on_sighup
@@ -157,7 +157,12 @@ class HapiServer(flight.FlightServerBase):
         """Each client connection's chunk streams send in chunk order."""
         self._clock = clock
         self._read_ahead = (config.store_options or StoreOptions()).concurrency
-        self.profiler = Profiler(self.heads, self.scheduler, self.store)
+        self.profiler = Profiler(
+            self.heads,
+            self.scheduler,
+            self.store,
+            read_bytes=self._read_ahead * _READ_AHEAD_OBJECT,
+        )
         self._sessions: dict[str, Session] = {}
         self._leases: dict[str, HeadLease] = {}
         self._closed: dict[str, SessionStats] = {}
@@ -222,10 +227,12 @@ class HapiServer(flight.FlightServerBase):
         with self._guard(f"action {shorten(repr(action.type), 100)}", context) as tenant:
             self._close_abandoned()
             body = action.body.to_pybytes() if action.body is not None else b""
-            result = self._action(action.type, body, tenant)
+            result = self._action(action.type, body, tenant, context)
         return iter([result])
 
-    def _action(self, name: str, body: bytes, tenant: Tenant) -> bytes:
+    def _action(
+        self, name: str, body: bytes, tenant: Tenant, context: flight.ServerCallContext
+    ) -> bytes:
         if name == ActionType.OPEN_SESSION:
             return self.open_session(parse(SessionRequest, body), tenant=tenant).to_bytes()
         if name == ActionType.CLOSE_SESSION:
@@ -237,7 +244,8 @@ class HapiServer(flight.FlightServerBase):
         if name == ActionType.STATS:
             return self.stats(tenant=tenant).to_bytes()
         if name == ActionType.PROFILE:
-            return self.profile(parse(ProfileRequest, body), tenant=tenant).to_bytes()
+            request = parse(ProfileRequest, body)
+            return self.profile(request, tenant=tenant, gone=context.is_cancelled).to_bytes()
         if name == ActionType.HAS_HEAD:
             present = self.uploads.has(parse(HasHeadRequest, body).digest)
             return HasHeadReply(present=present, max_bytes=self.uploads.max_bytes).to_bytes()
@@ -287,23 +295,33 @@ class HapiServer(flight.FlightServerBase):
     ) -> Iterator[tuple[pa.RecordBatch, pa.Buffer | None] | None]:
         """A chunk's stream; its first item, None, is taken by `do_get`: started so, the
         chunk runs from the request on, not from the stream's first read, and is closed
-        (its thread stopped, its place given up) however its stream ends."""
+        (its thread stopped, its place given up) however its stream ends.
+
+        A client that cancels or disconnects stops the chunk within a batch: this thread
+        (the call's own, the only one that may ask its context) watches for it wherever it
+        waits - for its turn, for the chunk's next batch, for the link - and closes the
+        outbox, which the chunk's thread checks before each batch and while queued."""
         # Its errors need their own guard: the stream runs after do_get returned. One lane
         # per connection: its streams share one TCP stream, first in, first out.
         lane = (tenant.name, context.peer())
+        gone = context.is_cancelled
         with (
             self._guard(f"chunk {chunk.chunk} of session {session.id}", tenant),
-            self.sending.stream(lane, chunk.epoch, chunk.chunk, gone=context.is_cancelled) as send,
+            self.sending.stream(lane, chunk.epoch, chunk.chunk, gone=gone) as send,
         ):
             out = session.run_chunk(chunk, self.store)
+            ended = False
             try:
                 yield None
                 samples = sent = 0
-                for batch, report in out:
+                for batch, report in out.items(gone=gone):
                     send()  # the first waits for the streams before it on the connection
                     nbytes = batch.nbytes
                     if self.shaper is not None:
-                        session.stats.add(shaping_wait_s=self.shaper.consume(nbytes))
+                        waited = self.shaper.consume(nbytes, gone=gone)
+                        session.stats.add(shaping_wait_s=waited)
+                    if gone():
+                        break  # left while this stream waited for its turn or the link
                     session.stats.add(bytes_sent=nbytes)
                     # A chunk streaming longer than the idle time is use, not abandonment.
                     session.last_used = self._clock()
@@ -312,15 +330,25 @@ class HapiServer(flight.FlightServerBase):
                         # A feature session sends each batch its head ran as one wire batch.
                         self.metrics.observe_batch(batch.num_rows)
                     yield batch, (pa.py_buffer(report) if report is not None else None)
-                self.metrics.chunk_done(
-                    tenant.name,
-                    session.id,
-                    samples=samples,
-                    nbytes=sent,
-                    seconds=time.perf_counter() - started,
-                )
+                    ended = report is not None
+                if ended:
+                    self.metrics.chunk_done(
+                        tenant.name,
+                        session.id,
+                        samples=samples,
+                        nbytes=sent,
+                        seconds=time.perf_counter() - started,
+                    )
+            except Exception:
+                ended = True  # failed, not abandoned: the guard sends the error
+                raise
             finally:
                 out.close()
+                if not ended:
+                    # The client left before the chunk's end (a cancel, a disconnect, or
+                    # a write to a call already gone, which ends the generator here).
+                    session.stats.add(abandoned=1)
+                    log.info("chunk %d of session %s: the client left", chunk.chunk, session.id)
 
     # The library API behind the handlers -------------------------------------------------
 
@@ -439,10 +467,7 @@ class HapiServer(flight.FlightServerBase):
             self.uploads.size(digest),
         )
         try:
-            # One sample: the features' shape, and a refusal of a head made for other inputs.
-            with TRACING.shared(), torch.inference_mode():
-                x = torch.zeros(1, *input_shape, device=self.heads.device)
-                out = tuple(lease.module(x).shape[1:])
+            out = _output_shape(lease.module, input_shape, self.heads.device)
         except BaseException:
             self.heads.release(lease)
             raise
@@ -479,12 +504,21 @@ class HapiServer(flight.FlightServerBase):
         self.metrics.session_closed(owner, session_id)
         return stats
 
-    def profile(self, request: ProfileRequest, *, tenant: Tenant) -> ProfileReply:
-        """Measure a session's costs per cut on some of its objects (cached by content).
+    def profile(
+        self, request: ProfileRequest, *, tenant: Tenant, gone: Callable[[], bool] = never
+    ) -> ProfileReply:
+        """Measure a session's costs per cut on some of its objects (cached by content),
+        within the memory budget as its chunks are (`Profiler`).
+
+        Args:
+            request: the session, objects, cuts and batch.
+            tenant: the caller.
+            gone: whether the caller has gone (asked from this thread while it waits).
 
         Raises:
             SessionNotFound: no such session, or another tenant's.
             Forbidden: a key outside the tenant's prefixes.
+            OverBudget: a sample or object that the budget can never hold.
         """
         session = self._session(request.session, tenant)
         self._check_keys(tenant, request.keys)
@@ -503,7 +537,7 @@ class HapiServer(flight.FlightServerBase):
             request = request.model_copy(update={"cuts": [INPUT]})
         else:
             loaded = self.heads.model(model, size)
-        return self.profiler.profile(session, loaded, request)
+        return self.profiler.profile(session, loaded, request, gone=gone)
 
     def _memory(
         self,
@@ -524,7 +558,7 @@ class HapiServer(flight.FlightServerBase):
             transforms=transforms,
             out_bytes=RAW_BATCH_BYTES if raw else out_bytes,
             read_bytes=self._read_ahead * _READ_AHEAD_OBJECT,
-            what=f"a session of {shorten(repr(request.model), 100)} at cut {request.cut}",
+            what=session_name(request.model, request.cut),
             measured_as=lease.key if lease is not None else "input",
             max_batch=self.config.batch_size,
         )
@@ -705,6 +739,29 @@ def _unknown_session(session_id: str) -> str:
         f"no session {shorten(repr(session_id), 100)} on this server (closed, unused for "
         "too long, or the server restarted): open a new session"
     )
+
+
+def _output_shape(
+    head: torch.nn.Module, input_shape: tuple[int, ...], device: torch.device
+) -> tuple[int, ...]:
+    """The shape of one sample of `head`'s output, from shapes alone, refusing a head made
+    for other inputs.
+
+    Run on fake tensors, which allocate and compute nothing: a head's real runs are
+    `session_memory`'s, under a grant of the budget, once its check has refused what one
+    sample could never fit (an uploaded head at 4096 px would otherwise allocate its
+    gigabyte activations here, outside the budget). A `torch.export` program, which an
+    uploaded head is, runs on fake tensors by construction: export traces it so.
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with (
+        TRACING.shared(),
+        torch.inference_mode(),
+        FakeTensorMode(allow_non_fake_inputs=True),
+    ):
+        x = torch.zeros(1, *input_shape, device=device)  # a fake tensor: no memory
+        return tuple(head(x).shape[1:])
 
 
 def _numel(shape: list[int]) -> int:

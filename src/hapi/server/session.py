@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from hapi._tracing import TRACING
-from hapi.data import ObjectStore, Transforms, decoded_size, sample_seed
+from hapi.data import ObjectStore, Transforms, sample_seed
 from hapi.data.samples import (
     Sample,
     Skipped,
@@ -27,7 +27,7 @@ from hapi.graph import RAW
 from hapi.server._counters import SessionCounters, TimedReads
 from hapi.server._outbox import Outbox
 from hapi.server.budget import MemoryModel
-from hapi.server.memory import MARGIN, decode_bytes
+from hapi.server.memory import decoding, object_decode_bytes
 from hapi.server.scheduler import Demand, Grant, Place, Scheduler
 from hapi.wire import (
     ChunkReport,
@@ -46,8 +46,9 @@ _Wire = tuple[pa.RecordBatch, bytes | None]
 """A wire batch and, on the last, the chunk's report."""
 _Out = Outbox[_Wire]
 AHEAD_BATCHES = 2
-"""Batches a chunk computes ahead of its stream: enough to overlap computing and sending,
-few enough that a chunk held up by a slow link holds little."""
+"""Batches a chunk computes ahead of its stream (the one it is sending apart): enough to
+overlap computing and sending, few enough that a chunk held up by a slow link holds
+little, and that one whose client leaves computed little for nobody."""
 
 
 @dataclass
@@ -97,8 +98,9 @@ class Session:
         server would wait with it. The stream ends with an empty batch whose app metadata
         is a `ChunkReport`: the keys skipped under `on_error="skip"` with the reason, so
         nothing is lost silently, and the chunk's time computing and waiting for the
-        scheduler. Closing the outbox early stops the thread after its current batch (or
-        once granted the next, if it waits for one).
+        scheduler. Closing the outbox early (the stream's client left) stops the thread
+        after its current batch; a batch still waiting for its grant leaves the
+        scheduler's queue without running.
 
         Raises:
             InvalidRequest: a label missing or too many (here); from iterating, a
@@ -145,6 +147,8 @@ class Session:
                         self._feature_batches(ticket, reads, skipped, clock, out)
                 finally:
                     self.stats.add(read_s=reads.waited, bytes_read=reads.nbytes)
+            if out.closed:
+                return  # the client left: the chunk is not done, and nobody reads a report
             report = ChunkReport(
                 chunk=ticket.chunk,
                 skipped=skipped,
@@ -162,10 +166,19 @@ class Session:
 
     @contextlib.contextmanager
     def _grant(
-        self, ticket: ChunkTicket, demand: Demand, clock: _ChunkClock, place: Place | None
+        self,
+        ticket: ChunkTicket,
+        demand: Demand,
+        clock: _ChunkClock,
+        place: Place | None,
+        out: _Out,
     ) -> Iterator[Grant]:
         order = (ticket.epoch, ticket.chunk)
-        with self.scheduler.run(self.id, order, demand, weight=self.weight, place=place) as grant:
+        # The outbox closed: the stream's client left, and a batch still queued for its
+        # grant leaves the queue (`Abandoned`) rather than compute for nobody.
+        with self.scheduler.run(
+            self.id, order, demand, weight=self.weight, place=place, gone=lambda: out.closed
+        ) as grant:
             clock.queue_s += grant.queue_s
             t0 = time.perf_counter()
             try:
@@ -186,11 +199,15 @@ class Session:
         demand = Demand(model=self.memory, max_batch=1, compute=False)
         done = False
         while not done and not out.closed:
+            if not out.wait_room():  # see `_feature_batches`
+                return
             keys: list[str] = []
             labels: list[int] = []
             data: list[bytes] = []
             size = 0
-            with self._grant(ticket, demand, clock, None):
+            with self._grant(ticket, demand, clock, None, out):
+                if out.closed:  # the client left while the batch waited
+                    return
                 for key, label, blob in items:
                     if isinstance(blob, BaseException):
                         left_out = skip_or_raise(key, blob, skip=self.request.on_error == "skip")
@@ -222,10 +239,18 @@ class Session:
         place: Place | None = None  # the next batch's place, queued before this one ended
         try:
             while left and not out.closed:
+                # At most AHEAD_BATCHES ahead of the stream: a batch waits for room in the
+                # outbox before it asks for a grant (one `follow` queued found room then),
+                # so a chunk whose client reads slowly holds no more than that, and one
+                # whose client leaves computed no more for nobody.
+                if place is None and not out.wait_room():
+                    return
                 demand = self._demand(left, held)
                 samples: list[Sample] = []
-                with self._grant(ticket, demand, clock, place) as grant:
+                with self._grant(ticket, demand, clock, place, out) as grant:
                     place = None
+                    if out.closed:  # the client left while the batch waited
+                        return
                     decode = demand.model.decode
                     while len(samples) < grant.batch and left:
                         item = held if held is not None else self._item(next(items), ticket.epoch)
@@ -247,11 +272,11 @@ class Session:
                         else:
                             skipped.append(SkippedKey.of(sample.key, sample.error))
                     batch = self._forward(samples) if samples else None
-                    sent = batch is None or out.offer((batch, None))
-                    if sent and left:
+                    # Room was there before the grant, and only the stream takes items.
+                    if batch is not None and not out.offer((batch, None)):
+                        return  # the client left
+                    if left and out.room:
                         place = grant.follow(self._demand(left, held))
-                if not sent and not out.put((batch, None)):
-                    return
         finally:
             if place is not None:
                 self.scheduler.cancel(place)
@@ -259,10 +284,7 @@ class Session:
     def _demand(self, left: int, held: _Item | None) -> Demand:
         """What the chunk's next batch asks for: room to decode `held` too, if there is one."""
         decode = max(self.memory.decode, held.decode if held is not None else 0)
-        model = dataclasses.replace(
-            self.memory, fixed=self.memory.fixed - self.memory.decode + decode, decode=decode
-        )
-        return Demand(model=model, max_batch=min(self.batch_size, left))
+        return Demand(model=decoding(self.memory, decode), max_batch=min(self.batch_size, left))
 
     def _load(self, item: _Item, epoch: int) -> Sample | Skipped:
         t0 = time.perf_counter()
@@ -282,22 +304,16 @@ class Session:
         key, label, data = item
         decode = 0
         if isinstance(data, bytes):
-            # As large as it is decoded: a 12-megapixel photo cropped to 64 px decodes at 1/8.
             seed = sample_seed(self.request.seed, epoch, key)
-            size = decoded_size(data, self.transforms, seed)
-            if size is not None:
-                decode = int(decode_bytes(self.transforms, *size) * MARGIN)
+            decode = object_decode_bytes(data, self.transforms, seed)
         return _Item(key, label, data, decode)
 
     def _too_large(self, item: _Item) -> OverBudget | None:
         """The refusal of an object that could never be decoded within the budget."""
-        model = dataclasses.replace(
-            self.memory,
-            fixed=self.memory.fixed - self.memory.decode + item.decode,
-            decode=item.decode,
-        )
         try:
-            self.scheduler.check_fits(model, f"object {shorten(repr(item.key))}")
+            self.scheduler.check_fits(
+                decoding(self.memory, item.decode), f"object {shorten(repr(item.key))}"
+            )
         except OverBudget as exc:
             return exc
         return None

@@ -82,8 +82,13 @@ class SessionStats(_Reply):
     session in `ServerStats`."""
 
     chunks: int = 0
+    """Chunks computed to their end."""
     samples: int = 0
+    """Samples computed (a chunk's client that leaves early reads fewer)."""
     skipped: int = 0
+    abandoned: int = 0
+    """Chunk streams whose client cancelled or disconnected before their end; the server
+    stops computing each within a batch."""
     bytes_read: int = 0
     bytes_sent: int = 0
     read_s: float = 0.0
