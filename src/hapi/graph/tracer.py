@@ -133,6 +133,7 @@ def _one_output(gm: fx.GraphModule) -> None:
     # `logits`, or a tuple's first element. What only the rest needed is dropped.
     output = next(n for n in gm.graph.nodes if n.op == "output")
     value = output.args[0]
+    value = _named_tuple_fields(value) or value
     if isinstance(value, dict) and isinstance(value.get("logits"), fx.Node):
         picked = value["logits"]
     elif isinstance(value, (tuple, list)) and value and isinstance(value[0], fx.Node):
@@ -143,6 +144,23 @@ def _one_output(gm: fx.GraphModule) -> None:
     gm.graph.eliminate_dead_code()
     gm.delete_all_unused_submodules()
     gm.recompile()
+
+
+def _named_tuple_fields(value: object) -> tuple[object, ...] | None:
+    """The fields of a namedtuple the graph constructs, or None for another value.
+
+    torch.fx records a namedtuple's construction as a call (GoogLeNet's outputs with its
+    auxiliary heads, in train mode): its fields are the call's arguments.
+    """
+    if not (
+        isinstance(value, fx.Node)
+        and value.op == "call_function"
+        and isinstance(value.target, type)
+        and issubclass(value.target, tuple)
+    ):
+        return None
+    fields = getattr(value.target, "_fields", ())
+    return tuple(value.args) or tuple(value.kwargs[f] for f in fields if f in value.kwargs)
 
 
 def is_container(module: nn.Module) -> bool:
