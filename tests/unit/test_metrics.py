@@ -49,6 +49,7 @@ def test_scrape_reports_work_per_tenant_and_session(metrics: Metrics) -> None:
     metrics.chunk_done("a", "s1", samples=4, nbytes=500, seconds=3.0)
     metrics.chunk_done("a", "s2", samples=2, nbytes=70, seconds=0.02)
     metrics.chunk_done("b", "s3", samples=16, nbytes=4096, seconds=0.5)
+    metrics.chunk_abandoned("b")
     metrics.error("b", ObjectNotFound("x"))
     metrics.error("b", "ObjectNotFound")
     metrics.error(None, "Unauthenticated")
@@ -66,6 +67,7 @@ def test_scrape_reports_work_per_tenant_and_session(metrics: Metrics) -> None:
     assert value(got, "hapi_sent_bytes_total", tenant="b") == 4096
     assert value(got, "hapi_samples_total", tenant="a") == 14
     assert value(got, "hapi_chunks_total", tenant="a") == 3
+    assert value(got, "hapi_chunks_abandoned_total", tenant="b") == 1
     assert value(got, "hapi_session_sent_bytes_total", tenant="a", session="s1") == 1500
     assert value(got, "hapi_session_samples_total", tenant="a", session="s2") == 2
     assert value(got, "hapi_session_chunks_total", tenant="b", session="s3") == 1

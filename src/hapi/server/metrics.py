@@ -48,6 +48,12 @@ class Metrics:
         self._bytes = Counter("hapi_sent_bytes", "Feature bytes sent.", tenant, registry=r)
         self._samples = Counter("hapi_samples", "Samples sent.", tenant, registry=r)
         self._chunks = Counter("hapi_chunks", "Chunks completed.", tenant, registry=r)
+        self._abandoned = Counter(
+            "hapi_chunks_abandoned",
+            "Chunk streams whose client left before their end (stopped within a batch).",
+            tenant,
+            registry=r,
+        )
         self._session_bytes = Counter(
             "hapi_session_sent_bytes", "Feature bytes sent, per open session.", session, registry=r
         )
@@ -127,6 +133,10 @@ class Metrics:
                 self._session_bytes.labels(tenant, session).inc(nbytes)
                 self._session_samples.labels(tenant, session).inc(samples)
                 self._session_chunks.labels(tenant, session).inc()
+
+    def chunk_abandoned(self, tenant: str) -> None:
+        """Count a chunk stream of `tenant` whose client cancelled or disconnected."""
+        self._abandoned.labels(tenant).inc()
 
     def error(self, tenant: str | None, error: str | BaseException) -> None:
         """Count a failed request of `tenant` (None: before one was known).

@@ -348,6 +348,7 @@ class HapiServer(flight.FlightServerBase):
                     # The client left before the chunk's end (a cancel, a disconnect, or
                     # a write to a call already gone, which ends the generator here).
                     session.stats.add(abandoned=1)
+                    self.metrics.chunk_abandoned(tenant.name)
                     log.info("chunk %d of session %s: the client left", chunk.chunk, session.id)
 
     # The library API behind the handlers -------------------------------------------------
