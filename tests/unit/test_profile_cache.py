@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from torch import nn
 
-from hapi.client._profile_cache import TrainerProfiles
+from hapi.client._profile_cache import ProfileCache
 from hapi.graph import ModelGraph, trace
 from hapi.plan import TrainerProfile, measure_trainer
 
@@ -32,11 +32,11 @@ class _Counting:
 
 def test_a_profile_is_measured_once_and_read_back_equal(tmp_path: Path) -> None:
     graph = trace(_net(), (3, 8, 8))
-    profiles = TrainerProfiles(tmp_path)
+    profiles = ProfileCache(tmp_path)
     measure = _Counting(graph, 2, 4)
 
-    first, cached_first = profiles.get_or_measure(graph, 2, 4, measure)
-    again, cached_again = TrainerProfiles(tmp_path).get_or_measure(graph, 2, 4, measure)
+    first, cached_first = profiles.trainer(graph, 2, 4, measure)
+    again, cached_again = ProfileCache(tmp_path).trainer(graph, 2, 4, measure)
 
     assert (cached_first, cached_again) == (False, True)
     assert measure.calls == 1
@@ -47,8 +47,8 @@ def test_a_profile_is_measured_once_and_read_back_equal(tmp_path: Path) -> None:
 @pytest.mark.parametrize("change", ["batch", "freeze", "shape", "width"])
 def test_what_changes_the_times_is_measured_again(tmp_path: Path, change: str) -> None:
     graph = trace(_net(), (3, 8, 8))
-    profiles = TrainerProfiles(tmp_path)
-    profiles.get_or_measure(graph, 2, 4, _Counting(graph, 2, 4))
+    profiles = ProfileCache(tmp_path)
+    profiles.trainer(graph, 2, 4, _Counting(graph, 2, 4))
 
     freeze, batch = 2, 4
     other = graph
@@ -64,19 +64,19 @@ def test_what_changes_the_times_is_measured_again(tmp_path: Path, change: str) -
     else:
         other = trace(_net(16), (3, 8, 8))
     measure = _Counting(other, freeze, batch)
-    _, cached = profiles.get_or_measure(other, freeze, batch, measure)
+    _, cached = profiles.trainer(other, freeze, batch, measure)
     assert not cached and measure.calls == 1
 
 
 def test_a_torn_or_foreign_file_is_measured_again_and_replaced(tmp_path: Path) -> None:
     graph = trace(_net(), (3, 8, 8))
-    profiles = TrainerProfiles(tmp_path)
-    profiles.get_or_measure(graph, 2, 4, _Counting(graph, 2, 4))
+    profiles = ProfileCache(tmp_path)
+    profiles.trainer(graph, 2, 4, _Counting(graph, 2, 4))
     (path,) = tmp_path.glob("trainer-*.json")
     path.write_text('{"head_s": [0.1')  # a write torn half-way
 
     measure = _Counting(graph, 2, 4)
-    profile, cached = profiles.get_or_measure(graph, 2, 4, measure)
+    profile, cached = profiles.trainer(graph, 2, 4, measure)
 
     assert not cached and measure.calls == 1
     assert TrainerProfile.from_dict(json.loads(path.read_text())) == profile
@@ -86,10 +86,10 @@ def test_an_unwritable_cache_measures_every_time(tmp_path: Path) -> None:
     graph = trace(_net(), (3, 8, 8))
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    profiles = TrainerProfiles(blocker / "profiles")
+    profiles = ProfileCache(blocker / "profiles")
     measure = _Counting(graph, 2, 4)
 
-    profiles.get_or_measure(graph, 2, 4, measure)
-    _, cached = profiles.get_or_measure(graph, 2, 4, measure)
+    profiles.trainer(graph, 2, 4, measure)
+    _, cached = profiles.trainer(graph, 2, 4, measure)
 
     assert not cached and measure.calls == 2

@@ -85,7 +85,7 @@ class DeferredPlan:
 
     Args:
         connections: the job's servers.
-        measure: measures one server and returns the plan (`plan_job` on it).
+        measure: measures one server and returns the plan (`TransferJob._make_plan`).
         policy: how long to keep trying.
         adopt: called with the plan, from the background thread, once it is measured.
         failed: called with the last error when the budget is spent.

@@ -1,14 +1,19 @@
-"""The trainer's profile, measured once per model, batch and machine and then kept.
+"""Profiles kept between jobs, so a job measures what no earlier job has.
 
-Timing every cut's head and the training step took a job 1-4 s of its first seconds, on
-every run of the same script. The times depend on what runs - the traced graph, its
-parameters' shapes, the freeze point, the input and batch size - and where - the device,
-torch's version and threads, the CPU model and how many cores the process may use - not
-on the weights' values or the data. So they are kept under `$HAPI_CACHE_DIR/profiles`
-(default `~/.cache/hapi/profiles`), one small JSON file per key. A cached profile can be
-stale (a machine busier than when it was measured): the re-planner corrects the plan
-from the chunks' own times, as for any drift. The per-job parts - decoding this job's
-objects, receiving its bytes - are measured every time.
+Measuring a plan took a job 3-7 s of its first seconds, on every run of the same script:
+more than the plan saved on a small job. Two things are kept, under
+`$HAPI_CACHE_DIR/profiles` (default `~/.cache/hapi/profiles`), one small JSON file each:
+
+- the trainer's head and training-step times (`ProfileCache.trainer`), which depend on
+  what runs - the traced graph, its parameters' shapes, the freeze point, the input and
+  batch size - and where - the device, torch's version and threads, the CPU model and
+  the cores the process may use - not on the weights' values or the data;
+- a job's three profiles - server, link, trainer - by everything the job's measurements
+  depend on (`job_key`): the same script run again plans at once from them.
+
+A kept profile can be stale (a busier machine, a slower link than last time): the
+re-planner corrects the plan from the chunks' own times, as for any drift, and a job that
+re-planned keeps nothing new - what it measured is in its history.
 """
 
 from __future__ import annotations
@@ -19,22 +24,23 @@ import json
 import os
 import platform
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from hapi.graph import ModelGraph
-from hapi.plan import TrainerProfile
+from hapi.plan import LinkProfile, ServerProfile, TrainerProfile
 
-__all__ = ["TrainerProfiles"]
+__all__ = ["ProfileCache", "job_key", "trainer_key"]
 
 _VERSION = 1
 """Bumped when what a profile holds, or how it is measured, changes."""
 
 
-class TrainerProfiles:
-    """Trainer profiles on disk, by what they depend on.
+class ProfileCache:
+    """Profiles on disk, by what they depend on.
 
     Args:
         root: the directory; None: `$HAPI_CACHE_DIR/profiles` (or `~/.cache/hapi/profiles`).
@@ -46,7 +52,7 @@ class TrainerProfiles:
             root = Path(base) / "profiles"
         self.root = Path(root)
 
-    def get_or_measure(
+    def trainer(
         self,
         graph: ModelGraph,
         freeze: int,
@@ -59,7 +65,7 @@ class TrainerProfiles:
             The profile (its `decode_s` and `receive_s` are the job's to set), and whether
             it came from the cache.
         """
-        path = self.root / f"trainer-{_key(graph, freeze, batch_size)}.json"
+        path = self.root / f"trainer-{trainer_key(graph, freeze, batch_size)}.json"
         with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
             # A file that cannot be read (another version's, a torn write) is measured again.
             return TrainerProfile.from_dict(json.loads(path.read_text())), True
@@ -68,8 +74,40 @@ class TrainerProfiles:
             _write_atomic(path, json.dumps(profile.to_dict()))
         return profile, False
 
+    def job(self, key: str) -> tuple[ServerProfile, TrainerProfile, LinkProfile] | None:
+        """The profiles an earlier job with this `job_key` measured, if any."""
+        with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+            data = json.loads((self.root / f"job-{key}.json").read_text())
+            return (
+                ServerProfile.from_dict(data["server"]),
+                TrainerProfile.from_dict(data["trainer"]),
+                LinkProfile.from_dict(data["link"]),
+            )
+        return None
 
-def _key(graph: ModelGraph, freeze: int, batch_size: int) -> str:
+    def keep(
+        self, key: str, server: ServerProfile, trainer: TrainerProfile, link: LinkProfile
+    ) -> None:
+        """Keep a job's measured profiles for the next job with this `job_key`."""
+        data = {"server": server.to_dict(), "trainer": trainer.to_dict(), "link": link.to_dict()}
+        with contextlib.suppress(OSError):
+            _write_atomic(self.root / f"job-{key}.json", json.dumps(data))
+
+
+def job_key(
+    graph: ModelGraph, freeze: int, batch_size: int, *, server: str, job: Mapping[str, Any]
+) -> str:
+    """What a job's measurements depend on: the trainer's (`trainer_key`), the server's
+    address, and `job` - the dataset, the session request at RAW (model, transforms,
+    input size, wire dtype), the chunk size and the probe's size."""
+    canonical = json.dumps(job, sort_keys=True, separators=(",", ":"), default=str)
+    text = f"{trainer_key(graph, freeze, batch_size)}\n{server}\n{canonical}"
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def trainer_key(graph: ModelGraph, freeze: int, batch_size: int) -> str:
+    """What the trainer's head and step times depend on: the model's structure, the freeze
+    point, the input and batch size, and the machine."""
     model = graph.model
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     parts = [

@@ -29,19 +29,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hapi.client._profile_cache import TrainerProfiles
+from hapi.client._profile_cache import ProfileCache
 from hapi.client.connection import Connection
 from hapi.data import DatasetManifest, Transforms
 from hapi.errors import HapiError, InvalidRequest
 from hapi.graph import INPUT, RAW, ModelGraph
 from hapi.plan import (
     LinkProfile,
-    Plan,
-    PlannerConfig,
     ServerProfile,
     TrainerProfile,
-    Workload,
-    choose_plan,
     measure_decode,
     measure_trainer,
     memory_per_sample,
@@ -51,7 +47,7 @@ from hapi.wire import ActionType, ChunkTicket, SessionRequest, SessionStats
 from hapi.wire.messages import MAX_PROFILE_BATCH, MAX_PROFILE_KEYS, ProfileRequest
 from hapi.wire.replies import ProfileReply
 
-__all__ = ["Profiles", "measure_job", "plan_job", "probe_keys"]
+__all__ = ["Profiles", "measure_job", "probe_keys"]
 
 
 @dataclass(frozen=True)
@@ -92,39 +88,6 @@ def probe_keys(manifest: DatasetManifest, n: int, seed: int) -> tuple[list[str],
     return [manifest.keys[i] for i in pick], [manifest.labels[i] for i in pick]
 
 
-def plan_job(
-    connection: Connection,
-    request: Callable[[int], SessionRequest],
-    manifest: DatasetManifest,
-    graph: ModelGraph,
-    freeze: int,
-    transforms: Transforms,
-    workload: Workload,
-    *,
-    samples: int = 16,
-    batch_size: int = 8,
-    seed: int = 0,
-    wire_dtype: str = "fp32",
-    config: PlannerConfig | None = None,
-    profiles: TrainerProfiles | None = None,
-) -> Plan:
-    """Measure the job's pipeline (`measure_job`) and choose its plan for `workload`."""
-    measured = measure_job(
-        connection, request, manifest, graph, freeze, transforms,
-        samples=samples, batch_size=batch_size, chunk_size=workload.chunk_size, seed=seed,
-        wire_dtype=wire_dtype, profiles=profiles,
-    )  # fmt: skip
-    return choose_plan(
-        measured.server,
-        measured.trainer,
-        measured.link,
-        workload,
-        freeze=freeze,
-        names=graph.names(),
-        config=config,
-    )
-
-
 def measure_job(
     connection: Connection,
     request: Callable[[int], SessionRequest],
@@ -138,7 +101,7 @@ def measure_job(
     chunk_size: int | None = None,
     seed: int = 0,
     wire_dtype: str = "fp32",
-    profiles: TrainerProfiles | None = None,
+    profiles: ProfileCache | None = None,
 ) -> Profiles:
     """Measure the server, the link and the trainer for a job (a few seconds).
 
@@ -208,7 +171,7 @@ def _measure_trainer(
     transforms: Transforms,
     seed: int,
     batch_size: int,
-    profiles: TrainerProfiles | None,
+    profiles: ProfileCache | None,
 ) -> TrainerProfile:
     """The trainer's profile: its heads and training step (kept in `profiles` when given),
     and decoding this job's objects (measured every time: it is the data's)."""
@@ -219,7 +182,7 @@ def _measure_trainer(
     if profiles is None:
         trainer = measure()
     else:
-        trainer, _ = profiles.get_or_measure(graph, freeze, batch_size, measure)
+        trainer, _ = profiles.trainer(graph, freeze, batch_size, measure)
     decode_s = measure_decode(raw.blobs, transforms, seed=seed)
     return dataclasses.replace(trainer, decode_s=decode_s)
 

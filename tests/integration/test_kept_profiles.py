@@ -1,0 +1,68 @@
+"""Profiles kept between jobs: the same job run again plans at once, from what it measured."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hapi.client import TransferJob, connect
+from hapi.data import open_store, synth_dataset
+from hapi.server import HapiServer, serve
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[HapiServer]:
+    synth_dataset(open_store(tmp_path), "train", classes=3, per_class=6, size=72, seed=8)
+    with serve(store=str(tmp_path), batch_size=4) as running:
+        yield running
+
+
+def _job(server: HapiServer, **options: object) -> TransferJob:
+    settings: dict[str, object] = {
+        "freeze": "layer3", "image_size": 64, "batch_size": 4, "chunk_size": 4,
+        "probe_samples": 6, "seed": 1,
+    }  # fmt: skip
+    settings.update(options)
+    return TransferJob({"name": "resnet18", "num_classes": 3}, "train", server.address, **settings)
+
+
+def _bytes_sent(server: HapiServer) -> int:
+    """What the server has streamed: every probe's and chunk's bytes."""
+    return connect(server.address).stats().bytes_sent
+
+
+def test_a_job_run_again_plans_from_the_profiles_the_first_run_measured(
+    server: HapiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HAPI_CACHE_DIR", str(tmp_path / "cache"))
+    first = _job(server)
+    assert first.plan is not None
+    (measured,) = first.history.of_kind("plan")
+    assert measured.data["kept_profiles"] is False
+    kept = sorted(p.name.split("-")[0] for p in (tmp_path / "cache" / "profiles").iterdir())
+    assert kept == ["job", "trainer"]
+    sent = _bytes_sent(server)
+    assert sent > 0
+
+    again = _job(server)
+    assert again.plan is not None
+    (planned,) = again.history.of_kind("plan")
+    assert planned.data["kept_profiles"] is True
+    assert "earlier run" in planned.message
+    assert (again.plan.cut, again.plan.share) == (first.plan.cut, first.plan.share)
+    assert _bytes_sent(server) == sent  # no probe ran
+
+    # What the measurements depend on changed (the probe's size): measured again.
+    other = _job(server, probe_samples=5)
+    assert other.plan is not None
+    assert other.history.of_kind("plan")[0].data["kept_profiles"] is False
+    assert _bytes_sent(server) > sent
+
+    # A job that asks for fresh measurements gets them, and trains.
+    fresh = _job(server, reuse_profiles=False)
+    assert fresh.plan is not None
+    assert fresh.history.of_kind("plan")[0].data["kept_profiles"] is False
+    (epoch,) = again.fit(1, lr=0.05).epochs
+    assert epoch.samples == 18
