@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from hapi._pem import read_pem
 from hapi.errors import InvalidRequest
 
 __all__ = ["flight_tls_options", "tls_address"]
@@ -42,20 +41,8 @@ def flight_tls_options(ca: str | None, cert: str | None, key: str | None) -> dic
     """
     options = {}
     if ca is not None:
-        options["tls_root_certs"] = _read_pem(ca, "tls_ca", "CA bundle")
+        options["tls_root_certs"] = read_pem(ca, "tls_ca", "CA bundle")
     if cert is not None and key is not None:
-        options["cert_chain"] = _read_pem(cert, "tls_cert", "client certificate")
-        options["private_key"] = _read_pem(key, "tls_key", "client key")
+        options["cert_chain"] = read_pem(cert, "tls_cert", "client certificate")
+        options["private_key"] = read_pem(key, "tls_key", "client key")
     return options
-
-
-def _read_pem(path: str, option: str, what: str) -> bytes:
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise InvalidRequest(
-            f"cannot read the TLS {what} {path} ({exc.strerror or exc}): check {option}"
-        ) from None
-    if b"-----BEGIN " not in data:
-        raise InvalidRequest(f"TLS {what} {path} is not PEM (no '-----BEGIN' line): check {option}")
-    return data

@@ -14,6 +14,7 @@ from typing import Any
 
 import pyarrow.flight as flight
 
+from hapi._pem import read_pem
 from hapi.errors import InvalidRequest
 
 __all__ = ["ServerTls", "check_exposure", "flight_location", "is_loopback"]
@@ -43,8 +44,8 @@ class ServerTls:
             InvalidRequest: a file cannot be read, is not PEM, the key is encrypted or is
                 not the certificate's.
         """
-        cert_pem = _read(cert, "--tls-cert", "certificate")
-        key_pem = _read(key, "--tls-key", "private key")
+        cert_pem = read_pem(cert, "--tls-cert", "certificate")
+        key_pem = read_pem(key, "--tls-key", "private key")
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         try:
             context.load_cert_chain(cert, key, password=_no_passphrase)
@@ -60,7 +61,7 @@ class ServerTls:
             ) from None
         ca_pem = None
         if client_ca is not None:
-            ca_pem = _read(client_ca, "--tls-client-ca", "CA bundle")
+            ca_pem = read_pem(client_ca, "--tls-client-ca", "CA bundle")
             try:
                 context.load_verify_locations(cadata=ca_pem.decode("ascii", "replace"))
             except ssl.SSLError as exc:
@@ -164,15 +165,3 @@ class _Encrypted(Exception):
 def _no_passphrase() -> bytes:
     # Called by ssl only for an encrypted key; without it OpenSSL would prompt on the tty.
     raise _Encrypted
-
-
-def _read(path: str | Path, option: str, what: str) -> bytes:
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise InvalidRequest(
-            f"cannot read the TLS {what} {path} ({exc.strerror or exc}): check {option}"
-        ) from None
-    if b"-----BEGIN " not in data:
-        raise InvalidRequest(f"TLS {what} {path} is not PEM (no '-----BEGIN' line): check {option}")
-    return data
