@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hapi.client import connect
+from hapi.client import TransferJob, connect
 from hapi.data import Transforms, open_store, synth_dataset
 from hapi.data.ops import CenterCrop, Normalize, Resize
 from hapi.errors import OverBudget
@@ -112,3 +112,21 @@ def test_a_profile_that_fits_only_in_smaller_batches_runs_in_them(store_dir: Pat
         ticket = ChunkTicket(session=session, chunk=0, keys=keys, labels=[0] * keys_n)
         assert sum(len(b.keys) for b in conn.fetch(ticket).batches) == keys_n
         assert conn.stats().memory_peak <= budget
+
+
+def test_a_planned_job_whose_samples_cannot_fit_fails_with_the_budget_named(
+    server: HapiServer,
+) -> None:
+    """The issue's job, from the user's side: `cut="auto"` with a transform no budget
+    holds. Planning opens its sessions first, and the first is refused: `fit` raises
+    `OverBudget` naming the budget before anything is decoded on either tier."""
+    job = TransferJob(
+        SPEC.to_dict(), "train", server.address, freeze="layer3", image_size=SIZE,
+        transforms=Transforms.from_dict(HUGE), retry_budget_s=5,
+    )  # fmt: skip
+    with pytest.raises(OverBudget, match="memory-budget"):
+        job.fit(1)
+    assert not job.history.of_kind("plan-deferred")  # bad input, not a fault to wait out
+    # The server goes on serving everyone else.
+    ok = connect(server.address).open_session(_request(transforms=Transforms.eval(SIZE).to_dict()))
+    assert ok.session

@@ -18,7 +18,6 @@ from hapi._tracing import TRACING
 from hapi.client._decode import RawDecoder
 from hapi.client._from_repo import build_from_repo
 from hapi.client._parts import ModelParts
-from hapi.client._plan_retry import DeferredPlan, measure_any, measure_round
 from hapi.client._profile_cache import ProfileCache, job_key
 from hapi.client._resume import STATE_VERSION, capture_rng, read_state, restore_rng
 from hapi.client.config import JobConfig
@@ -28,6 +27,7 @@ from hapi.client.export import UploadedHeads
 from hapi.client.history import EpochStats, Event, History
 from hapi.client.loader import FeatureLoader
 from hapi.client.local import LocalCompute
+from hapi.client.plan_in_force import PlanInForce
 from hapi.client.planning import Profiles, measure_job
 from hapi.client.rebatch import Batch
 from hapi.client.retry import RETRYABLE, RetryPolicy
@@ -36,7 +36,7 @@ from hapi.client.sessions import Sessions
 from hapi.data import DatasetManifest, Transforms, open_store
 from hapi.errors import HapiError, InvalidRequest, NothingToTrain, ServerUnavailable
 from hapi.graph import INPUT, RAW, ModelGraph, ModelSpec, build_model, trace
-from hapi.plan import Plan, ReplanConfig, Replanner, Workload, choose_freeze, choose_plan
+from hapi.plan import Plan, Workload, choose_freeze, choose_plan
 from hapi.repo.refs import is_repo_ref
 from hapi.wire import SessionRequest
 from hapi.wire.messages import UploadedHead
@@ -148,17 +148,23 @@ class TransferJob:
         self.freeze_reason = choice.reason
         """Why this freeze point (the job's summary says it)."""
         self._parts = ModelParts(self.graph, self.freeze, self.device, exact=self.config.exact)
-        self._fixed = self._fixed_plan()
+        self.history = History()
+        self._plans = PlanInForce(
+            fixed=self._fixed_plan(),
+            default=(self.freeze, 0.0),
+            connections=self.connections,
+            measure=self._make_plan,
+            retries=RetryPolicy(budget_s=self.config.retry_budget_s),
+            record=self._record,
+            shared=self._dp.from_rank0 if self._dp is not None else None,
+        )
+        """The plan in force, fixed or measured, and who may change it."""
         self._uploads: UploadedHeads | None = None
         if isinstance(model, nn.Module):
             self._uploads = UploadedHeads(self.graph)
             self._check_exportable()
-        self._placement = self._fixed
-        self._plan: Plan | None = None
-        self._router: Router | None = None
         self._epoch: int | None = None
         self.model.to(self.device)
-        self.history = History()
         self._next_epoch = 0
         """The epoch `fit` runs next; it may have begun (see `_position`)."""
         self._position = 0
@@ -191,14 +197,7 @@ class TransferJob:
             ServerUnavailable, StoreUnavailable: no server could be measured within
                 `retry_budget_s`.
         """
-        if self._fixed is not None:
-            return None
-        if self._router is not None:
-            return self._router.plan
-        if self._plan is None:
-            self._plan = self._shared_plan()
-            self._placement = (self._plan.cut, self._plan.share)
-        return self._plan
+        return self._plans.plan
 
     @property
     def cut(self) -> int:
@@ -246,8 +245,8 @@ class TransferJob:
         ]
         if self.config.mode == "local":
             lines.append("mode=local: the baseline, raw bytes to the trainer")
-        elif self._fixed is not None:
-            cut, share = self._fixed
+        elif (fixed := self._plans.fixed) is not None:
+            cut, share = fixed
             lines.append(f"cut {cut}, {share:.0%} of chunks local, as given")
         else:
             plan = self.plan
@@ -268,18 +267,7 @@ class TransferJob:
         index = self.graph.resolve_cut(cut)
         if index != RAW:
             self.graph.check_cut(index, self.freeze)
-        plan = None
-        if self._fixed is None and (current := self.plan) is not None:
-            plan = current.with_choice(index, share, reason=reason)
-        if self._router is not None:
-            self._router.set(index, share, reason=reason, plan=plan)
-        else:
-            Router(index, share)  # checks the share
-            self._placement = (index, share)
-            if plan is not None:
-                self._plan = plan
-        if self._fixed is not None:
-            self._fixed = (index, share)
+        self._plans.set(index, share, reason=reason)
 
     # Training ------------------------------------------------------------------------------
 
@@ -516,7 +504,7 @@ class TransferJob:
             ServerUnavailable, StoreUnavailable: no listing within the retry budget.
         """
         if prefix not in self._manifests:
-            for attempt in self._planning_retries().retrying():
+            for attempt in RetryPolicy(budget_s=self.config.retry_budget_s).retrying():
                 with attempt:
                     self._manifests[prefix] = self._list(prefix)
         return self._manifests[prefix]
@@ -594,42 +582,10 @@ class TransferJob:
         cut = self.freeze if config.cut is None else self.graph.resolve_cut(config.cut)
         if cut != RAW:
             self.graph.check_cut(cut, self.freeze)
-        Router(cut, config.local_share)  # checks the share against the cut
         return (cut, config.local_share)
 
     def _in_force(self) -> tuple[int, float]:
-        if self._router is not None:
-            return self._router.in_force
-        if self._placement is None:
-            self._placement = self._first_placement()
-        return self._placement
-
-    def _first_placement(self) -> tuple[int, float]:
-        """The plan's (cut, share), measured now; or, when no server can be measured, the
-        default plan's - the freeze cut, nothing local - and the plan is measured while
-        the job trains (`_loop`)."""
-        if self._dp is not None:  # ranks take rank 0's plan together: no rank goes alone
-            plan = self.plan
-            assert plan is not None  # an auto job has one
-            return (plan.cut, plan.share)
-        try:
-            self._plan = measure_round(self.connections, self._make_plan)
-        except RETRYABLE as exc:
-            self._record(
-                Event(
-                    "plan-deferred",
-                    None,
-                    None,
-                    f"no server could be measured ({exc}): training starts on the freeze "
-                    f"cut and the plan follows once a server answers",
-                    {"error": type(exc).__name__},
-                )
-            )
-            return (self.freeze, 0.0)
-        return (self._plan.cut, self._plan.share)
-
-    def _planning_retries(self) -> RetryPolicy:
-        return RetryPolicy(budget_s=self.config.retry_budget_s)
+        return self._plans.in_force()
 
     def _make_plan(self, connection: Connection | None = None) -> Plan:
         """Measure the job on `connection`'s server (default: the first) and choose its
@@ -682,31 +638,23 @@ class TransferJob:
         self.history.events.append(Event("plan", None, None, message, data))
         return plan
 
-    def _shared_plan(self) -> Plan:
-        """The job's first plan. Data-parallel, rank 0 plans and every rank takes its plan:
-        the server is probed once, not by W ranks at once (each would measure a server the
-        others load). Re-plans are each rank's own, from its own chunks: DDP syncs only the
-        tail from the freeze point, so ranks may train at different cuts."""
-        measure = functools.partial(
-            measure_any, self.connections, self._make_plan, self._planning_retries()
-        )
-        if self._dp is None:
-            return measure()
-        plan = self._dp.from_rank0(measure)
-        if self.rank != 0:
-            self.history.events.append(Event("plan", None, None, plan.reason, plan.to_dict()))
-        return plan
-
     @contextlib.contextmanager
     def _loop(self, prefix: str, transforms: Transforms, train: bool) -> Iterator[FeatureLoader]:
         """A loader for one loop over `prefix`, its sessions closed when the loop ends."""
+        try:
+            with (
+                self._plans.running(train=train, replan=self.config.replan) as router,
+                self._loader(prefix, transforms, train, router) as loader,
+            ):
+                yield loader
+        finally:
+            self._epoch = None
+
+    @contextlib.contextmanager
+    def _loader(
+        self, prefix: str, transforms: Transforms, train: bool, router: Router
+    ) -> Iterator[FeatureLoader]:
         config = self.config
-        cut, share = self._in_force()
-        replan = config.replan if isinstance(config.replan, ReplanConfig) else None
-        replans = train and self._fixed is None and config.replan is not False
-        deferred = replans and self._plan is None
-        replanner = Replanner(self._plan, replan) if replans and self._plan is not None else None
-        router = Router(cut, share, replanner=replanner, record=self._record)
         decoder = RawDecoder(transforms, config.seed, config.on_error)
         sessions = [
             Sessions(
@@ -735,48 +683,11 @@ class TransferJob:
             shard=self._dp.shard if self._dp is not None else None,
             fallback=self._fallback,
         )
-        self._router = router if train else None
-        try:
-            with loader.servers, self._deferred(router, replan, enabled=deferred):
-                try:
-                    yield loader
-                finally:
-                    loader.close()
-        finally:
-            if train:
-                self._router = None
-                self._placement = router.in_force
-                if router.replanner is not None:
-                    self._plan = router.replanner.plan
-            self._epoch = None
-
-    def _deferred(
-        self, router: Router, config: ReplanConfig | None, *, enabled: bool
-    ) -> contextlib.AbstractContextManager[object]:
-        """While the loop runs, the plan no server could be measured for is measured in
-        the background, and put into force when it comes."""
-        if not enabled:
-            return contextlib.nullcontext()
-
-        def adopt(plan: Plan) -> None:
-            router.begin(plan, Replanner(plan, config), reason="measured while training")
-
-        def failed(error: HapiError) -> None:
-            self._record(
-                Event(
-                    "plan-failed",
-                    self._epoch,
-                    None,
-                    f"no server could be measured within {self.config.retry_budget_s:g} s "
-                    f"({error}): the job keeps the freeze cut",
-                    {"error": type(error).__name__},
-                )
-            )
-
-        return DeferredPlan(
-            self.connections, self._make_plan, self._planning_retries(),
-            adopt=adopt, failed=failed,
-        )  # fmt: skip
+        with loader.servers:
+            try:
+                yield loader
+            finally:
+                loader.close()
 
     def _request(
         self, cut: int, transforms: Transforms, connection: Connection | None = None
@@ -812,7 +723,8 @@ class TransferJob:
         freeze point is checked: the heads to earlier cuts are parts of it."""
         if self._uploads is None or self.config.mode == "local":
             return
-        cut = self._fixed[0] if self._fixed is not None else self.freeze
+        fixed = self._plans.fixed
+        cut = fixed[0] if fixed is not None else self.freeze
         if cut > INPUT:
             self._uploads.artifact(cut)
 

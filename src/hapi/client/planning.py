@@ -32,7 +32,7 @@ import numpy as np
 from hapi.client._profile_cache import ProfileCache
 from hapi.client.connection import Connection
 from hapi.data import DatasetManifest, Transforms
-from hapi.errors import HapiError, InvalidRequest
+from hapi.errors import HapiError, InvalidRequest, OverBudget
 from hapi.graph import INPUT, RAW, ModelGraph
 from hapi.plan import (
     LinkProfile,
@@ -254,6 +254,8 @@ def _profile_action(
     ).to_bytes()
     try:
         reply = connection.action(ActionType.PROFILE, body)
+    except OverBudget:  # the job's own samples do not fit: the job's error, said as such
+        raise
     except InvalidRequest:  # an older server: "unknown action"
         return None
     return ServerProfile.from_dict(ProfileReply.model_validate_json(reply).server_profile())

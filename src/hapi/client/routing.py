@@ -19,7 +19,7 @@ from hapi.errors import InvalidRequest
 from hapi.graph import INPUT, RAW
 from hapi.plan import ChunkMeasurement, Plan, Replanner, assign
 
-__all__ = ["ChunkRecord", "Route", "Router"]
+__all__ = ["ChunkRecord", "Route", "Router", "check_choice"]
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class Router:
         replanner: Replanner | None = None,
         record: Callable[[Event], None] | None = None,
     ) -> None:
-        _check(cut, share)
+        check_choice(cut, share)
         self.cut, self.share = cut, share
         self.replanner = replanner
         self._record = record
@@ -189,7 +189,7 @@ class Router:
         Raises:
             InvalidRequest: a share outside [0, 1], or a share with RAW.
         """
-        _check(cut, share)
+        check_choice(cut, share)
         with self._lock:
             # The chunks in flight follow the plan pending, if any (it recalled them).
             before = self._pending[:2] if self._pending is not None else (self.cut, self.share)
@@ -270,7 +270,8 @@ class Router:
         )
 
 
-def _check(cut: int, share: float) -> None:
+def check_choice(cut: int, share: float) -> None:
+    """Raise `InvalidRequest` for a (cut, share) no router can follow."""
     if not 0.0 <= share <= 1.0:
         raise InvalidRequest(f"local share must be in [0, 1], got {share}")
     if cut == RAW and share:
