@@ -47,10 +47,9 @@ where the call took about 1 ms: ResNet-50, DenseNet-121 and VGG-11 (`-rest-1gbit
 the ViT (`-vit-1gbit-v7`). `-r18-slow-v5`, `-r18-avgpool-slow-r5`, `-rest-100mbit-v2` and
 `-r18-fast-v10` ran on machines about 1.15-1.25x slower in compute than the others: each
 configuration is compared within its own sweep. All with gRPC's receive window (`connect`'s
-default); ResNet-18 at 100 Mbit/s and 1 Gbit/s measured with a held window
-(`-r18-fast-v11+-r18-fast-v12+-r18-100mbit-r5`, `receive_window="auto"`) is a source
-for that option, not for the default. The sweeps these replaced stay in `out/` beside
-their sections."""
+default); the sweeps of ResNet-18 with a held window (`-r18-fast-v11`, `-v12`,
+`-r18-100mbit-r5`, `receive_window="auto"`) are not sources. Those and the sweeps these
+replaced are in git history, not in `out/`."""
 RECALLED = ("lc-recall-r18", "lc-recall-r18-b")
 """The link-change runs of the default (gRPC's window, a re-plan that moves the chunks
 in flight recalling them: `Connection.recall`), their repeats pooled: ResNet-18's drop
