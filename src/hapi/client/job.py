@@ -18,7 +18,7 @@ from hapi._tracing import TRACING
 from hapi.client._decode import RawDecoder
 from hapi.client._from_repo import build_from_repo
 from hapi.client._parts import ModelParts
-from hapi.client._profile_cache import ProfileCache, job_key
+from hapi.client._profile_cache import ProfileCache
 from hapi.client._resume import STATE_VERSION, capture_rng, read_state, restore_rng
 from hapi.client.config import JobConfig
 from hapi.client.connection import Connection, connect
@@ -28,7 +28,7 @@ from hapi.client.history import EpochStats, Event, History
 from hapi.client.loader import FeatureLoader
 from hapi.client.local import LocalCompute
 from hapi.client.plan_in_force import PlanInForce
-from hapi.client.planning import Profiles, measure_job
+from hapi.client.planning import plan_job
 from hapi.client.rebatch import Batch
 from hapi.client.retry import RETRYABLE, RetryPolicy
 from hapi.client.routing import Router
@@ -36,7 +36,7 @@ from hapi.client.sessions import Sessions
 from hapi.data import DatasetManifest, Transforms, open_store
 from hapi.errors import HapiError, InvalidRequest, NothingToTrain, ServerUnavailable
 from hapi.graph import INPUT, RAW, ModelGraph, ModelSpec, build_model, trace
-from hapi.plan import Plan, Workload, choose_freeze, choose_plan
+from hapi.plan import Plan, Workload, choose_freeze
 from hapi.repo.refs import is_repo_ref
 from hapi.wire import SessionRequest
 from hapi.wire.messages import UploadedHead
@@ -589,38 +589,18 @@ class TransferJob:
 
     def _make_plan(self, connection: Connection | None = None) -> Plan:
         """Measure the job on `connection`'s server (default: the first) and choose its
-        plan; from the profiles an earlier run of the same job kept, when there are."""
+        plan (`plan_job`)."""
         config = self.config
         connection = connection or self.connection
         manifest = self.manifest(config.dataset)
         transforms = config.train_transforms
-        cache = ProfileCache() if config.reuse_profiles else None
-
-        def request(cut: int) -> SessionRequest:
-            return self._request(cut, transforms, connection)
-
-        key = job_key(
-            self.graph, self.freeze, config.batch_size, server=connection.address,
-            job={"dataset": config.dataset, "samples": len(manifest),
-                 "request": request(RAW).model_dump(mode="json"), "chunk_size": config.chunk_size,
-                 "probe": config.probe_samples},
-        )  # fmt: skip
-        kept = cache.job(key) if cache is not None else None
-        if kept is not None:
-            profiles = Profiles(*kept)
-        else:
-            profiles = measure_job(
-                connection, request, manifest, self.graph, self.freeze, transforms,
-                samples=config.probe_samples, batch_size=config.batch_size,
-                chunk_size=config.chunk_size, seed=config.seed, wire_dtype=config.wire_dtype,
-                profiles=cache,
-            )  # fmt: skip
-            if cache is not None:
-                cache.keep(key, profiles.server, profiles.trainer, profiles.link)
-        plan = choose_plan(
-            profiles.server,
-            profiles.trainer,
-            profiles.link,
+        planned = plan_job(
+            connection,
+            functools.partial(self._request, transforms=transforms, connection=connection),
+            manifest,
+            self.graph,
+            self.freeze,
+            transforms,
             Workload(
                 samples=-(-len(manifest) // self.world_size),  # a rank's epoch is its shard
                 chunk_size=config.chunk_size,
@@ -628,13 +608,18 @@ class TransferJob:
                 servers=len(self.connections),
                 back_to_back=True,  # `fit` fetches each epoch while the one before drains
             ),
-            freeze=self.freeze,
-            names=self.graph.names(),
+            dataset=config.dataset,
+            samples=config.probe_samples,
+            batch_size=config.batch_size,
+            seed=config.seed,
+            wire_dtype=config.wire_dtype,
+            cache=ProfileCache() if config.reuse_profiles else None,
         )
+        plan = planned.plan
         message = plan.reason
-        if kept is not None:
+        if planned.kept:
             message += " (from the profiles an earlier run of this job measured)"
-        data = {**plan.to_dict(), "kept_profiles": kept is not None}
+        data = {**plan.to_dict(), "kept_profiles": planned.kept}
         self.history.events.append(Event("plan", None, None, message, data))
         return plan
 

@@ -29,15 +29,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hapi.client._profile_cache import ProfileCache
+from hapi.client._profile_cache import ProfileCache, job_key
 from hapi.client.connection import Connection
 from hapi.data import DatasetManifest, Transforms
 from hapi.errors import HapiError, InvalidRequest, OverBudget
 from hapi.graph import INPUT, RAW, ModelGraph
 from hapi.plan import (
     LinkProfile,
+    Plan,
+    PlannerConfig,
     ServerProfile,
     TrainerProfile,
+    Workload,
+    choose_plan,
     measure_decode,
     measure_trainer,
     memory_per_sample,
@@ -47,7 +51,7 @@ from hapi.wire import ActionType, ChunkTicket, SessionRequest, SessionStats
 from hapi.wire.messages import MAX_PROFILE_BATCH, MAX_PROFILE_KEYS, ProfileRequest
 from hapi.wire.replies import ProfileReply
 
-__all__ = ["Profiles", "measure_job", "probe_keys"]
+__all__ = ["Planned", "Profiles", "measure_job", "plan_job", "probe_keys"]
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,69 @@ def probe_keys(manifest: DatasetManifest, n: int, seed: int) -> tuple[list[str],
         raise InvalidRequest("cannot plan a job on an empty dataset")
     pick = np.random.default_rng([seed, 7]).permutation(len(manifest))[:n]
     return [manifest.keys[i] for i in pick], [manifest.labels[i] for i in pick]
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A job's first plan, and whether it came from kept profiles."""
+
+    plan: Plan
+    kept: bool
+    """Chosen from the profiles an earlier run of the same job measured (`ProfileCache`)."""
+
+
+def plan_job(
+    connection: Connection,
+    request: Callable[[int], SessionRequest],
+    manifest: DatasetManifest,
+    graph: ModelGraph,
+    freeze: int,
+    transforms: Transforms,
+    workload: Workload,
+    *,
+    dataset: str,
+    samples: int = 16,
+    batch_size: int = 8,
+    seed: int = 0,
+    wire_dtype: str = "fp32",
+    cache: ProfileCache | None = None,
+    config: PlannerConfig | None = None,
+) -> Planned:
+    """Measure the job's pipeline (`measure_job`) - or take what an earlier run of the same
+    job kept in `cache` - and choose its plan for `workload`.
+
+    Args:
+        dataset: the training set's prefix (the kept profiles are the dataset's).
+        cache: where profiles are kept between jobs; None measures everything.
+        Others: as `measure_job`'s.
+    """
+    key = job_key(
+        graph, freeze, batch_size, server=connection.address,
+        job={"dataset": dataset, "samples": len(manifest),
+             "request": request(RAW).model_dump(mode="json"),
+             "chunk_size": workload.chunk_size, "probe": samples},
+    )  # fmt: skip
+    kept = cache.job(key) if cache is not None else None
+    if kept is not None:
+        profiles = Profiles(*kept)
+    else:
+        profiles = measure_job(
+            connection, request, manifest, graph, freeze, transforms,
+            samples=samples, batch_size=batch_size, chunk_size=workload.chunk_size, seed=seed,
+            wire_dtype=wire_dtype, profiles=cache,
+        )  # fmt: skip
+        if cache is not None:
+            cache.keep(key, profiles.server, profiles.trainer, profiles.link)
+    plan = choose_plan(
+        profiles.server,
+        profiles.trainer,
+        profiles.link,
+        workload,
+        freeze=freeze,
+        names=graph.names(),
+        config=config,
+    )
+    return Planned(plan, kept is not None)
 
 
 def measure_job(
