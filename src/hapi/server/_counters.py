@@ -5,43 +5,36 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, fields
 
 from hapi.wire import SessionStats
 
 __all__ = ["SessionCounters", "TimedReads"]
 
 
-@dataclass
 class SessionCounters:
-    """What a session has cost the server so far; `snapshot` is its `SessionStats`."""
+    """What a session has cost the server so far: one counter per field of `SessionStats`
+    (the wire's schema is the only list of them); `snapshot` is its `SessionStats`."""
 
-    chunks: int = 0
-    samples: int = 0
-    skipped: int = 0
-    abandoned: int = 0
-    bytes_read: int = 0
-    bytes_sent: int = 0
-    read_s: float = 0.0
-    transform_s: float = 0.0
-    head_s: float = 0.0
-    encode_s: float = 0.0
-    shaping_wait_s: float = 0.0
-    cpu_s: float = 0.0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[str, float] = {
+            name: info.default for name, info in SessionStats.model_fields.items()
+        }
 
     def add(self, **deltas: float) -> None:
-        """Add to counters by name; chunks of a session run concurrently."""
+        """Add to counters by name; chunks of a session run concurrently.
+
+        Raises:
+            KeyError: a name that is not a field of `SessionStats`.
+        """
         with self._lock:
             for name, delta in deltas.items():
-                setattr(self, name, getattr(self, name) + delta)
+                self._values[name] += delta
 
     def snapshot(self) -> SessionStats:
         """The counters now, as the wire reports them."""
         with self._lock:
-            return SessionStats(
-                **{f.name: getattr(self, f.name) for f in fields(self) if f.name != "_lock"}
-            )
+            return SessionStats(**self._values)
 
 
 class TimedReads:
