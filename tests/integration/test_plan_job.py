@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from hapi.client import EpochStats, FeatureLoader, TransferJob, connect
+from hapi.client import EpochStats, FeatureLoader, TransferJob, _epochs, connect
 from hapi.client._fetch import Flow
 from hapi.client.connection import ChunkPart, ChunkStream, Connection
 from hapi.data import open_store, synth_dataset
@@ -125,11 +125,11 @@ def test_receiving_is_the_trainers_busy_time_on_one_core(
     """The process's CPU beyond training and decoding is receiving the streams: part of
     the trainer's busy time when the trainer has one core, beside it with more."""
     job = _job(server, cut="input", replan=False)  # 48 KB a sample: receiving shows
-    monkeypatch.setattr("hapi.client.job._one_core", lambda: True)
+    monkeypatch.setattr("hapi.client._epochs._one_core", lambda: True)
     (one,) = job.fit(1, lr=0.05).epochs[-1:]
     assert one.receive_s > 0.0
     assert one.trainer_s == pytest.approx(one.compute_s + one.decode_s + one.receive_s)
-    monkeypatch.setattr("hapi.client.job._one_core", lambda: False)
+    monkeypatch.setattr("hapi.client._epochs._one_core", lambda: False)
     (many,) = job.fit(1, lr=0.05).epochs[-1:]
     assert many.receive_s > 0.0
     assert many.trainer_s == pytest.approx(many.compute_s + many.decode_s)
@@ -144,18 +144,18 @@ def test_a_fits_epochs_add_up_to_its_time_and_ask_the_servers_nothing_between_th
     stats call waits a second at 10 Mbit/s, and the trainer with it)."""
     job = _job(server, cut=LAYER3, replan=False)
     calls: list[float] = []
-    stats, record = Connection.stats, TransferJob._epoch_stats
+    stats = Connection.stats
 
     def counted(self: Connection) -> object:
         calls.append(time.perf_counter())
         return stats(self)
 
-    def slow_record(self: TransferJob, *args: Any, **kwargs: Any) -> EpochStats:
-        time.sleep(1.0)  # after an epoch's last step: the next epoch's time
-        return record(self, *args, **kwargs)
+    def slow_record(*args: Any, **kwargs: Any) -> EpochStats:
+        time.sleep(1.0)  # after an epoch's end, its figures: the next epoch's time
+        return EpochStats(*args, **kwargs)
 
     monkeypatch.setattr(Connection, "stats", counted)
-    monkeypatch.setattr(TransferJob, "_epoch_stats", slow_record)
+    monkeypatch.setattr(_epochs, "EpochStats", slow_record)
     began = time.perf_counter()
     epochs = job.fit(3, lr=0.05).epochs
     assert len(epochs) == 3 and all(e.seconds >= 1.0 for e in epochs[1:])

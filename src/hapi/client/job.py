@@ -16,6 +16,7 @@ from torch import nn
 
 from hapi._tracing import TRACING
 from hapi.client._decode import RawDecoder
+from hapi.client._epochs import EpochAccounts
 from hapi.client._from_repo import build_from_repo
 from hapi.client._parts import ModelParts
 from hapi.client._profile_cache import ProfileCache
@@ -34,7 +35,7 @@ from hapi.client.retry import RETRYABLE, RetryPolicy
 from hapi.client.routing import Router
 from hapi.client.sessions import Sessions
 from hapi.data import DatasetManifest, Transforms, open_store
-from hapi.errors import HapiError, InvalidRequest, NothingToTrain, ServerUnavailable
+from hapi.errors import InvalidRequest, NothingToTrain, ServerUnavailable
 from hapi.graph import INPUT, RAW, ModelGraph, ModelSpec, build_model, trace
 from hapi.plan import Plan, Workload, choose_freeze
 from hapi.repo.refs import is_repo_ref
@@ -326,11 +327,7 @@ class TransferJob:
         with self._loop(self.config.dataset, self.config.train_transforms, True) as loader:
             start = self._next_epoch
             # Before anything is in flight: a stats call now does not wait behind streams.
-            counters: dict[str, float] | None = self._server_cpu(loader)
-            # Each epoch's window starts where the one before it ended, so the epochs of
-            # a fit add up to its time: what runs between them (the bookkeeping, the next
-            # epoch's order) is the next epoch's, not nobody's.
-            t0, cpu0 = time.perf_counter(), time.process_time()
+            accounts = EpochAccounts(loader, self._dp.totals if self._dp is not None else None)
             for epoch in range(start, start + epochs):
                 self._epoch = epoch
                 self._train_mode(True)
@@ -364,20 +361,16 @@ class TransferJob:
                     self._step = step
                     if progress is not None:
                         progress(step, len(loader))
-                server_s, counters = self._server_s(loader, counters)
-                t1, cpu1 = time.perf_counter(), time.process_time()
-                seconds, process_s, t0, cpu0 = t1 - t0, cpu1 - cpu0, t1, cpu1
+                cut, share = self._in_force()
                 self.history.epochs.append(
-                    self._epoch_stats(
+                    accounts.close(
                         epoch,
-                        loader,
-                        seconds=seconds,
-                        server_s=server_s,
+                        cut=cut,
+                        share=share,
                         loss=total_loss,
                         correct=correct,
                         seen=seen,
                         compute=compute,
-                        process_s=process_s,
                     )
                 )
                 self._next_epoch, self._position, self._step = epoch + 1, 0, 0
@@ -783,17 +776,6 @@ class TransferJob:
     def _to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return x.to(self.device, torch.float32), y.to(self.device)
 
-    def _server_cpu(self, loader: FeatureLoader) -> dict[str, float]:
-        """The servers' CPU seconds per session of ours, for servers that do not report
-        their time per chunk."""
-        cpu: dict[str, float] = {}
-        for member in loader.servers:
-            with contextlib.suppress(HapiError):
-                stats = member.connection.stats()
-                opened = member.sessions.opened
-                cpu.update({s: stats.sessions[s].cpu_s for s in opened if s in stats.sessions})
-        return cpu
-
     def _from_any(self, call: Callable[[Connection], Any]) -> Any:
         """`call` on the first server that answers (any of them has the whole store).
 
@@ -804,72 +786,3 @@ class TransferJob:
             with contextlib.suppress(ServerUnavailable):
                 return call(connection)
         return call(self.connections[-1])
-
-    def _server_s(
-        self, loader: FeatureLoader, counters: dict[str, float] | None
-    ) -> tuple[float, dict[str, float] | None]:
-        """The servers' time on the epoch's chunks, and the CPU counters (or None) to
-        measure the next epoch from.
-
-        Servers report their time with each chunk; the counters are for those that do
-        not. Reading them is a stats call, which on a slow link waits behind the streams
-        of the epoch fetched ahead (a second at 10 Mbit/s), so it is made only for them.
-        """
-        if loader.stats.server_reported:
-            return loader.stats.server_s, None
-        if counters is None:  # they report per chunk, and none of theirs was this epoch's
-            return 0.0, None
-        after = self._server_cpu(loader)
-        return sum(cpu - counters.get(s, 0.0) for s, cpu in after.items()), after
-
-    def _epoch_stats(
-        self,
-        epoch: int,
-        loader: FeatureLoader,
-        *,
-        seconds: float,
-        server_s: float,
-        loss: float,
-        correct: float,
-        seen: float,
-        compute: float,
-        process_s: float,
-    ) -> EpochStats:
-        cut, share = self._in_force()
-        stats = loader.stats
-        busy = compute + stats.postprocess_s + stats.convert_s
-        # The rest of the process's CPU is receiving: the streams' bytes decoded into
-        # tensors in the fetching threads. On a trainer confined to one core it competes
-        # with training and is part of the stage's busy time; with more cores it runs
-        # beside it.
-        receive = max(0.0, process_s - busy)
-        figures = EpochStats(
-            epoch=epoch,
-            loss=loss / max(seen, 1),
-            accuracy=correct / max(seen, 1),
-            seconds=seconds,
-            server_s=server_s,
-            samples=int(seen),
-            bytes_received=stats.bytes_received,
-            wait_s=stats.wait_s,
-            compute_s=compute,
-            decode_s=stats.postprocess_s,
-            skipped=tuple(stats.skipped),
-            transfer_s=stats.transfer_s,
-            trainer_s=busy + receive if _one_core() else busy,
-            receive_s=receive,
-            cut=cut,
-            share=share,
-            chunks_local=stats.chunks_local,
-            chunks_pushed=stats.chunks - stats.chunks_local,
-            retries=stats.retries,
-            failovers=stats.failovers,
-            fallbacks=stats.fallbacks,
-        )
-        return figures if self._dp is None else self._dp.totals(figures)
-
-
-def _one_core() -> bool:
-    """Whether this process runs on one core (pinned, or a one-core machine): its
-    threads then take turns on it, and their CPU times add up to the core's busy time."""
-    return len(os.sched_getaffinity(0)) == 1
