@@ -40,8 +40,8 @@ ran 6.1 s until the server kept the link's order too (`hapi.server._order`: raw 
 ready at once, had all gone out together, and a small pushed-down chunk's stream end
 queued behind the next raw chunk) and started each chunk at its request, not at its
 stream's first read. Then the hybrid it chose (2 of 16 local) was predicted at 4.80 s and
-ran 4.83 s, the pure cut 5.11 s and 5.26 s (`benchmarks/RESULTS.md`,
-plan-256-vit-10mbit-k4-v2).
+ran 4.83 s, the pure cut 5.11 s and 5.26 s (the sweep plan-256-vit-10mbit-k4-v2, in
+git's history of `benchmarks/RESULTS.md`).
 
 An epoch of a longer fit (`Workload.back_to_back`) is run after one before it, its chunks
 issued as the windows free from that one's (the loader's look-ahead), and its time is from
