@@ -46,7 +46,7 @@ __all__ = [
 
 _WHERE = {
     "HYBRID_LOCAL_WINDOW": ".cost",
-    "ChunkMeasurement": ".replan",
+    "ChunkMeasurement": ".chunk_measurement",
     "Estimate": ".cost",
     "FreezeChoice": ".defaults",
     "LinkProfile": ".profiles",
@@ -54,7 +54,7 @@ _WHERE = {
     "PlanChange": ".replan",
     "PlannerConfig": ".planner",
     "ProfileKey": ".profiles",
-    "ReplanConfig": ".replan",
+    "ReplanConfig": ".replan_config",
     "Replanner": ".replan",
     "ServerProfile": ".profiles",
     "TrainerProfile": ".profiles",
@@ -80,6 +80,7 @@ _WHERE = {
 
 if TYPE_CHECKING:
     from hapi.plan.assign import assign
+    from hapi.plan.chunk_measurement import ChunkMeasurement
     from hapi.plan.cost import Estimate, Workload, best_share, estimate
     from hapi.plan.defaults import FreezeChoice, check_trainable, choose_freeze, default_freeze
     from hapi.plan.measure import (
@@ -97,7 +98,8 @@ if TYPE_CHECKING:
     from hapi.plan.plan import Plan
     from hapi.plan.planner import PlannerConfig, choose_plan
     from hapi.plan.profiles import LinkProfile, ProfileKey, ServerProfile, TrainerProfile
-    from hapi.plan.replan import ChunkMeasurement, PlanChange, ReplanConfig, Replanner
+    from hapi.plan.replan import PlanChange, Replanner
+    from hapi.plan.replan_config import ReplanConfig
 
 
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _WHERE)
