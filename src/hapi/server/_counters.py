@@ -34,7 +34,7 @@ class SessionCounters:
     def snapshot(self) -> SessionStats:
         """The counters now, as the wire reports them."""
         with self._lock:
-            return SessionStats(**self._values)
+            return SessionStats.model_validate(self._values)
 
 
 class TimedReads:
