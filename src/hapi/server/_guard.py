@@ -5,13 +5,19 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pyarrow.flight as flight
 
 from hapi.errors import HapiError, InternalError, InvalidRequest, shorten
+from hapi.server.auth import caller
+from hapi.server.tenants import Tenant
 from hapi.wire import encode_error
 
-__all__ = ["UnusedCallsRefusal", "errors_to_wire"]
+if TYPE_CHECKING:
+    from hapi.server.metrics import Metrics
+
+__all__ = ["UnusedCallsRefusal", "errors_to_wire", "tenant_call"]
 
 log = logging.getLogger("hapi.server")
 
@@ -38,6 +44,26 @@ def errors_to_wire(what: str) -> Iterator[None]:
         error = InternalError.new()
         log.exception("%s failed unexpectedly (internal error %s)", what, error.error_id)
         raise encode_error(error) from None
+
+
+@contextlib.contextmanager
+def tenant_call(
+    what: str, who: flight.ServerCallContext | Tenant, metrics: Metrics
+) -> Iterator[Tenant]:
+    """`errors_to_wire` for a call of `who` (its context, or its tenant once known),
+    counting each error in `metrics` under the tenant; yields the tenant."""
+    with errors_to_wire(what):
+        tenant = who if isinstance(who, Tenant) else caller(who)
+        try:
+            yield tenant
+        except flight.FlightError:
+            raise  # encoded, and counted, by a guard inside this one
+        except HapiError as exc:
+            metrics.error(tenant.name, exc)
+            raise
+        except Exception:
+            metrics.error(tenant.name, InternalError.__name__)
+            raise
 
 
 _UNUSED = {

@@ -30,6 +30,7 @@ device, wire dtype, last cut, batch), so every job on the same model asks once.
 from __future__ import annotations
 
 import hashlib
+import json
 import statistics
 import threading
 import time
@@ -51,8 +52,9 @@ from hapi.server.head_cache import HeadCache, LoadedModel
 from hapi.server.memory import decoding, object_decode_bytes, session_memory, session_name
 from hapi.server.scheduler import Demand, Scheduler, never
 from hapi.server.session import Session
+from hapi.server.uploads import head_graph
 from hapi.wire import dtype_width
-from hapi.wire.messages import ProfileRequest
+from hapi.wire.messages import ProfileRequest, UploadedHead
 from hapi.wire.replies import ProfileKeyInfo, ProfileReply
 
 __all__ = ["Profiler"]
@@ -95,7 +97,6 @@ class Profiler:
     def profile(
         self,
         session: Session,
-        loaded: LoadedModel,
         request: ProfileRequest,
         *,
         gone: Callable[[], bool] = never,
@@ -103,17 +104,17 @@ class Profiler:
         """Measure `session`'s costs for cuts 0..max(`request.cuts`) (default its freeze).
 
         Args:
-            session: whose objects, transforms and wire dtype.
-            loaded: its model.
+            session: whose model, objects, transforms and wire dtype.
             request: the objects, cuts and batch.
             gone: whether the caller has gone (then a batch still queued leaves).
 
         Raises:
-            InvalidCut: a cut outside 1..freeze.
+            InvalidCut: a cut outside 1..freeze, or above 0 for an uploaded head.
             OverBudget: a sample at one of the cuts, or one of the objects, can never fit
                 in the budget: refused as `open_session` and a chunk refuse them.
             HapiError: an object that cannot be read or decoded, naming its key.
         """
+        loaded, request = self._model(session, request)
         last = _last_cut(request.cuts, session.info.freeze, loaded.graph.num_cuts)
         key = ProfileKey.of(
             head=_digest(self.heads.head_key(loaded, last) if last else loaded.key),
@@ -164,6 +165,25 @@ class Profiler:
                 while len(self._cache) > CACHED:
                     self._cache.popitem(last=False)
         return reply
+
+    def _model(
+        self, session: Session, request: ProfileRequest
+    ) -> tuple[LoadedModel, ProfileRequest]:
+        """The model `session` is profiled on, and `request` as it is measured."""
+        model, size = session.request.model, session.request.image_size
+        if not isinstance(model, UploadedHead):
+            return self.heads.model(model, size), request
+        # The server holds an uploaded model's head for one cut at most, so it times
+        # reading and decoding (cut 0); the trainer estimates the cuts from a chunk at
+        # its freeze cut and its own per-cut times (`hapi.client.planning`).
+        if any(cut > INPUT for cut in request.cuts or ()):
+            raise InvalidCut(
+                "a session of an uploaded head is profiled at the input (cut 0) only: "
+                "the server has no head for the other cuts"
+            )
+        graph = head_graph(torch.nn.Identity(), (3, size, size), ())
+        loaded = LoadedModel(graph=graph, key=json.dumps(["uploaded-input", size]))
+        return loaded, request.model_copy(update={"cuts": [INPUT]})
 
     def _cut_memory(
         self, session: Session, loaded: LoadedModel, cut: int, width: int

@@ -8,43 +8,35 @@ import logging
 import os
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.flight as flight
 import torch
 
-from hapi._tracing import TRACING
-from hapi.data import DatasetManifest, ObjectStore, Store, StoreOptions, Transforms, open_store
-from hapi.errors import (
-    Forbidden,
-    HapiError,
-    InternalError,
-    InvalidCut,
-    InvalidRequest,
-    SessionNotFound,
-    shorten,
-)
-from hapi.graph import INPUT, RAW, ModelGraph, load_head
-from hapi.server._guard import errors_to_wire
+from hapi.data import ObjectStore, open_store
+from hapi.errors import InvalidRequest, shorten
+from hapi.graph import RAW
+from hapi.server._guard import tenant_call
 from hapi.server._listen import Listener, serve_metrics
 from hapi.server._order import SendOrder
-from hapi.server.auth import caller
-from hapi.server.budget import MemoryModel, parse_bytes
+from hapi.server.access import check_keys, readable_manifest
+from hapi.server.budget import parse_bytes
 from hapi.server.config import ServerConfig
-from hapi.server.head_cache import HeadCache, HeadLease, LoadedModel
+from hapi.server.head_cache import HeadCache
 from hapi.server.limits import MemoryLimit, tightest_limit
-from hapi.server.memory import device_memory, session_memory, session_name, tensor_bytes
+from hapi.server.memory import device_memory
 from hapi.server.metrics import Metrics
+from hapi.server.opener import SessionOpener
 from hapi.server.profiler import Profiler
+from hapi.server.registry import CLOSED_KEPT, SessionRegistry
 from hapi.server.scheduler import Scheduler, never
-from hapi.server.session import RAW_BATCH_BYTES, Session
+from hapi.server.session import Session
 from hapi.server.shaping import TokenBucket, parse_rate
 from hapi.server.tenants import Tenant, reload_on_sighup
 from hapi.server.tls import flight_location
-from hapi.server.uploads import HeadUploads, head_graph, on_device
+from hapi.server.uploads import HeadUploads
 from hapi.wire import (
     ActionType,
     ChunkTicket,
@@ -54,13 +46,10 @@ from hapi.wire import (
     SessionInfo,
     SessionRequest,
     SessionStats,
-    dtype_width,
-    feature_schema,
     parse,
-    raw_schema,
 )
 from hapi.wire.heads import head_digest_of
-from hapi.wire.messages import HasHeadRequest, KeepaliveRequest, ProfileRequest, UploadedHead
+from hapi.wire.messages import HasHeadRequest, KeepaliveRequest, ProfileRequest
 from hapi.wire.replies import HasHeadReply, ProfileReply
 
 if TYPE_CHECKING:
@@ -70,13 +59,8 @@ __all__ = ["HapiServer", "serve"]
 
 log = logging.getLogger("hapi.server")
 
-CLOSED_KEPT = 1024
-"""Closed sessions whose counters `stats` still shows; older ones are forgotten (a server
-runs for months), their bytes kept in their tenant's total."""
-
-_READ_AHEAD_OBJECT = 256 << 10
-"""Bytes of one object a chunk reads ahead, in its memory model (`Session` bounds its
-read-ahead to this much per object on average)."""
+_Handler = Callable[["HapiServer", bytes, Tenant, flight.ServerCallContext], bytes]
+"""An action's handler: the server, the action's body, its caller and call; its reply."""
 
 
 class HapiServer(flight.FlightServerBase):
@@ -156,21 +140,20 @@ class HapiServer(flight.FlightServerBase):
         self.sending = SendOrder()
         """Each client connection's chunk streams send in chunk order."""
         self._clock = clock
-        self._read_ahead = (config.store_options or StoreOptions()).concurrency
-        self.profiler = Profiler(
-            self.heads,
-            self.scheduler,
-            self.store,
-            read_bytes=self._read_ahead * _READ_AHEAD_OBJECT,
+        self.opener = SessionOpener(
+            config, heads=self.heads, uploads=self.uploads, scheduler=self.scheduler, clock=clock
         )
-        self._sessions: dict[str, Session] = {}
-        self._leases: dict[str, HeadLease] = {}
-        self._closed: dict[str, SessionStats] = {}
-        self._owners: dict[str, str] = {}
-        """Tenant name of every session, open or closed (as long as `_closed` keeps it)."""
-        self._forgotten_bytes: dict[str, int] = {}
-        """Bytes sent by each tenant's closed sessions that `_closed` no longer keeps."""
-        self._lock = threading.Lock()
+        self.profiler = Profiler(
+            self.heads, self.scheduler, self.store, read_bytes=self.opener.read_bytes
+        )
+        self._sessions = SessionRegistry(
+            heads=self.heads,
+            scheduler=self.scheduler,
+            metrics=self.metrics,
+            idle_s=config.session_idle_s,
+            clock=clock,
+            closed_kept=CLOSED_KEPT,
+        )
         self._stopped = threading.Event()
         """Set by `shutdown`: ends the reaper thread `serve` starts."""
         if config.threads:
@@ -191,6 +174,11 @@ class HapiServer(flight.FlightServerBase):
             serve_metrics(self.metrics, config)
 
     @property
+    def _owners(self) -> Mapping[str, str]:
+        """The tenant of every session the registry remembers (a test counts them)."""
+        return self._sessions.owners
+
+    @property
     def address(self) -> str:
         """The `grpc://host:port` (`grpc+tls://` with TLS) clients connect to."""
         return flight_location(self.config.host, self.port, tls=self.tls is not None)
@@ -200,7 +188,9 @@ class HapiServer(flight.FlightServerBase):
 
         Every call closes them too; the reaper frees the heads of a server no call reaches.
         """
-        reaper = threading.Thread(target=self._reap, name="hapi-reaper", daemon=True)
+        reaper = threading.Thread(
+            target=self._sessions.reap, args=(self._stopped,), name="hapi-reaper", daemon=True
+        )
         reaper.start()
         try:
             super().serve()
@@ -215,8 +205,6 @@ class HapiServer(flight.FlightServerBase):
         self.metrics.close()
         self.uploads.close()
 
-    # Flight handlers -------------------------------------------------------------------
-
     def list_actions(self, context: flight.ServerCallContext) -> list[tuple[str, str]]:
         with self._guard("list_actions", context):
             return [(action.value, action.description) for action in ActionType]
@@ -225,37 +213,55 @@ class HapiServer(flight.FlightServerBase):
         self, context: flight.ServerCallContext, action: flight.Action
     ) -> Iterator[bytes]:
         with self._guard(f"action {shorten(repr(action.type), 100)}", context) as tenant:
-            self._close_abandoned()
+            self._sessions.close_abandoned()
             body = action.body.to_pybytes() if action.body is not None else b""
-            result = self._action(action.type, body, tenant, context)
+            handler = self._ACTIONS.get(action.type)
+            if handler is None:
+                raise InvalidRequest(
+                    f"unknown action {shorten(repr(action.type), 100)}: known actions are "
+                    f"{[a.value for a in ActionType]}"
+                )
+            result = handler(self, body, tenant, context)
         return iter([result])
 
-    def _action(
-        self, name: str, body: bytes, tenant: Tenant, context: flight.ServerCallContext
-    ) -> bytes:
-        if name == ActionType.OPEN_SESSION:
-            return self.open_session(parse(SessionRequest, body), tenant=tenant).to_bytes()
-        if name == ActionType.CLOSE_SESSION:
-            session = parse(CloseSessionRequest, body).session
-            return self.close_session(session, tenant=tenant).to_bytes()
-        if name == ActionType.MANIFEST:
-            prefix = parse(ManifestRequest, body).prefix
-            return json.dumps(self.manifest(prefix, tenant=tenant)).encode()
-        if name == ActionType.STATS:
-            return self.stats(tenant=tenant).to_bytes()
-        if name == ActionType.PROFILE:
-            request = parse(ProfileRequest, body)
-            return self.profile(request, tenant=tenant, gone=context.is_cancelled).to_bytes()
-        if name == ActionType.HAS_HEAD:
-            present = self.uploads.has(parse(HasHeadRequest, body).digest)
-            return HasHeadReply(present=present, max_bytes=self.uploads.max_bytes).to_bytes()
-        if name == ActionType.KEEPALIVE:
-            self._session(parse(KeepaliveRequest, body).session, tenant)  # renews its lease
-            return b"{}"
-        raise InvalidRequest(
-            f"unknown action {shorten(repr(name), 100)}: known actions are "
-            f"{[a.value for a in ActionType]}"
-        )
+    # Each action's handler takes its body, the caller and the call, and returns the reply.
+
+    def _on_open_session(self, body: bytes, tenant: Tenant, _: flight.ServerCallContext) -> bytes:
+        return self.open_session(parse(SessionRequest, body), tenant=tenant).to_bytes()
+
+    def _on_close_session(self, body: bytes, tenant: Tenant, _: flight.ServerCallContext) -> bytes:
+        session = parse(CloseSessionRequest, body).session
+        return self.close_session(session, tenant=tenant).to_bytes()
+
+    def _on_manifest(self, body: bytes, tenant: Tenant, _: flight.ServerCallContext) -> bytes:
+        prefix = parse(ManifestRequest, body).prefix
+        return json.dumps(self.manifest(prefix, tenant=tenant)).encode()
+
+    def _on_stats(self, _body: bytes, tenant: Tenant, _: flight.ServerCallContext) -> bytes:
+        return self.stats(tenant=tenant).to_bytes()
+
+    def _on_profile(self, body: bytes, tenant: Tenant, context: flight.ServerCallContext) -> bytes:
+        request = parse(ProfileRequest, body)
+        return self.profile(request, tenant=tenant, gone=context.is_cancelled).to_bytes()
+
+    def _on_has_head(self, body: bytes, _tenant: Tenant, _: flight.ServerCallContext) -> bytes:
+        present = self.uploads.has(parse(HasHeadRequest, body).digest)
+        return HasHeadReply(present=present, max_bytes=self.uploads.max_bytes).to_bytes()
+
+    def _on_keepalive(self, body: bytes, tenant: Tenant, _: flight.ServerCallContext) -> bytes:
+        self._sessions.get(parse(KeepaliveRequest, body).session, tenant)  # renews its lease
+        return b"{}"
+
+    _ACTIONS: ClassVar[Mapping[str, _Handler]] = {
+        ActionType.OPEN_SESSION: _on_open_session,
+        ActionType.CLOSE_SESSION: _on_close_session,
+        ActionType.MANIFEST: _on_manifest,
+        ActionType.STATS: _on_stats,
+        ActionType.PROFILE: _on_profile,
+        ActionType.HAS_HEAD: _on_has_head,
+        ActionType.KEEPALIVE: _on_keepalive,
+    }
+    """The handler of each action, by name."""
 
     def do_put(
         self,
@@ -276,11 +282,11 @@ class HapiServer(flight.FlightServerBase):
     ) -> flight.FlightDataStream:
         started = time.perf_counter()
         with self._guard("do_get", context) as tenant:
-            self._close_abandoned()
+            self._sessions.close_abandoned()
             chunk = parse(ChunkTicket, ticket.ticket)
-            session = self._session(chunk.session, tenant)
+            session = self._sessions.get(chunk.session, tenant)
             # Every key before any read: a refusal says nothing of what exists.
-            self._check_keys(tenant, chunk.keys)
+            check_keys(self.store, tenant, chunk.keys)
         stream = self._stream(session, chunk, tenant, started, context)
         next(stream)  # the chunk starts now and takes its place in its connection's order
         return flight.GeneratorStream(session.schema, stream)
@@ -351,67 +357,11 @@ class HapiServer(flight.FlightServerBase):
                     self.metrics.chunk_abandoned(tenant.name)
                     log.info("chunk %d of session %s: the client left", chunk.chunk, session.id)
 
-    # The library API behind the handlers -------------------------------------------------
-
     def open_session(self, request: SessionRequest, *, tenant: Tenant) -> SessionInfo:
         """Load (or reuse) the head a request needs and register a session for `tenant`."""
-        self._close_abandoned()
-        transforms = Transforms.from_dict(request.transforms)
-        if isinstance(request.model, UploadedHead):
-            graph, freeze, shape, lease = self._uploaded_head(request, request.model)
-            num_cuts = freeze  # as far as the server knows the trainer's model
-        else:
-            graph, freeze, shape, lease = self._named_head(request, request.model)
-            num_cuts = graph.num_cuts
-        head = lease.module if lease is not None else None
-        if request.cut == RAW:
-            schema, per_sample = raw_schema(), 0
-        else:
-            schema = feature_schema(shape, request.wire_dtype)
-            per_sample = dtype_width(request.wire_dtype) * _numel(shape)
-        try:
-            memory = self._memory(request, transforms, graph, lease, per_sample)
-        except BaseException:
-            if lease is not None:
-                self.heads.release(lease)
-            raise
-        info = SessionInfo(
-            session=uuid.uuid4().hex,
-            cut=request.cut,
-            freeze=freeze,
-            num_cuts=num_cuts,
-            feature_shape=shape,
-            wire_dtype=request.wire_dtype,
-            bytes_per_sample=per_sample,
-            batch_size=self.config.batch_size,
-            memory_fixed=memory.fixed,
-            memory_per_sample=memory.per_sample,
-            head_bytes=tensor_bytes(head) if head is not None else 0,
-            idle_s=self.config.session_idle_s,
-            local_prefixes=[p.strip("/") for p in self.config.local_prefixes],
-        )
-        session = Session(
-            id=info.session,
-            request=request,
-            info=info,
-            schema=schema,
-            head=head,
-            transforms=transforms,
-            device=self.heads.device,
-            batch_size=self.config.batch_size,
-            last_used=self._clock(),
-            read_ahead=self._read_ahead,
-            memory=memory,
-            scheduler=self.scheduler,
-            tenant=tenant.name,
-            weight=tenant.weight,
-        )
-        with self._lock:
-            self._sessions[session.id] = session
-            self._owners[session.id] = tenant.name
-            if lease is not None:
-                self._leases[session.id] = lease
-        self.metrics.session_opened(tenant.name, session.id)
+        self._sessions.close_abandoned()
+        session, lease, graph = self.opener.open(request, tenant=tenant)
+        self._sessions.open(session, tenant=tenant.name, lease=lease)
         log.info(
             "opened session %s for %s: cut %d of %d",
             session.id,
@@ -419,60 +369,7 @@ class HapiServer(flight.FlightServerBase):
             request.cut,
             graph.num_cuts,
         )
-        return info
-
-    def _named_head(
-        self, request: SessionRequest, model: dict[str, Any] | str
-    ) -> tuple[ModelGraph, int, list[int], HeadLease | None]:
-        """The graph, freeze point, feature shape and head of a named or repository model."""
-        loaded = self.heads.model(model, request.image_size)
-        graph = loaded.graph
-        freeze = graph.resolve_freeze(request.freeze) if request.freeze is not None else None
-        if freeze is None:
-            freeze = graph.num_cuts
-        if request.cut != RAW:
-            graph.check_cut(request.cut, freeze)
-        if request.cut == RAW:
-            return graph, freeze, [], None
-        if request.cut == INPUT:
-            return graph, freeze, list(graph.input_shape), None
-        shape = list(graph.cut_points[request.cut - 1].shape)
-        return graph, freeze, shape, self.heads.acquire(loaded, request.cut)
-
-    def _uploaded_head(
-        self, request: SessionRequest, model: UploadedHead
-    ) -> tuple[ModelGraph, int, list[int], HeadLease | None]:
-        """The same for a head the trainer uploaded: the server knows only its program, so
-        it takes the cut and freeze point as the trainer says, and finds the features'
-        shape by running the head on one sample."""
-        size = request.image_size
-        input_shape = (3, size, size)
-        freeze = request.freeze
-        if isinstance(freeze, bool) or not isinstance(freeze, int) or freeze < request.cut:
-            raise InvalidCut(
-                f"a session of an uploaded head takes its freeze point as a cut index >= its "
-                f"cut {request.cut}, got {shorten(repr(freeze))}"
-            )
-        if request.cut <= INPUT:
-            shape = [] if request.cut == RAW else list(input_shape)
-            return head_graph(torch.nn.Identity(), input_shape, ()), freeze, shape, None
-        digest = model.artifact
-        if digest is None:
-            raise InvalidRequest(
-                f"a session of {shorten(model.module, 100)} at cut {request.cut} runs the head "
-                "the trainer uploaded: name its digest in `artifact` (upload it with do_put)"
-            )
-        lease = self.heads.acquire_uploaded(
-            digest,
-            lambda: on_device(load_head(self.uploads.get(digest)), self.heads.device),
-            self.uploads.size(digest),
-        )
-        try:
-            out = _output_shape(lease.module, input_shape, self.heads.device)
-        except BaseException:
-            self.heads.release(lease)
-            raise
-        return head_graph(lease.module, input_shape, out), freeze, list(out), lease
+        return session.info
 
     def close_session(self, session_id: str, *, tenant: Tenant) -> SessionStats:
         """Forget a session of `tenant`; return its final stats.
@@ -480,30 +377,8 @@ class HapiServer(flight.FlightServerBase):
         Raises:
             SessionNotFound: no such session, or another tenant's.
         """
-        self._session(session_id, tenant)
-        return self._close(session_id)
-
-    def _close(self, session_id: str) -> SessionStats:
-        with self._lock:
-            session = self._sessions.pop(session_id, None)
-            if session is None:
-                raise SessionNotFound(_unknown_session(session_id))
-            lease = self._leases.pop(session_id, None)
-            if lease is not None:
-                self.heads.release(lease)
-            stats = session.stats.snapshot()
-            self._closed[session_id] = stats
-            self.scheduler.remove_session(session_id)
-            owner = self._owners[session_id]
-            while len(self._closed) > CLOSED_KEPT:
-                oldest = next(iter(self._closed))  # dicts keep the order of closing
-                gone = self._closed.pop(oldest)
-                tenant_name = self._owners.pop(oldest)
-                self._forgotten_bytes[tenant_name] = (
-                    self._forgotten_bytes.get(tenant_name, 0) + gone.bytes_sent
-                )
-        self.metrics.session_closed(owner, session_id)
-        return stats
+        self._sessions.get(session_id, tenant)
+        return self._sessions.close(session_id)
 
     def profile(
         self, request: ProfileRequest, *, tenant: Tenant, gone: Callable[[], bool] = never
@@ -521,48 +396,9 @@ class HapiServer(flight.FlightServerBase):
             Forbidden: a key outside the tenant's prefixes.
             OverBudget: a sample or object that the budget can never hold.
         """
-        session = self._session(request.session, tenant)
-        self._check_keys(tenant, request.keys)
-        model, size = session.request.model, session.request.image_size
-        if isinstance(model, UploadedHead):
-            # The server holds an uploaded model's head for one cut at most, so it times
-            # reading and decoding (cut 0); the trainer estimates the cuts from a chunk at
-            # its freeze cut and its own per-cut times (`hapi.client.planning`).
-            if any(cut > INPUT for cut in request.cuts or ()):
-                raise InvalidCut(
-                    "a session of an uploaded head is profiled at the input (cut 0) only: "
-                    "the server has no head for the other cuts"
-                )
-            graph = head_graph(torch.nn.Identity(), (3, size, size), ())
-            loaded = LoadedModel(graph=graph, key=json.dumps(["uploaded-input", size]))
-            request = request.model_copy(update={"cuts": [INPUT]})
-        else:
-            loaded = self.heads.model(model, size)
-        return self.profiler.profile(session, loaded, request, gone=gone)
-
-    def _memory(
-        self,
-        request: SessionRequest,
-        transforms: Transforms,
-        graph: ModelGraph,
-        lease: HeadLease | None,
-        out_bytes: int,
-    ) -> MemoryModel:
-        """A new session's memory model, measured; refused when one sample cannot fit."""
-        raw = request.cut == RAW
-        return session_memory(
-            self.scheduler,
-            head=lease.module if lease is not None else None,
-            graph=graph,
-            cut=request.cut,
-            device=self.heads.device,
-            transforms=transforms,
-            out_bytes=RAW_BATCH_BYTES if raw else out_bytes,
-            read_bytes=self._read_ahead * _READ_AHEAD_OBJECT,
-            what=session_name(request.model, request.cut),
-            measured_as=lease.key if lease is not None else "input",
-            max_batch=self.config.batch_size,
-        )
+        session = self._sessions.get(request.session, tenant)
+        check_keys(self.store, tenant, request.keys)
+        return self.profiler.profile(session, request, gone=gone)
 
     def manifest(self, prefix: str, *, tenant: Tenant) -> dict[str, Any]:
         """The dataset under `prefix` in this server's store, if `tenant` may read it.
@@ -570,39 +406,7 @@ class HapiServer(flight.FlightServerBase):
         Raises:
             Forbidden: `prefix` is outside the tenant's prefixes.
         """
-        manifest = DatasetManifest.from_store(self.store, tenant.check_prefix(prefix))
-        # check_prefix allows whole segments only; keep a store whose listing matches by
-        # characters (`a` listing `ab/...`) from showing keys beyond them.
-        allowed = [i for i, key in enumerate(manifest.keys) if self._may_read(tenant, key)]
-        if len(allowed) < len(manifest):
-            manifest = manifest.subset(allowed)
-        return manifest.to_dict()
-
-    def _check_keys(self, tenant: Tenant, keys: list[str]) -> None:
-        """Refuse keys outside `tenant`'s prefixes, by name and by where a local store's
-        symlinks lead (a link in its own prefix to another tenant's objects).
-
-        Raises:
-            Forbidden: a key, or its link's target, outside the tenant's prefixes.
-        """
-        for key in keys:
-            tenant.check_key(key)
-        for key in keys:
-            if not self._may_read(tenant, key):
-                # The target is not named: it is another tenant's key.
-                raise Forbidden(
-                    f"key {shorten(repr(key))} is refused: a symlink on its path leads "
-                    f"outside the prefixes of tenant {tenant.name!r}"
-                )
-
-    def _may_read(self, tenant: Tenant, key: str) -> bool:
-        """Whether `key`, and where a local store's symlinks lead it, are the tenant's."""
-        if not tenant.allows(key):
-            return False
-        if tenant.reads_all or not isinstance(self.store, Store):
-            return True
-        real = self.store.real_key(key)
-        return real == key or tenant.allows(real)
+        return readable_manifest(self.store, tenant, prefix).to_dict()
 
     def stats(self, *, tenant: Tenant | None = None) -> ServerStats:
         """Counters of `tenant`'s open and closed sessions, and the server's settings.
@@ -611,17 +415,7 @@ class HapiServer(flight.FlightServerBase):
             tenant: whose sessions to show; None (the operator, calling the library in the
                 server's own process) shows every tenant's.
         """
-        with self._lock:
-            mine = {
-                sid for sid, owner in self._owners.items() if tenant is None or owner == tenant.name
-            }
-            sessions = {sid: s.stats.snapshot() for sid, s in self._sessions.items() if sid in mine}
-            closed = {sid: s for sid, s in self._closed.items() if sid in mine}
-            forgotten = sum(
-                n
-                for name, n in self._forgotten_bytes.items()
-                if tenant is None or name == tenant.name
-            )
+        usage = self._sessions.usage(tenant.name if tenant is not None else None)
         budget = self.scheduler.stats()
         allocated, reserved = device_memory(self.heads.device) or (None, None)
         return ServerStats(
@@ -629,10 +423,9 @@ class HapiServer(flight.FlightServerBase):
             egress_limit_bytes_per_s=self.shaper.rate if self.shaper else None,
             heads_cached=len(self.heads),
             heads_bytes=self.heads.nbytes,
-            bytes_sent=forgotten
-            + sum(s.bytes_sent for s in [*sessions.values(), *closed.values()]),
-            sessions=sessions,
-            closed_sessions=closed,
+            bytes_sent=usage.bytes_sent,
+            sessions=usage.open,
+            closed_sessions=usage.closed,
             memory_budget=budget.budget,
             memory_used=budget.used,
             memory_peak=budget.peak,
@@ -644,56 +437,12 @@ class HapiServer(flight.FlightServerBase):
             cpu_s=time.process_time(),
         )
 
-    def _session(self, session_id: str, tenant: Tenant) -> Session:
-        with self._lock:
-            session = self._sessions.get(session_id)
-            owner = self._owners.get(session_id)
-        # Another tenant's session is answered like an unknown one: its id tells nothing.
-        if session is None or owner != tenant.name:
-            raise SessionNotFound(_unknown_session(session_id))
-        session.last_used = self._clock()
-        # The caller's tenant is as the tenants file says now: a reload's new weight
-        # applies to the session's next batches.
-        session.weight = tenant.weight
-        return session
-
-    @contextlib.contextmanager
-    def _guard(self, what: str, who: flight.ServerCallContext | Tenant) -> Iterator[Tenant]:
-        """`errors_to_wire` for a call of `who` (its context, or its tenant once known),
-        counting each error in the metrics under the tenant."""
+    def _guard(
+        self, what: str, who: flight.ServerCallContext | Tenant
+    ) -> contextlib.AbstractContextManager[Tenant]:
+        """`tenant_call` for a call of `who`, once the server is built."""
         self._ready.wait()
-        with errors_to_wire(what):
-            tenant = who if isinstance(who, Tenant) else caller(who)
-            try:
-                yield tenant
-            except flight.FlightError:
-                raise  # encoded, and counted, by a guard inside this one
-            except HapiError as exc:
-                self.metrics.error(tenant.name, exc)
-                raise
-            except Exception:
-                self.metrics.error(tenant.name, InternalError.__name__)
-                raise
-
-    def _reap(self) -> None:
-        # A tenth of the idle time, at most 5 s: a session is closed within 10% of it.
-        period = min(5.0, self.config.session_idle_s / 10)
-        while not self._stopped.wait(period):
-            try:
-                self._close_abandoned()
-            except Exception:  # the reaper must outlive any one failed close
-                log.exception("closing abandoned sessions failed")
-
-    def _close_abandoned(self) -> None:
-        """Close sessions neither a chunk nor a keepalive used for `session_idle_s`: their
-        jobs died without closing them, and they hold heads in memory."""
-        cutoff = self._clock() - self.config.session_idle_s
-        with self._lock:
-            abandoned = [sid for sid, s in self._sessions.items() if s.last_used < cutoff]
-        for sid in abandoned:
-            log.info("closing session %s: unused for %.0fs", sid, self.config.session_idle_s)
-            with contextlib.suppress(SessionNotFound):
-                self._close(sid)
+        return tenant_call(what, who, self.metrics)
 
 
 @contextlib.contextmanager
@@ -733,40 +482,3 @@ def _open_repo(config: ServerConfig) -> ModelRepo | None:
     from hapi.repo import ModelRepo
 
     return ModelRepo.open(config.repo, config.store_options)
-
-
-def _unknown_session(session_id: str) -> str:
-    return (
-        f"no session {shorten(repr(session_id), 100)} on this server (closed, unused for "
-        "too long, or the server restarted): open a new session"
-    )
-
-
-def _output_shape(
-    head: torch.nn.Module, input_shape: tuple[int, ...], device: torch.device
-) -> tuple[int, ...]:
-    """The shape of one sample of `head`'s output, from shapes alone, refusing a head made
-    for other inputs.
-
-    Run on fake tensors, which allocate and compute nothing: a head's real runs are
-    `session_memory`'s, under a grant of the budget, once its check has refused what one
-    sample could never fit (an uploaded head at 4096 px would otherwise allocate its
-    gigabyte activations here, outside the budget). A `torch.export` program, which an
-    uploaded head is, runs on fake tensors by construction: export traces it so.
-    """
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    with (
-        TRACING.shared(),
-        torch.inference_mode(),
-        FakeTensorMode(allow_non_fake_inputs=True),
-    ):
-        x = torch.zeros(1, *input_shape, device=device)  # a fake tensor: no memory
-        return tuple(head(x).shape[1:])
-
-
-def _numel(shape: list[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
