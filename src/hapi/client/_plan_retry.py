@@ -110,7 +110,8 @@ class DeferredPlan:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        # A measurement under way ends with its calls (seconds); the next is not started.
+        # A measurement under way ends with its calls (seconds) and its plan is taken; the
+        # next try is not started.
         self._stop.set()
         self._thread.join()
 
@@ -121,5 +122,4 @@ class DeferredPlan:
             if not self._stop.is_set():
                 self._failed(exc)
             return
-        if not self._stop.is_set():
-            self._adopt(plan)
+        self._adopt(plan)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import os
@@ -155,9 +156,12 @@ class TransferJob:
             default=(self.freeze, 0.0),
             connections=self.connections,
             measure=self._make_plan,
+            measure_aside=functools.partial(self._make_plan, aside=True),
             retries=RetryPolicy(budget_s=self.config.retry_budget_s),
             record=self._record,
             shared=self._dp.from_rank0 if self._dp is not None else None,
+            while_training=self.config.measure_while_training,
+            kept=self._kept_plan,
         )
         """The plan in force, fixed or measured, and who may change it."""
         self._uploads: UploadedHeads | None = None
@@ -580,18 +584,29 @@ class TransferJob:
     def _in_force(self) -> tuple[int, float]:
         return self._plans.in_force()
 
-    def _make_plan(self, connection: Connection | None = None) -> Plan:
+    def _make_plan(self, connection: Connection | None = None, *, aside: bool = False) -> Plan:
         """Measure the job on `connection`'s server (default: the first) and choose its
-        plan (`plan_job`)."""
+        plan (`plan_job`). `aside`: while the job trains - the trainer is timed on a copy of
+        the model, as timing runs backward passes that would race the training step's."""
+        plan = self._planned(connection or self.connection, measure=True, aside=aside)
+        assert plan is not None  # measured
+        return plan
+
+    def _kept_plan(self) -> Plan | None:
+        """The plan from the profiles an earlier run of this job kept, if any (instant)."""
+        return self._planned(self.connection, measure=False)
+
+    def _planned(
+        self, connection: Connection, *, measure: bool, aside: bool = False
+    ) -> Plan | None:
         config = self.config
-        connection = connection or self.connection
         manifest = self.manifest(config.dataset)
         transforms = config.train_transforms
         planned = plan_job(
             connection,
             functools.partial(self._request, transforms=transforms, connection=connection),
             manifest,
-            self.graph,
+            self._graph_aside() if aside and measure else self.graph,
             self.freeze,
             transforms,
             Workload(
@@ -607,7 +622,10 @@ class TransferJob:
             seed=config.seed,
             wire_dtype=config.wire_dtype,
             cache=ProfileCache() if config.reuse_profiles else None,
+            measure=measure,
         )
+        if planned is None:
+            return None
         plan = planned.plan
         message = plan.reason
         if planned.kept:
@@ -615,6 +633,15 @@ class TransferJob:
         data = {**plan.to_dict(), "kept_profiles": planned.kept}
         self.history.events.append(Event("plan", None, None, message, data))
         return plan
+
+    def _graph_aside(self) -> ModelGraph:
+        """The model traced again from a copy, for timing while the job trains: timing runs
+        forward and backward passes, which on the training model itself would race the
+        training step's (an in-place update under a backward in flight)."""
+        model = copy.deepcopy(self.model)
+        size = self.config.image_size
+        with TRACING.exclusive():
+            return trace(model, input_shape=(3, size, size))
 
     @contextlib.contextmanager
     def _loop(self, prefix: str, transforms: Transforms, train: bool) -> Iterator[FeatureLoader]:
