@@ -86,6 +86,17 @@ class MemoryCgroup:
         """The most bytes charged to the group so far."""
         return int(_read(self.path / self._peak) or 0)
 
+    def reset_peak(self) -> None:
+        """Start `peak` again from the usage now (v1; v2's `memory.peak` cannot be reset
+        for every reader, so there it stays the peak since the group was made)."""
+        if self.version == 1:
+            (self.path / self._peak).write_text("0")
+
+    def stat(self) -> dict[str, int]:
+        """The group's `memory.stat`: what its charge is made of (anon, file cache, ...)."""
+        lines = _read(self.path / "memory.stat").splitlines()
+        return {k: int(v) for k, _, v in (line.partition(" ") for line in lines) if v.isdigit()}
+
     def oom_kills(self) -> int:
         """Processes the kernel killed at the group's limit."""
         name = "memory.oom_control" if self.version == 1 else "memory.events"

@@ -40,8 +40,16 @@ from hapi.wire import (
 
 __all__ = ["Session", "SessionCounters"]
 
-# RAW batches are cut at about this many bytes so shaping and memory stay smooth.
-RAW_BATCH_BYTES = 4 << 20
+WIRE_BATCH_BYTES = 1 << 20
+"""Bytes a wire batch holds at most (or one sample, when a sample's features are more).
+
+A batch is counted in the budget while it computes; once sent to the outbox it waits for
+its stream outside it, up to `AHEAD_BATCHES` and the one being sent per chunk in flight.
+Batches of at most this many bytes bound that to a few MiB per chunk, whatever the cut:
+the rule an operator caps the server's memory by (README, "Memory") holds for early cuts
+too, where 32 samples of ResNet-18's `relu` at 112 px are 25 MiB."""
+RAW_BATCH_BYTES = WIRE_BATCH_BYTES
+"""RAW batches are cut at about this many bytes (`WIRE_BATCH_BYTES`)."""
 _Wire = tuple[pa.RecordBatch, bytes | None]
 """A wire batch and, on the last, the chunk's report."""
 _Out = Outbox[_Wire]
@@ -284,7 +292,9 @@ class Session:
     def _demand(self, left: int, held: _Item | None) -> Demand:
         """What the chunk's next batch asks for: room to decode `held` too, if there is one."""
         decode = max(self.memory.decode, held.decode if held is not None else 0)
-        return Demand(model=decoding(self.memory, decode), max_batch=min(self.batch_size, left))
+        wire = max(WIRE_BATCH_BYTES // max(self.info.bytes_per_sample, 1), 1)
+        most = min(self.batch_size, left, wire)
+        return Demand(model=decoding(self.memory, decode), max_batch=most)
 
     def _load(self, item: _Item, epoch: int) -> Sample | Skipped:
         t0 = time.perf_counter()
