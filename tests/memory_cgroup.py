@@ -60,7 +60,7 @@ class MemoryCgroup:
         except OSError as exc:
             raise CgroupUnavailable(f"cannot make a memory cgroup at {self.path}: {exc}") from exc
         if self.limit is not None:
-            (self.path / self._limit).write_text(str(self.limit))
+            self.set_limit(self.limit)
         return self
 
     def __exit__(
@@ -70,6 +70,11 @@ class MemoryCgroup:
         tb: TracebackType | None,
     ) -> None:
         self.remove()
+
+    def set_limit(self, limit: int) -> None:
+        """Cap the group at `limit` bytes from now on."""
+        (self.path / self._limit).write_text(str(limit))
+        self.limit = limit
 
     def preexec(self) -> None:
         """Join the group: `subprocess.Popen(..., preexec_fn=group.preexec)`."""
