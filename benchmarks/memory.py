@@ -13,9 +13,13 @@ same moment. Two phases:
   gives what the jobs held outside the budget: `per_job = (peak - idle - scheduler's
   peak) / N`, at its most over samples taken every 0.2 s.
 - `capped`: a new server in a group capped by the operator's rule, `cap = idle + budget
-  + PER_JOB * N` (idle as measured above, `PER_JOB` the README's figure, `--per-job`),
-  and the same N jobs: its peak charge against the cap, OOM kills, and whether the
-  server and every job finished.
+  + 8 MiB x chunks in flight` (idle as measured above; `--per-chunk`; a job keeps four
+  in flight), and the same N jobs: its peak charge against the cap, OOM kills, and
+  whether the server and every job finished.
+
+The server's egress is limited (`--egress-limit`, 400 Mbit/s), as a storage node's link
+is: what the chunks computed then waits for the link, and the jobs hold near the most
+they can outside the budget.
 
     python benchmarks/memory.py                # writes benchmarks/out/memory.{json,png}
     python benchmarks/memory.py --results      # ... and its section of RESULTS.md
@@ -43,6 +47,8 @@ from _results import write_section
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # tests.memory_cgroup makes the groups as the tests do
 MiB = 1 << 20
+IN_FLIGHT = 4
+"""Chunks a job keeps in flight (`TransferJob`'s `prefetch`, its default)."""
 
 
 def main() -> None:
@@ -61,7 +67,10 @@ def main() -> None:
         "features), 0 INPUT, -1 RAW",
     )
     parser.add_argument("--budget", default="96MiB", help="the server's --memory-budget")
-    parser.add_argument("--per-job", type=float, default=16.0, help="the rule's MiB per job")
+    parser.add_argument(
+        "--per-chunk", type=float, default=8.0, help="the rule's MiB per chunk in flight"
+    )
+    parser.add_argument("--egress-limit", default="400mbit", help="the server's link")
     parser.add_argument("--out", type=Path, default=HERE / "out")
     parser.add_argument("--results", action="store_true", help="write benchmarks/RESULTS.md")
     parser.add_argument("--job", help=argparse.SUPPRESS)  # internal: run one job (JSON)
@@ -90,7 +99,7 @@ def main() -> None:
         measured = _phase("measure", root, args, cap=None)
         print(json.dumps(_brief(measured)), flush=True)
         idle = measured["idle"]
-        cap = idle + budget + int(args.per_job * MiB) * args.jobs
+        cap = idle + budget + int(args.per_chunk * MiB) * IN_FLIGHT * args.jobs
         capped = _phase("capped", root, args, cap=cap, idle=idle)
         print(json.dumps(_brief(capped)), flush=True)
     result = {
@@ -175,6 +184,7 @@ class _Server:
             *taskset(0),
             *(sys.executable, "-m", "hapi.cli", "serve", "--store", root),
             *("--port", str(self.port), "--threads", "1", "--memory-budget", args.budget),
+            *("--egress-limit", args.egress_limit),
         ]
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 (kept for the server's life)
         self.process = subprocess.Popen(
@@ -366,8 +376,10 @@ def _table(result: dict[str, Any], args: argparse.Namespace) -> str:
         "Idle: the warm server's charge with no session open, less the heads it keeps "
         "cached (they are in the budget). Outside the budget: the charge less idle and less "
         "what the budget held at that moment, at its most (samples every 0.2 s). The "
-        f"capped run's cap is the rule, idle + budget + {args.per_job:g} MiB x "
-        f"{args.jobs} jobs, with the measuring run's idle. {result['seconds']:.0f} s in all. "
+        f"capped run's cap is the rule, idle + budget + {args.per_chunk:g} MiB x "
+        f"{IN_FLIGHT} chunks in flight x {args.jobs} jobs, with the measuring run's idle. "
+        f"The server's egress is limited to {args.egress_limit}. "
+        f"{result['seconds']:.0f} s in all. "
         "Data: `out/memory.json`.",
         "",
         "| run | cap MiB | charge at start MiB | idle MiB | budget's peak MiB "
@@ -388,13 +400,13 @@ def _table(result: dict[str, Any], args: argparse.Namespace) -> str:
     lines += [
         "",
         f"Under the rule's cap ({_mib(capped['cap'])} MiB = idle {_mib(capped['idle'])} + "
-        f"budget {_mib(budget)} + {args.jobs} x {args.per_job:g} MiB) the server peaked at "
+        f"budget {_mib(budget)} + {args.jobs} x {IN_FLIGHT} x {args.per_chunk:g} MiB) the "
+        "server peaked at "
         f"{_mib(capped['peak'])} MiB, {_mib(room)} MiB below it. The rule (README, "
-        "Memory): cap >= idle + budget + 16 MiB x jobs. Outside the budget, per job: its "
-        "connection and threads, its chunks' read-ahead (at most 4 MiB per chunk in "
-        "flight) and the batches they computed and have not sent (at most three wire "
-        "batches of 1 MiB per chunk); on this shared machine other runs measured up to 8 "
-        "MiB per job. Start-up line: "
+        "Memory): cap >= idle + budget + 8 MiB x chunks in flight. Outside the budget, per "
+        "chunk in flight: its read-ahead (at most 4 MiB), the batches it computed and has "
+        "not sent (at most three wire batches of 1 MiB), its threads and stream. "
+        "Start-up line: "
         f"`{capped['start_line'].strip()}`",
         "",
         "![the server's charge while the jobs ran](out/memory.png)",
