@@ -9,9 +9,7 @@ core 1, one torch thread each, joined by a veth shaped with `tc tbf` (root only)
 
 Every run meets a server just started (no head loaded, nothing profiled). Options,
 interleaved in each repeat in a rotated order:
-- `auto cold`: `cut="auto"` with nothing measured before - an empty trainer profile
-  cache - measuring first; and `measure_while_training=True`, training on the freeze cut
-  while it measures;
+- `auto cold`: `cut="auto"` with nothing measured before - an empty profile cache;
 - `auto warm`: `cut="auto"` after another job on the same model (the server's profile
   and the trainer's kept profile are reused; the link is measured again);
 - `freeze cut`, `RAW`: the two fixed options a user would otherwise pick.
@@ -37,7 +35,7 @@ from _results import write_section
 from plan import Stage
 
 HERE = Path(__file__).resolve().parent
-OPTIONS = ("auto cold", "auto cold, measured while training", "auto warm", "freeze cut", "RAW")
+OPTIONS = ("auto cold", "auto warm", "freeze cut", "RAW")
 
 
 def main() -> None:
@@ -133,8 +131,6 @@ def _script(spec: dict) -> None:
         fixed = {"cut": None}
     elif option == "RAW":
         fixed = {"cut": -1}
-    elif option.endswith("while training"):
-        fixed = {"measure_while_training": True}
     job = TransferJob(
         {"name": "resnet18", "num_classes": spec["classes"]},
         "train",
@@ -187,27 +183,24 @@ def _report(rows: list[dict], args: argparse.Namespace, object_bytes: float) -> 
         "and trainer pinned to a core each across a `tc tbf` veth; each run a new process, "
         f"timed from start to exit; medians of {args.repeats} repeats, options interleaved.",
         "",
-        "| link | auto cold | auto cold, while training | auto warm | freeze cut | RAW "
-        "| cold / best fixed | cold, while training / best | warm / best "
-        "| cold: before epoch 1 | warm: before epoch 1 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| link | auto cold | auto warm | freeze cut | RAW | cold / best fixed "
+        "| warm / best fixed | cold: before epoch 1 | warm: before epoch 1 |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    while_training = OPTIONS[1]
     for row in rows:
         runs = row["runs"]
         wall = {k: _median(v, "wall_s") for k, v in runs.items()}
         best = min(wall["freeze cut"], wall["RAW"])
         lines.append(
-            f"| {row['rate']} | {wall['auto cold']:.1f} s | {wall[while_training]:.1f} s "
-            f"| {wall['auto warm']:.1f} s | {wall['freeze cut']:.1f} s | {wall['RAW']:.1f} s "
-            f"| {wall['auto cold'] / best:.2f}x | {wall[while_training] / best:.2f}x "
-            f"| {wall['auto warm'] / best:.2f}x "
+            f"| {row['rate']} | {wall['auto cold']:.1f} s | {wall['auto warm']:.1f} s "
+            f"| {wall['freeze cut']:.1f} s | {wall['RAW']:.1f} s "
+            f"| {wall['auto cold'] / best:.2f}x | {wall['auto warm'] / best:.2f}x "
             f"| {_median(runs['auto cold'], 'before_epochs_s'):.1f} s "
             f"| {_median(runs['auto warm'], 'before_epochs_s'):.1f} s |"
         )
     lines += ["", "The plans `auto` ran (last epoch's cut and share, per run):", ""]
     for row in rows:
-        for name in OPTIONS[:3]:
+        for name in OPTIONS[:2]:
             chosen = ", ".join(_choice(r) for r in row["runs"][name])
             lines.append(f"- {row['rate']}, {name}: {chosen}")
     return "\n".join(lines)
@@ -224,10 +217,10 @@ def _plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    width = 0.16
+    width = 0.2
     for i, name in enumerate(OPTIONS):
         walls = [_median(row["runs"][name], "wall_s") for row in rows]
-        xs = [j + (i - 2) * width for j in range(len(rows))]
+        xs = [j + (i - 1.5) * width for j in range(len(rows))]
         ax.bar(xs, walls, width, label=name)
     ax.set_xticks(range(len(rows)), [row["rate"] for row in rows])
     ax.set_ylabel("whole script, s (median)")

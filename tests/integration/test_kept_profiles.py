@@ -66,24 +66,3 @@ def test_a_job_run_again_plans_from_the_profiles_the_first_run_measured(
     assert fresh.history.of_kind("plan")[0].data["kept_profiles"] is False
     (epoch,) = again.fit(1, lr=0.05).epochs
     assert epoch.samples == 18
-
-
-def test_a_job_measuring_while_it_trains_starts_at_once_and_takes_its_plan(
-    server: HapiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("HAPI_CACHE_DIR", str(tmp_path / "cache"))
-    job = _job(server, measure_while_training=True)
-    history = job.fit(3, lr=0.05)
-
-    kinds = [e.kind for e in history.events]
-    assert kinds[0] == "plan-deferred" and "plan" in kinds, kinds
-    assert [e.samples for e in history.epochs] == [18, 18, 18]
-    assert history.epochs[0].cut == job.freeze or history.plan_changes  # began on the default
-    # The measuring under way when the loop ended was finished, and its plan taken.
-    assert job.plan is not None
-    assert job.cut == job.plan.cut
-
-    # Run again, the profiles are at hand: planned at once, nothing deferred.
-    again = _job(server, measure_while_training=True)
-    again.fit(1, lr=0.05)
-    assert again.history.events[0].kind == "plan"

@@ -64,10 +64,6 @@ class JobConfig:
     says when); False keeps the first plan."""
     probe_samples: int = 16
     """Objects the planner's probes read to measure the server, the link and decoding."""
-    measure_while_training: bool = False
-    """With `cut="auto"` and no profiles kept from an earlier run: start training at once on
-    the freeze cut and measure the plan in the background, taking it when it comes; False
-    measures first (a few seconds) and trains on the plan from the first chunk."""
     reuse_profiles: bool = True
     """Keep the trainer's measured head and training times on disk (`$HAPI_CACHE_DIR`)
     for later jobs on the same model, batch size and machine; False measures every job."""

@@ -160,8 +160,6 @@ class TransferJob:
             retries=RetryPolicy(budget_s=self.config.retry_budget_s),
             record=self._record,
             shared=self._dp.from_rank0 if self._dp is not None else None,
-            while_training=self.config.measure_while_training,
-            kept=self._kept_plan,
         )
         """The plan in force, fixed or measured, and who may change it."""
         self._uploads: UploadedHeads | None = None
@@ -588,17 +586,7 @@ class TransferJob:
         """Measure the job on `connection`'s server (default: the first) and choose its
         plan (`plan_job`). `aside`: while the job trains - the trainer is timed on a copy of
         the model, as timing runs backward passes that would race the training step's."""
-        plan = self._planned(connection or self.connection, measure=True, aside=aside)
-        assert plan is not None  # measured
-        return plan
-
-    def _kept_plan(self) -> Plan | None:
-        """The plan from the profiles an earlier run of this job kept, if any (instant)."""
-        return self._planned(self.connection, measure=False)
-
-    def _planned(
-        self, connection: Connection, *, measure: bool, aside: bool = False
-    ) -> Plan | None:
+        connection = connection or self.connection
         config = self.config
         manifest = self.manifest(config.dataset)
         transforms = config.train_transforms
@@ -606,7 +594,7 @@ class TransferJob:
             connection,
             functools.partial(self._request, transforms=transforms, connection=connection),
             manifest,
-            self._graph_aside() if aside and measure else self.graph,
+            self._graph_aside() if aside else self.graph,
             self.freeze,
             transforms,
             Workload(
@@ -622,10 +610,7 @@ class TransferJob:
             seed=config.seed,
             wire_dtype=config.wire_dtype,
             cache=ProfileCache() if config.reuse_profiles else None,
-            measure=measure,
         )
-        if planned is None:
-            return None
         plan = planned.plan
         message = plan.reason
         if planned.kept:

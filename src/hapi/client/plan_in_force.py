@@ -43,9 +43,6 @@ class PlanInForce:
         record: receives the events of planning (`plan-deferred`, `plan-failed`, `replan`).
         shared: under data parallelism, runs the measuring on rank 0 and gives every rank
             its plan; the ranks then never start on the default alone.
-        while_training: a plan that is not at hand at once (`kept`) is measured in the
-            background while the job trains on the default, not before it trains.
-        kept: the plan from profiles kept by an earlier run, or None (no measuring).
     """
 
     def __init__(
@@ -59,8 +56,6 @@ class PlanInForce:
         retries: RetryPolicy,
         record: Callable[[Event], None],
         shared: Callable[[Callable[[], Plan]], Plan] | None = None,
-        while_training: bool = False,
-        kept: Callable[[], Plan | None] = lambda: None,
     ) -> None:
         if fixed is not None:
             check_choice(*fixed)
@@ -69,7 +64,6 @@ class PlanInForce:
         self._connections, self._measure, self._retries = connections, measure, retries
         self._measure_aside = measure_aside
         self._record, self._shared = record, shared
-        self._while_training, self._kept = while_training, kept
         self._choice: Choice | None = fixed
         self._plan: Plan | None = None
         self._router: Router | None = None
@@ -165,20 +159,6 @@ class PlanInForce:
             plan = self.plan
             assert plan is not None  # a planned job has one
             return (plan.cut, plan.share)
-        if self._while_training:
-            self._plan = self._kept()
-            if self._plan is not None:
-                return (self._plan.cut, self._plan.share)
-            self._record(
-                Event(
-                    "plan-deferred",
-                    None,
-                    None,
-                    "training starts on the freeze cut while the plan is measured",
-                    {"error": None},
-                )
-            )
-            return self._default
         try:
             self._plan = measure_round(self._connections, self._measure)
         except RETRYABLE as exc:

@@ -117,15 +117,13 @@ def plan_job(
     wire_dtype: str = "fp32",
     cache: ProfileCache | None = None,
     config: PlannerConfig | None = None,
-    measure: bool = True,
-) -> Planned | None:
+) -> Planned:
     """Measure the job's pipeline (`measure_job`) - or take what an earlier run of the same
     job kept in `cache` - and choose its plan for `workload`.
 
     Args:
         dataset: the training set's prefix (the kept profiles are the dataset's).
         cache: where profiles are kept between jobs; None measures everything.
-        measure: False: only a plan from kept profiles, else None (nothing is measured).
         Others: as `measure_job`'s.
     """
     key = job_key(
@@ -137,8 +135,6 @@ def plan_job(
     kept = cache.job(key) if cache is not None else None
     if kept is not None:
         profiles = Profiles(*kept)
-    elif not measure:
-        return None
     else:
         profiles = measure_job(
             connection, request, manifest, graph, freeze, transforms,
