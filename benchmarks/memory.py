@@ -233,7 +233,7 @@ class _Watch:
 
     def __init__(self, group: Any, pid: int, address: str) -> None:
         self.group, self.pid, self.address = group, pid, address
-        self.samples: list[dict[str, float]] = []
+        self.samples: list[dict[str, float | None]] = []
         self.peak = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
