@@ -66,3 +66,31 @@ def train_step_both_ways(model: nn.Module, graph: ModelGraph, cut: int, seed: in
     for name, b in model.named_buffers():
         torch.testing.assert_close(b, buffers[name], rtol=0, atol=0, msg=name)
     model.zero_grad(set_to_none=True)
+
+
+class NoisyAux(nn.Module):
+    """A user's root forward with training-only branches: feature noise, an auxiliary head.
+
+    Args:
+        classes: outputs of the classifier and of the auxiliary head.
+        seed: seeds the initial weights (None: torch's global generator as it is).
+    """
+
+    def __init__(self, classes: int = 5, seed: int | None = None) -> None:
+        super().__init__()
+        if seed is not None:
+            torch.manual_seed(seed)
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+        self.body = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+        self.fc = nn.Linear(8, classes)
+        self.aux = nn.Linear(8, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.body(self.stem(x))
+        if self.training:
+            x = x + 0.1 * torch.randn_like(x)
+        x = x.mean(dim=(2, 3))
+        out = self.fc(x)
+        if self.training:
+            out = out + 0.5 * self.aux(x)
+        return out

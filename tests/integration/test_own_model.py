@@ -22,6 +22,8 @@ from hapi.graph import INPUT, ModelSpec, build_model, export_head, trace
 from hapi.graph.export import HeadArtifact
 from hapi.server import HapiServer, serve
 
+from ..graph_checks import NoisyAux
+
 STEP_RTOL = STEP_ATOL = 1e-5
 """The README's fp32 tolerance per step, pushdown against local mode (`exact=False`)."""
 
@@ -228,32 +230,13 @@ def test_auto_plans_a_users_module_from_its_freeze_point_head(server: HapiServer
     _close_per_step(job, local)
 
 
-class NoisyAux(nn.Module):
-    """A user's root forward with training-only branches: feature noise, an auxiliary head."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(13)
-        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
-        self.body = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
-        self.fc = nn.Linear(8, 3)
-        self.aux = nn.Linear(8, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.body(self.stem(x))
-        if self.training:
-            x = x + 0.1 * torch.randn_like(x)
-        x = x.mean(dim=(2, 3))
-        out = self.fc(x)
-        if self.training:
-            out = out + 0.5 * self.aux(x)
-        return out
+def _noisy_aux() -> NoisyAux:
+    return NoisyAux(classes=3, seed=13)
 
 
 def test_a_users_training_only_branches_train_through_the_server(server: HapiServer) -> None:
-    model = NoisyAux()
-    aux_before = model.aux.weight.detach().clone()
-    pushdown, local = _pushdown_and_local(server, NoisyAux, 32, freeze="stem")
+    aux_before = _noisy_aux().aux.weight.detach().clone()
+    pushdown, local = _pushdown_and_local(server, _noisy_aux, 32, freeze="stem")
     model = pushdown.model
     # The auxiliary head runs in training only: it trained, so the tail ran the train graph.
     assert not torch.equal(model.aux.weight, aux_before)

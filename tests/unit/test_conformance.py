@@ -28,7 +28,7 @@ from torch import nn
 
 from hapi.graph import ModelGraph, ModelSpec, build_model, trace
 
-from ..graph_checks import split_exactly, train_step_both_ways
+from ..graph_checks import NoisyAux, split_exactly, train_step_both_ways
 
 
 @dataclass(frozen=True)
@@ -151,27 +151,6 @@ class TupleNet(nn.Module):
         return self.fc(F.dropout(pooled, p=0.2, training=self.training)), pooled
 
 
-class TrainingBranches(nn.Module):
-    """A root forward that branches on `self.training`: feature noise, an auxiliary head."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
-        self.body = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
-        self.fc = nn.Linear(8, 5)
-        self.aux = nn.Linear(8, 5)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.body(self.stem(x))
-        if self.training:
-            x = x + 0.1 * torch.randn_like(x)
-        pooled = x.mean(dim=(2, 3))
-        out = self.fc(pooled)
-        if self.training:
-            out = out + 0.5 * self.aux(pooled)
-        return out
-
-
 CASES: dict[str, Case] = {
     # torchvision: fourteen families (vgg11 last: 133M parameters to initialise)
     "resnet18": Case(
@@ -276,7 +255,7 @@ CASES: dict[str, Case] = {
     "user_shape_flow": Case(ShapeFlow, 16, ("stem", "mix"), "export", fast=True),
     "user_dropout": Case(DropoutNet, 16, ("features", "features+flatten"), fast=True),
     "user_tuple_output": Case(TupleNet, 16, ("features", "features+mean", "fc"), fast=True),
-    "user_training_branches": Case(TrainingBranches, 16, ("stem", "body"), fast=True),
+    "user_training_branches": Case(NoisyAux, 16, ("stem", "body"), fast=True),
     "vgg11": Case(_tv("vgg11"), 32, ("features.3", "classifier.3")),
 }
 

@@ -19,7 +19,7 @@ from torch import nn
 
 from hapi.graph import ModelGraph, ModelSpec, build_model, model_output, trace
 
-from ..graph_checks import split_exactly, train_step_both_ways
+from ..graph_checks import NoisyAux, split_exactly, train_step_both_ways
 
 
 class Noisy(nn.Module):
@@ -159,27 +159,6 @@ def test_batch_norm_statistics_update_in_the_trainable_part_only(
         graph.tail(cut).train()(frozen(torch.randn(4, 3, 16, 16)))
     assert torch.equal(stem_bn.running_mean, before[0])
     assert not torch.equal(body_bn.running_mean, before[1])
-
-
-class NoisyAux(nn.Module):
-    """A user's root forward with training-only branches: feature noise, an auxiliary head."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
-        self.body = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
-        self.fc = nn.Linear(8, 5)
-        self.aux = nn.Linear(8, 5)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.body(self.stem(x))
-        if self.training:
-            x = x + 0.1 * torch.randn_like(x)
-        x = x.mean(dim=(2, 3))
-        out = self.fc(x)
-        if self.training:
-            out = out + 0.5 * self.aux(x)
-        return out
 
 
 @pytest.fixture(scope="module")
