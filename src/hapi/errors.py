@@ -23,6 +23,7 @@ __all__ = [
     "InternalError",
     "InvalidCut",
     "InvalidRequest",
+    "MemoryBusy",
     "NotDecoded",
     "NothingToTrain",
     "ObjectNotFound",
@@ -85,6 +86,11 @@ class InvalidRequest(HapiError, ValueError):
 class OverBudget(InvalidRequest):
     """A request or object the server's memory budget cannot hold: a sample, an image or a
     head larger than the budget allows (the message names the budget)."""
+
+
+class MemoryBusy(OverBudget):
+    """Memory the budget could hold, but not while other sessions hold theirs: a job
+    retries it (`retry_budget_s`) until they close."""
 
 
 class SessionNotFound(HapiError, KeyError):

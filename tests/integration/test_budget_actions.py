@@ -7,6 +7,7 @@ and ran its heads under that session's RAW memory model, so a transform that
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 from hapi.client import TransferJob, connect
 from hapi.data import Transforms, open_store, synth_dataset
 from hapi.data.ops import CenterCrop, Normalize, Resize
-from hapi.errors import OverBudget
+from hapi.errors import MemoryBusy, OverBudget
 from hapi.graph import INPUT, RAW, ModelSpec
 from hapi.server import HapiServer, ServerConfig, serve
 from hapi.wire import ActionType, ChunkTicket, SessionRequest
@@ -130,3 +131,35 @@ def test_a_planned_job_whose_samples_cannot_fit_fails_with_the_budget_named(
     # The server goes on serving everyone else.
     ok = connect(server.address).open_session(_request(transforms=Transforms.eval(SIZE).to_dict()))
     assert ok.session
+
+
+def test_a_job_waits_for_memory_other_sessions_hold_and_trains_once_they_close(
+    store_dir: Path,
+) -> None:
+    """A head the budget holds, but not beside another session's: the job's session is
+    refused for now (`MemoryBusy`, an `OverBudget`), retried, and opens once the other
+    session closes; without that, the job fails at its retry budget, naming the sizes."""
+    config = ServerConfig(store=str(store_dir), memory_budget=96 << 20, batch_size=4)
+    with serve(config) as server:
+        other = connect(server.address)
+        held = other.open_session(_request(cut=12, freeze=12)).session  # ~43 MiB
+        # resnet34's needs ~82 MiB of the 96: not while the other session holds its head.
+        job = TransferJob(
+            {"name": "resnet34", "num_classes": 3}, "train", server.address,
+            freeze="layer3", cut=None, image_size=SIZE, chunk_size=4, retry_budget_s=2,
+        )  # fmt: skip
+        with pytest.raises(MemoryBusy, match="open sessions hold"):
+            job.fit(1)
+
+        job = TransferJob(
+            {"name": "resnet34", "num_classes": 3}, "train", server.address,
+            freeze="layer3", cut=None, image_size=SIZE, chunk_size=4, retry_budget_s=60,
+        )  # fmt: skip
+        closer = threading.Timer(2.0, other.close_session, args=(held,))
+        closer.start()
+        try:
+            (epoch,) = job.fit(1).epochs
+        finally:
+            closer.join()
+        assert epoch.samples == 12
+        assert job.history.retries  # it waited, retrying

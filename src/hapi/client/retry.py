@@ -14,13 +14,25 @@ from dataclasses import dataclass
 
 import tenacity
 
-from hapi.errors import InvalidRequest, ServerUnavailable, SessionNotFound, StoreUnavailable
+from hapi.errors import (
+    InvalidRequest,
+    MemoryBusy,
+    ServerUnavailable,
+    SessionNotFound,
+    StoreUnavailable,
+)
 
 __all__ = ["RETRYABLE", "RetryPolicy"]
 
-RETRYABLE: tuple[type[Exception], ...] = (ServerUnavailable, StoreUnavailable, SessionNotFound)
+RETRYABLE: tuple[type[Exception], ...] = (
+    ServerUnavailable,
+    StoreUnavailable,
+    SessionNotFound,
+    MemoryBusy,
+)
 """Failures a later try may not meet: the server or its store away (a restart, a network
-blip, a stream cut), or a session a restarted server no longer holds (re-opened first)."""
+blip, a stream cut), a session a restarted server no longer holds (re-opened first), or a
+server whose budget other sessions fill for now."""
 
 
 @dataclass(frozen=True, kw_only=True)

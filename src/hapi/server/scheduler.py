@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from hapi.errors import HapiError, OverBudget
+from hapi.errors import HapiError, MemoryBusy, OverBudget
 from hapi.server.budget import MemoryModel, format_bytes
 
 __all__ = [
@@ -239,7 +239,7 @@ class Scheduler:
             while True:
                 held = self._held()
                 if nbytes > self.budget - held:
-                    raise OverBudget(
+                    raise _refusal(nbytes, self.budget)(
                         f"{what} needs {format_bytes(nbytes)}, but this server's memory "
                         f"budget is {format_bytes(self.budget)}, of which open sessions "
                         f"hold {format_bytes(held)}: close sessions, use a smaller model, "
@@ -281,7 +281,7 @@ class Scheduler:
         need = model.batch_bytes(1) + extra
         held = self._held()
         if need > self.budget - held:
-            raise OverBudget(
+            raise _refusal(need, self.budget)(
                 f"{what} needs {format_bytes(need)} for one sample (head "
                 f"{format_bytes(extra)}, batch {format_bytes(model.batch_bytes(1))}) but "
                 f"this server's memory budget is {format_bytes(self.budget)}, of which "
@@ -476,3 +476,9 @@ class Scheduler:
             per_sample = spent / max(grant.batch, 1)
             share.rate = per_sample if not share.rate else 0.7 * share.rate + 0.3 * per_sample
             self._cond.notify_all()
+
+
+def _refusal(need: int, budget: int) -> type[OverBudget]:
+    """`OverBudget` for what no budget of this size holds; `MemoryBusy` for what it would
+    hold once other sessions close theirs: a job waits for that (it is retried)."""
+    return OverBudget if need > budget else MemoryBusy
