@@ -510,6 +510,11 @@ class _FailingStore:
             raise RuntimeError("/srv/secret/hapi/store.py: invariant broken")
         return self.store.list(prefix)
 
+    def list_versions(self, prefix: str = "") -> Iterator[tuple[str, str]]:
+        if "explode" in prefix:
+            raise RuntimeError("/srv/secret/hapi/store.py: invariant broken")
+        return self.store.list_versions(prefix)
+
     def __getattr__(self, name: str) -> object:
         return getattr(self.store, name)
 

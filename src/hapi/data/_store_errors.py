@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from hapi.data._cloud import credential_hint
 from hapi.errors import InvalidRequest, ObjectNotFound, StoreUnavailable, shorten
 
 __all__ = ["connect_failure", "is_not_implemented", "translate"]
@@ -48,15 +49,14 @@ def translate(exc: Exception, uri: str, key: str) -> Exception:
             f"invalid object key {shorten(repr(key))} for store {uri}: {_first_line(exc)}"
         )
     code = _s3_code(exc)
-    if code == "NoSuchBucket":
+    if code in ("NoSuchBucket", "ContainerNotFound"):
         return ObjectNotFound(
             f"the bucket of store {uri} does not exist: create it, or check the URI"
         )
     if isinstance(exc, PermissionDeniedError | UnauthenticatedError) or code in _AUTH_CODES:
         return StoreUnavailable(
             f"store {uri} refused the request for {what} ({code or 'access denied'}): "
-            "check "
-            "the access key and secret (options, or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)"
+            f"check {credential_hint(uri)}"
         )
     reason = connect_failure(exc)
     if reason is not None:
@@ -71,14 +71,22 @@ def translate(exc: Exception, uri: str, key: str) -> Exception:
     )
 
 
-# S3 codes of a refused signature or key; obstore reports some of them as a GenericError.
+# S3 (and Azure) codes of a refused signature or key; obstore reports some of them as a
+# GenericError.
 _AUTH_CODES = frozenset(
-    {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AuthorizationHeaderMalformed"}
+    {
+        "AccessDenied",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "AuthorizationHeaderMalformed",
+        "AuthenticationFailed",
+        "AuthorizationFailure",
+    }
 )
 
 
 def _s3_code(exc: Exception) -> str:
-    """The `<Code>` of an S3 error body quoted in obstore's message, or ''."""
+    """The `<Code>` of an S3 or Azure error body quoted in obstore's message, or ''."""
     match = re.search(r"<Code>([A-Za-z]+)</Code>", str(exc))
     return match.group(1) if match else ""
 

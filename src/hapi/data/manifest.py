@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hapi.data.store import ObjectStore
@@ -32,13 +32,21 @@ class DatasetManifest:
     keys: tuple[str, ...]
     labels: tuple[int, ...]
     classes: tuple[str, ...]
+    versions: tuple[str, ...] = field(default=(), compare=False)
+    """Each key's version as listed (`ObjectStore.list_versions`), or empty where unknown:
+    the feature cache keys a sample by it, so a rewritten object is never a stale hit.
+    Not part of equality: the same samples in the same order are the same dataset."""
 
     def __post_init__(self) -> None:
-        for name in ("keys", "labels", "classes"):
+        for name in ("keys", "labels", "classes", "versions"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         if len(self.keys) != len(self.labels):
             raise InvalidRequest(
                 f"manifest has {len(self.keys)} keys but {len(self.labels)} labels"
+            )
+        if self.versions and len(self.versions) != len(self.keys):
+            raise InvalidRequest(
+                f"manifest has {len(self.keys)} keys but {len(self.versions)} versions"
             )
         if len(set(self.classes)) != len(self.classes):
             raise InvalidRequest(f"manifest class names repeat: {self.classes}")
@@ -75,13 +83,15 @@ class DatasetManifest:
         base = f"{prefix}/" if prefix else ""
         endings = tuple(e.lower() for e in extensions)
         pairs: list[tuple[str, str]] = []
-        for key in store.list(prefix):
+        versions: dict[str, str] = {}
+        for key, version in store.list_versions(prefix):
             if not key.startswith(base) or not key.lower().endswith(endings):
                 continue
             parts = key[len(base) :].split("/")
             if len(parts) < 2 or any(p.startswith(".") for p in parts):
                 continue
             pairs.append((parts[0], key))
+            versions[key] = version
         if not pairs:
             where = f"under prefix {prefix!r}" if prefix else "at the root"
             raise ObjectNotFound(
@@ -97,6 +107,7 @@ class DatasetManifest:
             keys=tuple(k for _, k in pairs),
             labels=tuple(index[c] for c, _ in pairs),
             classes=classes,
+            versions=tuple(versions[k] for _, k in pairs),
         )
 
     def subset(self, indices: Sequence[int]) -> DatasetManifest:
@@ -106,6 +117,7 @@ class DatasetManifest:
             tuple(self.keys[i] for i in indices),
             tuple(self.labels[i] for i in indices),
             self.classes,
+            tuple(self.versions[i] for i in indices) if self.versions else (),
         )
 
     def counts(self) -> dict[str, int]:
@@ -122,6 +134,7 @@ class DatasetManifest:
             "keys": list(self.keys),
             "labels": list(self.labels),
             "classes": list(self.classes),
+            **({"versions": list(self.versions)} if self.versions else {}),
         }
 
     @classmethod
@@ -138,7 +151,12 @@ class DatasetManifest:
             labels = data["labels"]
             if not all(isinstance(v, int) and not isinstance(v, bool) for v in labels):
                 raise TypeError("labels must be integers")
-            return cls(data["prefix"], tuple(keys), tuple(labels), tuple(classes))
+            # Absent from an older server's listing: the cache then keys by key alone
+            # (`hapi.cache` says what that risks).
+            versions = data.get("versions", [])
+            if not isinstance(versions, list) or not all(isinstance(v, str) for v in versions):
+                raise TypeError("versions must be strings")
+            return cls(data["prefix"], tuple(keys), tuple(labels), tuple(classes), tuple(versions))
         except KeyError as exc:
             raise InvalidRequest(f"malformed manifest: no field {exc}") from exc
         except TypeError as exc:

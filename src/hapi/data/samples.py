@@ -17,7 +17,7 @@ import torch
 
 from hapi.data.images import load_sample
 from hapi.data.store import ObjectStore
-from hapi.data.transforms import Transforms, sample_seed
+from hapi.data.transforms import Transforms
 from hapi.errors import HapiError
 
 __all__ = [
@@ -109,7 +109,7 @@ def load_one(
     try:
         if isinstance(data, BaseException):
             raise data
-        tensor = load_sample(data, key, transforms, sample_seed(seed, epoch, key))
+        tensor = load_sample(data, key, transforms, transforms.seed(seed, epoch, key))
     except Exception as exc:
         return skip_or_raise(key, exc, skip=skip)
     return Sample(key, label, tensor)

@@ -7,6 +7,7 @@ local directories, memory, S3-compatible stores, GCS and Azure, with retries bui
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -19,10 +20,11 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlparse
 
+from hapi.data._cloud import cloud_client, endpoint_hint, is_cloud, is_remote
 from hapi.data._store_errors import connect_failure, is_not_implemented, translate
 from hapi.errors import Forbidden, InvalidRequest, ObjectNotFound, StoreUnavailable, shorten
 
-__all__ = ["ObjectStore", "Store", "StoreOptions", "open_store"]
+__all__ = ["ObjectStore", "Store", "StoreOptions", "object_version", "open_store"]
 
 log = logging.getLogger("hapi.data")
 
@@ -66,6 +68,11 @@ class ObjectStore(Protocol):
         """Yield every key under `prefix` (recursively), in no particular order."""
         ...
 
+    def list_versions(self, prefix: str = "") -> Iterator[tuple[str, str]]:
+        """Yield `(key, version)` for every key under `prefix`: the version changes
+        whenever the object does (its ETag, size and modification time, digested)."""
+        ...
+
     def delete(self, key: str) -> None:
         """Remove an object; removing a missing object is not an error."""
         ...
@@ -73,24 +80,32 @@ class ObjectStore(Protocol):
 
 @dataclass(frozen=True, kw_only=True)
 class StoreOptions:
-    """How to reach an S3-compatible store. Unset fields fall back to the AWS variables."""
+    """How to reach an S3, GCS or Azure store. Unset fields fall back to each cloud's usual
+    environment variables (AWS_*, GOOGLE_*, AZURE_STORAGE_*)."""
 
     endpoint: str | None = None
-    """S3 endpoint URL (e.g. `http://127.0.0.1:8333`); default `AWS_ENDPOINT_URL`."""
+    """Endpoint URL: S3's (default `AWS_ENDPOINT_URL`), GCS's base URL, or Azure's blob
+    endpoint (`http://127.0.0.1:10000/devstoreaccount1` for Azurite)."""
     access_key_id: str | None = None
     """Access key; default `AWS_ACCESS_KEY_ID`."""
     secret_access_key: str | None = None
     """Secret key; default `AWS_SECRET_ACCESS_KEY`."""
     region: str | None = None
     """Region; default `AWS_REGION`, else `us-east-1`."""
+    service_account: str | None = None
+    """GCS: path of a service account JSON key; default `GOOGLE_SERVICE_ACCOUNT`."""
+    account_name: str | None = None
+    """Azure: storage account; default `AZURE_STORAGE_ACCOUNT_NAME`."""
+    account_key: str | None = None
+    """Azure: the account's key; default `AZURE_STORAGE_ACCOUNT_KEY` (or a SAS token)."""
     concurrency: int = 16
     """Reads in flight at once in `get_many`."""
     connect_timeout: float = 5.0
-    """Seconds to wait for a connection to an S3 endpoint."""
+    """Seconds to wait for a connection to a remote store."""
     request_timeout: float = 120.0
-    """Seconds one S3 request may take, body included: room for large tensor blobs."""
+    """Seconds one request may take, body included: room for large tensor blobs."""
     max_retries: int = 2
-    """Retries of a failed S3 request. Few and fast, so a store that is down is reported
+    """Retries of a failed request. Few and fast, so a store that is down is reported
     in well under a second instead of after minutes of backoff."""
 
     def __post_init__(self) -> None:
@@ -113,8 +128,9 @@ def open_store(
     """Open the store named by `uri`. Nothing is connected until the first request.
 
     Args:
-        uri: `memory://`, `file:///abs/dir`, a plain directory path, or `s3://bucket/prefix`.
-        options: endpoint and credentials for `s3://`; the AWS variables otherwise.
+        uri: `memory://`, `file:///abs/dir`, a plain directory path, `s3://bucket/prefix`,
+            `gs://bucket/prefix` or `az://container/prefix` (and obstore's other Azure forms).
+        options: endpoint and credentials; each cloud's environment variables otherwise.
         create: make a missing local directory (as an empty bucket) on first use. Readers
             pass False, so a mistyped path is reported instead of created.
 
@@ -180,10 +196,12 @@ class Store:
         self._root: str | None = None
         """A local store's real root path, ending in a separator; None until needed."""
         scheme = urlparse(self.uri).scheme
-        if scheme not in ("", "file", "memory", "s3") and not _is_windows_drive(self.uri):
+        known = scheme in ("", "file", "memory", "s3") or is_cloud(self.uri)
+        if not known and not _is_windows_drive(self.uri):
             raise InvalidRequest(
                 f"unknown store URI scheme {shorten(repr(scheme))} in {shorten(repr(self.uri))}: "
-                "use a directory path, file:///dir, s3://bucket/prefix or memory://"
+                "use a directory path, file:///dir, s3://bucket/prefix, gs://bucket/prefix, "
+                "az://container/prefix or memory://"
             )
 
     def __getstate__(self) -> dict[str, Any]:
@@ -230,7 +248,7 @@ class Store:
         if _is_local(self.uri):
             _local_dir(self.uri, create=self.create)
             return
-        if urlparse(self.uri).scheme != "s3":
+        if not is_remote(self.uri):
             return  # memory: always there
         quick = replace(
             self.options,
@@ -245,9 +263,8 @@ class Store:
             if reason is None:
                 raise translate(exc, self.uri, "") from exc
             raise StoreUnavailable(
-                f"cannot reach store {self.uri} at {_endpoint_name(self.options)} ({reason}): "
-                "check that the store is running, the endpoint (--endpoint or "
-                "AWS_ENDPOINT_URL) and the network"
+                f"cannot reach store {self.uri} at {endpoint_hint(self.uri, self.options)} "
+                f"({reason}): check that the store is running, the endpoint and the network"
             ) from None
 
     def get(self, key: str) -> bytes:
@@ -319,6 +336,10 @@ class Store:
             raise translate(exc, self.uri, key) from exc
 
     def list(self, prefix: str = "") -> Iterator[str]:
+        for key, _ in self.list_versions(prefix):
+            yield key
+
+    def list_versions(self, prefix: str = "") -> Iterator[tuple[str, str]]:
         import obstore
 
         prefix = prefix.strip("/")
@@ -335,7 +356,7 @@ class Store:
                     if root is not None and _escapes(root, key, inside):
                         escaped.append(key)
                         continue
-                    yield key
+                    yield key, object_version(meta)
         except Exception as exc:
             raise translate(exc, self.uri, prefix) from exc
         if escaped:
@@ -405,6 +426,14 @@ class Store:
         return key
 
 
+def object_version(meta: Any) -> str:
+    """An object's version from its listing: a digest of its ETag, size and modification
+    time, so a store without ETags (or one that reuses them) still tells a rewrite."""
+    stamp = meta.get("last_modified")
+    text = f"{meta.get('e_tag')}|{meta.get('size')}|{stamp.isoformat() if stamp else ''}"
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
 def _resolves_under(root: str, key: str) -> bool:
     # realpath resolves every symlink on the way (a linked file or directory); a path that
     # does not exist yet resolves as far as it exists, which is what a write would follow.
@@ -456,10 +485,6 @@ def _check_endpoint(endpoint: str, name: str) -> None:
         )
 
 
-def _endpoint_name(options: StoreOptions) -> str:
-    return options.endpoint or os.environ.get("AWS_ENDPOINT_URL") or "the AWS S3 endpoint"
-
-
 def _local_dir(uri: str, *, create: bool) -> Path:
     """The directory of a local store URI, made if missing when `create` is set.
 
@@ -496,6 +521,8 @@ def _make_client(uri: str, options: StoreOptions, *, create: bool = True) -> Any
     if parsed.scheme == "memory":
         with _MEMORY_LOCK:
             return _MEMORY.setdefault(uri, MemoryStore())
+    if is_cloud(uri):
+        return cloud_client(uri, options, *_http_options(options))
     if parsed.scheme == "s3":
         if not parsed.netloc:
             raise InvalidRequest(f"{uri!r} names no bucket: use s3://bucket/prefix")
@@ -514,23 +541,31 @@ def _make_client(uri: str, options: StoreOptions, *, create: bool = True) -> Any
             config["skip_signature"] = "true"
         if endpoint:
             config["endpoint"] = endpoint
+        client_options, retry = _http_options(options)
         return S3Store(
             parsed.netloc,
             prefix=parsed.path.strip("/") or None,
             config=config,  # type: ignore[arg-type]
-            client_options={
-                "allow_http": True,
-                "timeout": f"{options.request_timeout}s",
-                "connect_timeout": f"{options.connect_timeout}s",
-            },
-            retry_config={
-                "max_retries": options.max_retries,
-                "backoff": {
-                    "init_backoff": timedelta(milliseconds=50),
-                    "max_backoff": timedelta(milliseconds=500),
-                    "base": 2,
-                },
-                "retry_timeout": timedelta(seconds=options.request_timeout),
-            },
+            client_options=client_options,  # type: ignore[arg-type]
+            retry_config=retry,  # type: ignore[arg-type]
         )
     return LocalStore(_local_dir(uri, create=create))
+
+
+def _http_options(options: StoreOptions) -> tuple[dict[str, Any], dict[str, Any]]:
+    """obstore's client options and retry configuration, the same for every cloud."""
+    client_options = {
+        "allow_http": True,
+        "timeout": f"{options.request_timeout}s",
+        "connect_timeout": f"{options.connect_timeout}s",
+    }
+    retry = {
+        "max_retries": options.max_retries,
+        "backoff": {
+            "init_backoff": timedelta(milliseconds=50),
+            "max_backoff": timedelta(milliseconds=500),
+            "base": 2,
+        },
+        "retry_timeout": timedelta(seconds=options.request_timeout),
+    }
+    return client_options, retry

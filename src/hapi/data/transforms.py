@@ -66,11 +66,22 @@ class Transforms:
     ops: tuple[Op, ...] = ()
     reduced_decode: bool = True
     """Decode a JPEG no larger than the first op's output needs (see the module's note)."""
+    views: int | None = None
+    """Draw each sample's random ops from one of this many seeded views, the view of epoch
+    e being e mod `views`: from epoch `views` on, every sample repeats one seen before, so
+    its features can be cached ("data echoing"). None: fresh draws every epoch."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.reduced_decode, bool):
             raise InvalidRequest(
                 f"reduced_decode must be true or false, got {shorten(repr(self.reduced_decode))}"
+            )
+        if self.views is not None and (
+            isinstance(self.views, bool) or not isinstance(self.views, int) or self.views < 1
+        ):
+            raise InvalidRequest(
+                f"views must be a whole number >= 1 (or None for fresh augmentation every "
+                f"epoch), got {shorten(repr(self.views))}"
             )
         ops = tuple(self.ops)
         normalized = False
@@ -104,6 +115,23 @@ class Transforms:
     def is_random(self) -> bool:
         """Whether the result depends on the seed."""
         return any(isinstance(op, RandomResizedCrop | HorizontalFlip) for op in self.ops)
+
+    @property
+    def random_ops(self) -> tuple[str, ...]:
+        """The names of the ops that draw from the seed."""
+        return tuple(op.op for op in self.ops if isinstance(op, RandomResizedCrop | HorizontalFlip))
+
+    def view(self, epoch: int) -> int | None:
+        """Which of the sample's views `epoch` draws: None where every epoch draws afresh
+        (random ops, no `views`); 0 for a pipeline without random ops."""
+        if not self.is_random:
+            return 0
+        return None if self.views is None else epoch % self.views
+
+    def seed(self, job_seed: int, epoch: int, key: str) -> int:
+        """The seed of one sample's random ops in `epoch` (its view's, with `views`)."""
+        view = self.view(epoch)
+        return sample_seed(job_seed, epoch if view is None else view, key)
 
     def decode_size(self, width: int, height: int, *, seed: int) -> tuple[int, int]:
         """The smallest (width, height) an image of that size may be decoded at for the
@@ -146,6 +174,8 @@ class Transforms:
         return {
             "ops": [{"op": op.op, **_jsonable(asdict(op))} for op in self.ops],
             "reduced_decode": self.reduced_decode,
+            # Only when set: a server from before `views` still reads every other pipeline.
+            **({"views": self.views} if self.views is not None else {}),
         }
 
     @classmethod
@@ -157,11 +187,11 @@ class Transforms:
         """
         if not isinstance(data, dict) or not isinstance(data.get("ops", []), list):
             raise InvalidRequest(f"transforms must be {{'ops': [...]}}, got {shorten(repr(data))}")
-        unknown_keys = set(data) - {"ops", "reduced_decode"}
+        unknown_keys = set(data) - {"ops", "reduced_decode", "views"}
         if unknown_keys:
             raise InvalidRequest(
                 f"transforms have no field(s) {shorten(repr(sorted(unknown_keys)))}; they take "
-                "'ops' and 'reduced_decode'"
+                "'ops', 'reduced_decode' and 'views'"
             )
         ops: list[Op] = []
         for spec in data.get("ops", []):
@@ -184,7 +214,9 @@ class Transforms:
                 raise InvalidRequest(
                     f"transform {shorten(repr(spec['op']))}: {shorten(str(exc))}"
                 ) from None
-        return cls(tuple(ops), reduced_decode=data.get("reduced_decode", True))
+        return cls(
+            tuple(ops), reduced_decode=data.get("reduced_decode", True), views=data.get("views")
+        )
 
 
 def _scale(full: tuple[int, int], decoded: tuple[int, int]) -> int:

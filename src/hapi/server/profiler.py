@@ -41,7 +41,7 @@ from typing import TypeVar
 import torch
 
 from hapi._tracing import TRACING
-from hapi.data import ObjectStore, sample_seed
+from hapi.data import ObjectStore
 from hapi.data.samples import Sample, load_one
 from hapi.errors import InvalidCut, shorten
 from hapi.graph import INPUT
@@ -221,7 +221,7 @@ class Profiler:
         chunk would refuse it), and the objects read in place of a chunk's read-ahead."""
         seed, epoch = session.request.seed, request.epoch
         decodes = [
-            object_decode_bytes(blob, session.transforms, sample_seed(seed, epoch, key))
+            object_decode_bytes(blob, session.transforms, session.transforms.seed(seed, epoch, key))
             for key, blob in zip(request.keys, blobs, strict=True)
         ]
         least = min(m.decode for m in models)

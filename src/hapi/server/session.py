@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from hapi._tracing import TRACING
-from hapi.data import ObjectStore, Transforms, sample_seed
+from hapi.data import ObjectStore, Transforms
 from hapi.data.samples import (
     Sample,
     Skipped,
@@ -314,7 +314,7 @@ class Session:
         key, label, data = item
         decode = 0
         if isinstance(data, bytes):
-            seed = sample_seed(self.request.seed, epoch, key)
+            seed = self.transforms.seed(self.request.seed, epoch, key)
             decode = object_decode_bytes(data, self.transforms, seed)
         return _Item(key, label, data, decode)
 

@@ -1,0 +1,145 @@
+"""The feature cache's directory: entries round-trip, are checked, written atomically,
+bounded by least recent use, and shared between caches on one directory."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from hapi.cache import FeatureCache, FeatureSpace, cacheability, entry_name
+from hapi.data import HorizontalFlip, Normalize, RandomResizedCrop, Resize, Transforms
+from hapi.errors import InvalidRequest
+
+SPACE = FeatureSpace("head", 3, Transforms.eval(64).to_dict(), "fp16", False)
+
+
+def _names(n: int) -> list[str]:
+    return [entry_name(f"d/c/{i}.jpg", "v1", 0) for i in range(n)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_entries_round_trip_bit_for_bit(tmp_path: Path, dtype: torch.dtype) -> None:
+    cache = FeatureCache(tmp_path, memory_bytes=0)
+    tensors = [torch.randn(4, 3, 3).to(dtype) for _ in range(3)]
+    cache.put_many(SPACE, _names(3), tensors)
+    got = FeatureCache(tmp_path).get_many(SPACE, _names(3))
+    for want, have in zip(tensors, got, strict=True):
+        assert have is not None and have.dtype == dtype
+        assert torch.equal(want, have)
+
+
+def test_names_change_with_version_and_view_and_spaces_apart(tmp_path: Path) -> None:
+    assert entry_name("k", "v1", 0) != entry_name("k", "v2", 0)
+    assert entry_name("k", "v1", 0) != entry_name("k", "v1", 1)
+    other = FeatureSpace("head", 4, SPACE.transforms, "fp16", False)
+    assert other.id != SPACE.id
+    cache = FeatureCache(tmp_path)
+    cache.put_many(SPACE, _names(1), [torch.ones(2)])
+    assert cache.get(other, _names(1)[0]) is None
+    assert cache.stats.misses == 1
+
+
+def test_a_flipped_byte_is_a_miss_and_the_entry_goes(tmp_path: Path) -> None:
+    FeatureCache(tmp_path).put_many(SPACE, _names(1), [torch.arange(8.0)])
+    (path,) = [p for p in tmp_path.rglob("*") if p.is_file() and p.name == _names(1)[0]]
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    cache = FeatureCache(tmp_path, memory_bytes=0)
+    assert cache.get(SPACE, _names(1)[0]) is None
+    assert cache.stats.corrupt == 1 and not path.exists()
+
+
+def test_a_truncated_entry_is_a_miss(tmp_path: Path) -> None:
+    FeatureCache(tmp_path).put_many(SPACE, _names(1), [torch.arange(8.0)])
+    (path,) = [p for p in tmp_path.rglob(_names(1)[0])]
+    path.write_bytes(path.read_bytes()[:20])
+    assert FeatureCache(tmp_path, memory_bytes=0).get(SPACE, _names(1)[0]) is None
+
+
+def _write_forever(root: str, ready: multiprocessing.synchronize.Event) -> None:
+    cache = FeatureCache(root, memory_bytes=0)
+    big = torch.zeros(4 << 20)
+    ready.set()
+    i = 0
+    while True:
+        cache.put_many(SPACE, [entry_name(f"k{i}", "v", 0)], [big + i])
+        i += 1
+
+
+def test_a_writer_killed_mid_write_leaves_no_partial_entry(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Event()
+    writer = ctx.Process(target=_write_forever, args=(str(tmp_path), ready))
+    writer.start()
+    assert ready.wait(60)
+    import time
+
+    time.sleep(1.0)
+    assert writer.pid is not None
+    os.kill(writer.pid, signal.SIGKILL)
+    writer.join()
+    cache = FeatureCache(tmp_path, memory_bytes=0)
+    entries = [p for p in (tmp_path / "v1" / SPACE.id).glob("??/*")]
+    assert entries, "the writer wrote nothing in a second"
+    for path in entries:
+        tensor = cache.get(SPACE, path.name)
+        assert tensor is not None, f"{path.name} is not a whole entry"
+    assert cache.stats.corrupt == 0
+
+
+def test_least_recently_used_entries_go_past_the_bound(tmp_path: Path) -> None:
+    one = torch.zeros(1000)  # 4,000 bytes of payload each
+    cache = FeatureCache(tmp_path, max_bytes=10 * 4100, memory_bytes=0)
+    names = _names(12)
+    for i, name in enumerate(names[:9]):
+        cache.put_many(SPACE, [name], [one + i])
+        os.utime(next(tmp_path.rglob(name)), (1000 + i, 1000 + i))
+    assert cache.get(SPACE, names[0]) is not None  # used: now the most recent
+    for name in names[9:]:
+        cache.put_many(SPACE, [name], [one])
+    assert cache.stats.evictions >= 1
+    assert cache.stats.bytes_held <= 10 * 4100
+    assert cache.get(SPACE, names[0]) is not None
+    assert cache.get(SPACE, names[1]) is None  # the least recently used went first
+
+
+def test_usage_and_clear(tmp_path: Path) -> None:
+    cache = FeatureCache(tmp_path)
+    cache.put_many(SPACE, _names(3), [torch.ones(10)] * 3)
+    (usage,) = cache.usage()
+    assert usage.id == SPACE.id and usage.entries == 3 and usage.described["cut"] == 3
+    assert cache.clear() == usage.bytes
+    assert cache.usage() == [] and cache.get(SPACE, _names(1)[0]) is None
+
+
+def test_bad_bounds_and_a_file_as_root_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(InvalidRequest, match="cache_size"):
+        FeatureCache(tmp_path, max_bytes=0)
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(InvalidRequest, match="is a file"):
+        FeatureCache(tmp_path / "f")
+
+
+def test_cacheability_names_the_random_ops() -> None:
+    assert cacheability(Transforms.eval(64)).cacheable
+    fresh = cacheability(Transforms.train(64))
+    assert not fresh.cacheable and "random_resized_crop" in fresh.why and "views=K" in fresh.why
+    assert cacheability(Transforms.train(64).__class__(Transforms.train(64).ops, views=4)).cacheable
+    tail_random = cacheability(Transforms((Resize(72), HorizontalFlip(), Normalize())))
+    assert not tail_random.cacheable and "resize before it are deterministic" in tail_random.why
+
+
+def test_views_repeat_every_k_epochs() -> None:
+    views = Transforms((RandomResizedCrop(32), Normalize()), views=3)
+    assert views.seed(0, 1, "k") == views.seed(0, 4, "k") != views.seed(0, 2, "k")
+    fresh = Transforms((RandomResizedCrop(32), Normalize()))
+    assert fresh.seed(0, 1, "k") != fresh.seed(0, 4, "k")
+    assert Transforms.from_dict(views.to_dict()) == views
+    with pytest.raises(InvalidRequest, match="views"):
+        Transforms(views=0)
