@@ -10,9 +10,18 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    model_validator,
+)
 
 from hapi.errors import InvalidRequest, shorten
+from hapi.wire.codecs import Compression
 from hapi.wire.dtypes import WireDtype
 
 __all__ = [
@@ -116,6 +125,25 @@ class SessionRequest(_Request):
         description="Run the head per sample (batch 1), so its features are bit for bit "
         "what the trainer computes per sample, whatever batch sizes the server runs.",
     )
+    compression: Compression = Field(
+        default="none",
+        description="Arrow IPC buffer compression of the feature stream (lossless). Sent "
+        "only when not none, so a server older than it still opens the session.",
+    )
+
+    @model_validator(mode="after")
+    def _exact_is_lossless(self) -> SessionRequest:
+        if self.exact and self.wire_dtype == "int8":
+            raise ValueError(
+                "exact=True keeps features bit for bit, and int8 rounds them: send fp32 "
+                "(compression zstd or lz4 is lossless), or drop exact"
+            )
+        return self
+
+    def to_bytes(self) -> bytes:
+        """The message as compact JSON bytes (without `compression` when none)."""
+        exclude = {"compression"} if self.compression == "none" else None
+        return self.model_dump_json(exclude=exclude).encode()
 
 
 class HasHeadRequest(_Request):
@@ -151,6 +179,17 @@ class ChunkTicket(_Request):
     epoch: int = Field(default=0, ge=0)
     keys: list[Key] = Field(min_length=1, max_length=100_000)
     labels: list[Label]
+    versions: list[str] | None = Field(
+        default=None,
+        description="Each key's object version as the client listed it (`DatasetManifest."
+        "versions`): a server's feature cache keys entries by it. None: not cached.",
+    )
+
+    @model_validator(mode="after")
+    def _versions_match_keys(self) -> ChunkTicket:
+        if self.versions is not None and len(self.versions) != len(self.keys):
+            raise ValueError(f"{len(self.keys)} keys but {len(self.versions)} versions")
+        return self
 
 
 MAX_PROFILE_KEYS = 32

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from hapi.errors import HapiError, error_class
+from hapi.wire.codecs import Compression
 from hapi.wire.dtypes import WireDtype
 
 __all__ = [
@@ -42,7 +43,13 @@ class SessionInfo(_Reply):
     num_cuts: int
     feature_shape: list[int]
     wire_dtype: WireDtype
-    bytes_per_sample: int = Field(description="Feature bytes per sample on the wire (0 for RAW).")
+    bytes_per_sample: int = Field(
+        description="Feature bytes per sample on the wire, uncompressed (0 for RAW)."
+    )
+    compression: Compression = Field(
+        default="none",
+        description="The stream's buffer compression; a server older than it sends none.",
+    )
     batch_size: int = Field(
         default=0, description="The largest feature-extraction batch the server runs."
     )
@@ -177,6 +184,9 @@ class ChunkReport(_Reply):
         le=1,
         description="The share of the server's compute no other chunk was using when this "
         "one ended: push-back, so a planner moves work to the trainer when it is low.",
+    )
+    cached: int = Field(
+        default=0, ge=0, description="Keys whose features came from the server's feature cache."
     )
 
 
