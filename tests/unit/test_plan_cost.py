@@ -482,7 +482,7 @@ def test_profiles_refuse_bad_values() -> None:
     with pytest.raises(InvalidRequest, match="send_s"):
         _server(send_s=-1e-9)
     with pytest.raises(InvalidRequest, match="wire_dtype"):
-        _server(wire_dtype="int8")
+        _server(wire_dtype="int4")
     with pytest.raises(InvalidRequest, match="no field"):
         ServerProfile.from_dict({**_server().to_dict(), "extra": 1})
     with pytest.raises(InvalidRequest, match="missing"):

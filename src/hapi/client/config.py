@@ -12,6 +12,7 @@ from hapi.errors import InvalidRequest, shorten
 from hapi.graph import RAW, ModelSpec
 from hapi.plan.replan import ReplanConfig
 from hapi.wire import MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, OnError, WireDtype, check_wire_dtype
+from hapi.wire.codecs import Compression, check_compression
 
 __all__ = ["JobConfig"]
 
@@ -85,7 +86,11 @@ class JobConfig:
     prefetch: int = 4
     """Chunks in flight at once per server; a hybrid plan has as many local ones beside."""
     wire_dtype: WireDtype = "fp32"
-    """Dtype of features on the wire."""
+    """Dtype of features on the wire: fp32 (exact), fp16, bf16, or int8 (a quarter of
+    fp32's bytes, dequantized on the trainer; lossy, see README "What is guaranteed")."""
+    wire_compression: Compression = "none"
+    """Lossless buffer compression of feature streams: none, lz4 or zstd (kept with
+    `exact=True`). A server that predates it sends the stream uncompressed."""
     device: str = "cpu"
     """Where the tail trains: `cpu`, `cuda`, `cuda:N` (under torchrun, `cuda` is the
     rank's own GPU)."""
@@ -162,8 +167,10 @@ class JobConfig:
         if self.exact and self.wire_dtype != "fp32":
             raise InvalidRequest(
                 f"exact=True needs wire_dtype='fp32' (got {shorten(repr(self.wire_dtype))}): "
-                "features rounded on the wire differ from the trainer's own"
+                "features rounded on the wire differ from the trainer's own; "
+                "wire_compression='zstd' or 'lz4' saves bytes losslessly"
             )
+        check_compression(self.wire_compression)
         if self.num_classes is not None and self.num_classes < 1:
             raise InvalidRequest(
                 f"num_classes must be >= 1, got {self.num_classes}; or leave it unset to keep "

@@ -288,8 +288,19 @@ class Connection:
         return results[0].body.to_pybytes() if results else b""
 
     def open_session(self, request: SessionRequest) -> SessionInfo:
-        """Open a session on the server; its head is loaded (or reused) there."""
-        reply = self.action(ActionType.OPEN_SESSION, request.to_bytes())
+        """Open a session on the server; its head is loaded (or reused) there.
+
+        A server older than wire compression refuses a request that asks for it: the
+        session is then opened uncompressed (`SessionInfo.compression` says which).
+        """
+        try:
+            reply = self.action(ActionType.OPEN_SESSION, request.to_bytes())
+        except InvalidRequest:
+            if request.compression == "none":
+                raise
+            # Any other refusal comes back the same from the plain request.
+            plain = request.model_copy(update={"compression": "none"})
+            reply = self.action(ActionType.OPEN_SESSION, plain.to_bytes())
         return SessionInfo.model_validate_json(reply)
 
     def close_session(self, session: str) -> SessionStats:

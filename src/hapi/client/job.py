@@ -694,6 +694,7 @@ class TransferJob:
             seed=config.seed,
             on_error=config.on_error,
             exact=config.exact,
+            compression=config.wire_compression if cut != RAW else "none",
         )
 
     def _wire_model(self, cut: int, connection: Connection) -> dict[str, Any] | str | UploadedHead:

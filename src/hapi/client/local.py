@@ -19,7 +19,7 @@ from hapi._tracing import TRACING
 from hapi.client._decode import RawDecoder
 from hapi.graph import INPUT
 from hapi.wire import FeatureBatch, SkippedKey
-from hapi.wire.dtypes import torch_dtype
+from hapi.wire.codecs import round_trip
 
 __all__ = ["LocalCompute"]
 
@@ -60,7 +60,7 @@ class LocalCompute:
         with torch.inference_mode(), TRACING.shared():
             x = decoded.features.to(self.device)  # type: ignore[union-attr]
             y = _per_sample(head, x) if self.exact else head(x)
-            y = y.to(torch_dtype(self.wire_dtype))  # type: ignore[arg-type]
+            y = round_trip(y, self.wire_dtype)  # type: ignore[arg-type]
         # Outside inference mode: a clone is an ordinary tensor, which the tail's autograd
         # may save for its backward pass.
         features = y.to("cpu").clone()

@@ -24,10 +24,10 @@ from hapi.server.uploads import HeadUploads, head_graph, on_device
 from hapi.wire import (
     SessionInfo,
     SessionRequest,
-    dtype_width,
     feature_schema,
     raw_schema,
 )
+from hapi.wire.codecs import sample_bytes
 from hapi.wire.messages import UploadedHead
 
 __all__ = ["Opened", "SessionOpener"]
@@ -99,7 +99,7 @@ class SessionOpener:
             schema, per_sample = raw_schema(), 0
         else:
             schema = feature_schema(shape, request.wire_dtype)
-            per_sample = dtype_width(request.wire_dtype) * _numel(shape)
+            per_sample = sample_bytes(shape, request.wire_dtype)
         try:
             memory = self._memory(request, transforms, graph, lease, per_sample)
         except BaseException:
@@ -114,6 +114,8 @@ class SessionOpener:
             feature_shape=shape,
             wire_dtype=request.wire_dtype,
             bytes_per_sample=per_sample,
+            # Object bytes (JPEG, PNG) are compressed already: a RAW stream is sent as is.
+            compression="none" if request.cut == RAW else request.compression,
             batch_size=self.config.batch_size,
             memory_fixed=memory.fixed,
             memory_per_sample=memory.per_sample,
@@ -238,10 +240,3 @@ def _output_shape(
     ):
         x = torch.zeros(1, *input_shape, device=device)  # a fake tensor: no memory
         return tuple(head(x).shape[1:])
-
-
-def _numel(shape: list[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n

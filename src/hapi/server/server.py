@@ -48,6 +48,7 @@ from hapi.wire import (
     SessionStats,
     parse,
 )
+from hapi.wire.codecs import ipc_options, wire_nbytes
 from hapi.wire.heads import head_digest_of
 from hapi.wire.messages import HasHeadRequest, KeepaliveRequest, ProfileRequest
 from hapi.wire.replies import HasHeadReply, ProfileReply
@@ -289,7 +290,8 @@ class HapiServer(flight.FlightServerBase):
             check_keys(self.store, tenant, chunk.keys)
         stream = self._stream(session, chunk, tenant, started, context)
         next(stream)  # the chunk starts now and takes its place in its connection's order
-        return flight.GeneratorStream(session.schema, stream)
+        options = ipc_options(session.info.compression)
+        return flight.GeneratorStream(session.schema, stream, options=options)
 
     def _stream(
         self,
@@ -322,7 +324,7 @@ class HapiServer(flight.FlightServerBase):
                 samples = sent = 0
                 for batch, report in out.items(gone=gone):
                     send()  # the first waits for the streams before it on the connection
-                    nbytes = batch.nbytes
+                    nbytes = wire_nbytes(batch, session.info.compression)
                     if self.shaper is not None:
                         waited = self.shaper.consume(nbytes, gone=gone)
                         session.stats.add(shaping_wait_s=waited)

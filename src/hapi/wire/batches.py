@@ -3,7 +3,9 @@
 A feature batch has columns `key` (string), `label` (int64) and `features`, a
 `fixed_shape_tensor` column, so the receiver gets a zero-copy numpy view of the batch.
 Arrow has no bfloat16, so bf16 travels as its raw 16 bits (uint16) and the schema's
-metadata says how to read them back. A RAW batch carries `data` (binary object bytes).
+metadata says how to read them back. int8 features travel as uint8 with two more columns,
+`scale` and `offset` per sample and channel (`hapi.wire.codecs`), and are decoded to
+float32. A RAW batch carries `data` (binary object bytes).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 
 from hapi.errors import InvalidRequest
 from hapi.graph.layout import standard_layout
+from hapi.wire.codecs import Quantized, dequantize, int8_groups, quantize
 from hapi.wire.dtypes import WireDtype, arrow_type, check_wire_dtype, torch_dtype
 
 __all__ = ["FeatureBatch", "decode_batch", "encode_batch", "feature_schema", "raw_schema"]
@@ -41,14 +44,16 @@ def feature_schema(shape: tuple[int, ...] | list[int], wire_dtype: WireDtype) ->
         InvalidRequest: `wire_dtype` is not a `WireDtype`.
     """
     wire_dtype = check_wire_dtype(wire_dtype)
-    return pa.schema(
-        [
-            ("key", pa.string()),
-            ("label", pa.int64()),
-            ("features", pa.fixed_shape_tensor(arrow_type(wire_dtype), list(shape))),
-        ],
-        metadata={"hapi.wire_dtype": wire_dtype},
-    )
+    fields = [
+        ("key", pa.string()),
+        ("label", pa.int64()),
+        ("features", pa.fixed_shape_tensor(arrow_type(wire_dtype), list(shape))),
+    ]
+    if wire_dtype == "int8":
+        groups = [int8_groups(tuple(shape))]
+        fields.append(("scale", pa.fixed_shape_tensor(pa.float32(), groups)))
+        fields.append(("offset", pa.fixed_shape_tensor(pa.float32(), groups)))
+    return pa.schema(fields, metadata={"hapi.wire_dtype": wire_dtype})
 
 
 def raw_schema() -> pa.Schema:
@@ -71,6 +76,11 @@ def encode_batch(
         if features is None:
             raise InvalidRequest("a feature batch needs features")
         wire_dtype = check_wire_dtype(schema.metadata[b"hapi.wire_dtype"].decode())
+        if wire_dtype == "int8":
+            q = quantize(features)
+            for t in q:
+                columns.append(pa.FixedShapeTensorArray.from_numpy_ndarray(t.numpy()))
+            return pa.record_batch(columns, schema=schema)
         # Standard strides, not just `.contiguous()`: that keeps the strides of size-1
         # dimensions (ConvNeXt's (N, 768, 1, 1) with strides (768, 1, 768, 768)), which
         # numpy reads as a permutation that Arrow refuses to encode.
@@ -85,7 +95,8 @@ def encode_batch(
 
 
 def decode_batch(batch: pa.RecordBatch) -> FeatureBatch:
-    """Decode a batch from the wire; features come back as a torch tensor in their wire dtype."""
+    """Decode a batch from the wire; features come back as a torch tensor in their wire dtype
+    (int8's dequantized, as float32)."""
     keys = batch.column("key").to_pylist()
     labels = torch.from_numpy(batch.column("label").to_numpy(zero_copy_only=False).copy())
     if "data" in batch.schema.names:
@@ -93,6 +104,11 @@ def decode_batch(batch: pa.RecordBatch) -> FeatureBatch:
     meta = batch.schema.metadata or {}
     wire_dtype = check_wire_dtype(meta.get(b"hapi.wire_dtype", b"fp32").decode())
     array = batch.column("features").to_numpy_ndarray()
+    if wire_dtype == "int8":
+        scale, offset = (batch.column(c).to_numpy_ndarray() for c in ("scale", "offset"))
+        q = Quantized(*(torch.from_numpy(a.copy()) for a in (array, scale, offset)))
+        # Copies: torch wants writable memory, and the buffers belong to the stream.
+        return FeatureBatch(keys, labels, features=dequantize(q))
     if wire_dtype == "bf16":
         features = torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
     else:

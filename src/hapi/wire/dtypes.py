@@ -18,12 +18,15 @@ __all__ = [
     "WireDtype",
     "arrow_type",
     "check_wire_dtype",
+    "decoded_dtype",
     "dtype_width",
     "torch_dtype",
 ]
 
-WireDtype = Literal["fp32", "fp16", "bf16"]
-"""fp32 is exact; fp16 and bf16 halve the bytes (bf16 keeps fp32's range)."""
+WireDtype = Literal["fp32", "fp16", "bf16", "int8"]
+"""fp32 is exact; fp16 and bf16 halve the bytes (bf16 keeps fp32's range); int8 quarters
+them, with a scale and offset per sample and channel (`hapi.wire.codecs`), and arrives as
+fp32."""
 
 WIRE_DTYPES: tuple[WireDtype, ...] = get_args(WireDtype)
 
@@ -31,9 +34,15 @@ _TORCH: dict[str, torch.dtype] = {
     "fp32": torch.float32,
     "fp16": torch.float16,
     "bf16": torch.bfloat16,
+    "int8": torch.uint8,
 }
 # Arrow has no bfloat16: bf16 travels as its raw 16 bits, and the schema says how to read them.
-_ARROW: dict[str, pa.DataType] = {"fp32": pa.float32(), "fp16": pa.float16(), "bf16": pa.uint16()}
+_ARROW: dict[str, pa.DataType] = {
+    "fp32": pa.float32(),
+    "fp16": pa.float16(),
+    "bf16": pa.uint16(),
+    "int8": pa.uint8(),
+}
 
 
 def check_wire_dtype(value: object) -> WireDtype:
@@ -52,8 +61,13 @@ def check_wire_dtype(value: object) -> WireDtype:
 
 
 def torch_dtype(dtype: WireDtype) -> torch.dtype:
-    """The torch dtype features have on the wire (and when decoded)."""
+    """The torch dtype features have on the wire (and when decoded, but for int8's)."""
     return _TORCH[check_wire_dtype(dtype)]
+
+
+def decoded_dtype(dtype: WireDtype) -> torch.dtype:
+    """The torch dtype features have once decoded on the trainer: int8's are dequantized."""
+    return torch.float32 if check_wire_dtype(dtype) == "int8" else _TORCH[dtype]
 
 
 def arrow_type(dtype: WireDtype) -> pa.DataType:
@@ -62,5 +76,5 @@ def arrow_type(dtype: WireDtype) -> pa.DataType:
 
 
 def dtype_width(dtype: WireDtype) -> int:
-    """Bytes per feature element on the wire."""
+    """Bytes per feature element on the wire (int8's scales and offsets aside)."""
     return torch_dtype(dtype).itemsize

@@ -1,0 +1,155 @@
+"""Wire codecs: lossless compression is bit-exact, int8 stays within half a step."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hapi.errors import InvalidRequest
+from hapi.wire import SessionInfo, SessionRequest, decode_batch, encode_batch, feature_schema, parse
+from hapi.wire.codecs import (
+    MIN_CHANNEL_ELEMENTS,
+    check_compression,
+    dequantize,
+    int8_groups,
+    ipc_options,
+    quantize,
+    round_trip,
+    sample_bytes,
+    wire_nbytes,
+)
+
+
+def _through_ipc(batch: pa.RecordBatch, compression: str) -> pa.RecordBatch:
+    """`batch` written and read back as Flight streams it under `compression`."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema, options=ipc_options(compression)) as writer:  # type: ignore[arg-type]
+        writer.write_batch(batch)
+    return pa.ipc.open_stream(sink.getvalue()).read_next_batch()
+
+
+@pytest.mark.parametrize("compression", ["lz4", "zstd"])
+@pytest.mark.parametrize("wire_dtype", ["fp32", "fp16", "bf16", "int8"])
+def test_compression_is_bit_exact(compression: str, wire_dtype: str) -> None:
+    x = torch.relu(torch.randn(6, 16, 5, 5))  # half zeros, as after a ReLU
+    schema = feature_schema((16, 5, 5), wire_dtype)  # type: ignore[arg-type]
+    batch = encode_batch(schema, list("abcdef"), list(range(6)), features=x)
+    plain = decode_batch(_through_ipc(batch, "none"))
+    packed = decode_batch(_through_ipc(batch, compression))
+    assert packed.keys == plain.keys
+    assert packed.features is not None and plain.features is not None
+    assert packed.features.dtype == plain.features.dtype
+    assert torch.equal(packed.features.view(torch.uint8), plain.features.view(torch.uint8))
+
+
+def test_compressed_wire_bytes_are_fewer_for_sparse_features() -> None:
+    x = torch.relu(torch.randn(32, 64, 7, 7))
+    batch = encode_batch(feature_schema((64, 7, 7), "fp32"), ["k"] * 32, [0] * 32, features=x)
+    assert wire_nbytes(batch, "none") == batch.nbytes
+    zstd = wire_nbytes(batch, "zstd")
+    assert 0 < zstd < 0.8 * batch.nbytes
+    # The count is what the IPC stream carries for the batch.
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema, options=ipc_options("zstd")) as writer:
+        start = sink.tell()
+        writer.write_batch(batch)
+        assert sink.tell() - start == zstd
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    channels=st.integers(1, 8),
+    side=st.integers(1, 12),
+    scale=st.floats(1e-3, 1e3),
+    shift=st.floats(-100, 100),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_int8_error_is_within_half_a_step(
+    channels: int, side: int, scale: float, shift: float, seed: int
+) -> None:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(3, channels, side, side, generator=g) * scale + shift
+    q = quantize(x)
+    back = dequantize(q)
+    assert back.dtype == torch.float32 and back.shape == x.shape
+    groups = int8_groups((channels, side, side))
+    flat = x.reshape(3, groups, -1)
+    step = (flat.amax(2) - flat.amin(2)) / 255
+    err = (back - x).abs().reshape(3, groups, -1).amax(2)
+    # Half a step, and float32's rounding of values this large.
+    assert bool((err <= step / 2 + 1e-6 * (flat.abs().amax(2) + 1)).all())
+
+
+def test_int8_is_per_channel_only_where_channels_pay_for_their_scales() -> None:
+    assert int8_groups((512, 7, 7)) == 1  # 49 elements a channel: one scale a sample
+    assert int8_groups((64, 8, 8)) == 64
+    assert int8_groups((1000,)) == 1
+    assert MIN_CHANNEL_ELEMENTS == 64
+    assert sample_bytes((64, 8, 8), "int8") == 64 * 64 + 64 * 8
+    assert sample_bytes((64, 8, 8), "fp16") == 64 * 64 * 2
+
+
+def test_int8_keeps_constant_channels_and_zeros_exact() -> None:
+    x = torch.zeros(2, 4, 8, 8)
+    x[0, 1] = 3.5
+    x[1, 2, 0, 0] = 1.0
+    back = dequantize(quantize(x))
+    assert torch.equal(back[0], x[0])
+    assert back[1, 2, 0, 0] == 1.0 and bool((back[1, 2].flatten()[1:] == 0).all())
+
+
+def test_int8_refuses_features_that_are_not_finite() -> None:
+    x = torch.ones(2, 10)
+    x[1, 3] = float("nan")
+    with pytest.raises(InvalidRequest, match="inf or NaN"):
+        quantize(x)
+
+
+def test_int8_batch_round_trips_as_the_local_path_rounds() -> None:
+    x = torch.randn(4, 64, 8, 8)
+    schema = feature_schema((64, 8, 8), "int8")
+    assert schema.names == ["key", "label", "features", "scale", "offset"]
+    batch = encode_batch(schema, list("abcd"), [1, 2, 3, 4], features=x)
+    decoded = decode_batch(_through_ipc(batch, "zstd"))
+    assert decoded.features is not None and decoded.features.dtype == torch.float32
+    # A chunk the trainer computes itself rounds through the same codec: equal, bit for bit.
+    assert torch.equal(decoded.features, round_trip(x, "int8"))
+    assert not torch.equal(decoded.features, x)
+    assert batch.column("features").type.value_type == pa.uint8()
+
+
+def test_exact_sessions_refuse_int8_and_keep_lossless_compression() -> None:
+    base = {"model": {"name": "resnet18"}, "cut": 3, "transforms": {}, "exact": True}
+    with pytest.raises(InvalidRequest, match="exact=True keeps features bit for bit"):
+        parse(SessionRequest, json.dumps({**base, "wire_dtype": "int8"}))
+    request = parse(SessionRequest, json.dumps({**base, "compression": "zstd"}))
+    assert parse(SessionRequest, request.to_bytes()).compression == "zstd"
+
+
+def test_uncompressed_requests_read_as_they_did_before_compression() -> None:
+    # An older server refuses fields it does not know: "none" is left out of the JSON.
+    request = SessionRequest(model={"name": "resnet18"}, cut=3, transforms={})
+    assert b"compression" not in request.to_bytes()
+    # An older server's reply has no compression field: none.
+    info = SessionInfo.model_validate(
+        {
+            "session": "s",
+            "cut": 3,
+            "freeze": 4,
+            "num_cuts": 5,
+            "feature_shape": [8],
+            "wire_dtype": "fp32",
+            "bytes_per_sample": 32,
+        }
+    )
+    assert info.compression == "none"
+
+
+def test_unknown_compression_names_the_choices() -> None:
+    with pytest.raises(InvalidRequest, match="none, lz4 or zstd"):
+        check_compression("gzip")
