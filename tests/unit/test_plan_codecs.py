@@ -1,0 +1,110 @@
+"""The planner chooses the codec with the cut: bytes where the link binds, CPU where not."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hapi.errors import InvalidRequest
+from hapi.plan import LinkProfile, ServerProfile, TrainerProfile, Workload
+from hapi.plan.codecs import CodecProfile, choose_codec
+from hapi.wire.codec_cost import measure_codec
+
+NAMES = ("block1", "pool")
+MBIT = 1e6 / 8
+
+
+def _server() -> ServerProfile:
+    return ServerProfile(
+        read_s=0.001,
+        decode_s=0.004,
+        head_s=(0.0, 0.002, 0.003),
+        out_bytes=(600_000, 200_000, 8_000),  # fp32
+        memory_bytes=(150_000, 350_000, 400_000),
+        raw_bytes=100_000,
+    )
+
+
+def _trainer() -> TrainerProfile:
+    return TrainerProfile(decode_s=0.004, head_s=(0.0, 0.002, 0.003), tail_s=(0.006, 0.004, 0.003))
+
+
+def _codecs() -> list[CodecProfile]:
+    fp32 = CodecProfile(out_bytes=(600_000, 200_000, 8_000), encode_s=(0,) * 3, decode_s=(0,) * 3)
+    zstd = CodecProfile(
+        compression="zstd",
+        out_bytes=(400_000, 90_000, 3_000),
+        encode_s=(0.003, 0.001, 0.0001),
+        decode_s=(0.001, 0.0004, 0.00003),
+    )
+    int8 = CodecProfile(
+        wire_dtype="int8",
+        compression="zstd",
+        out_bytes=(120_000, 25_000, 1_000),
+        encode_s=(0.004, 0.0015, 0.0001),
+        decode_s=(0.002, 0.0006, 0.00003),
+        lossy=True,
+    )
+    return [fp32, zstd, int8]
+
+
+def _choose(rate: float, *, lossy: bool):  # type: ignore[no-untyped-def]
+    return choose_codec(
+        _codecs(),
+        _server(),
+        _trainer(),
+        LinkProfile(bytes_per_s=rate),
+        Workload(samples=1000, chunk_size=50),
+        freeze=2,
+        names=NAMES,
+        lossy=lossy,
+    )
+
+
+def test_a_slow_link_sends_the_fewest_bytes_and_the_plan_says_so() -> None:
+    choice = _choose(10 * MBIT, lossy=True)
+    assert choice.codec.label == "int8+zstd"
+    assert choice.plan.reason.startswith("int8+zstd features, ")
+    assert "fp32 " in choice.plan.reason  # the codecs not chosen, with their times
+    assert choice.plan.epoch_s < min(p.epoch_s for c, p in choice.plans if c is not choice.codec)
+    assert choice.plan.server.out_bytes == choice.codec.out_bytes
+
+
+def test_lossy_codecs_are_weighed_only_when_asked() -> None:
+    choice = _choose(10 * MBIT, lossy=False)
+    assert choice.codec.label == "fp32+zstd"
+    assert all(not c.lossy for c, _ in choice.plans)
+
+
+def test_a_fast_link_spends_no_cpu_on_codecs() -> None:
+    choice = _choose(10_000 * MBIT, lossy=True)
+    assert choice.codec.label == "fp32"
+    # With codecs never slower than without: fp32 is one of the options weighed.
+    fp32 = next(p for c, p in choice.plans if c.label == "fp32")
+    assert choice.plan.epoch_s <= fp32.epoch_s
+
+
+def test_codec_profiles_are_validated() -> None:
+    with pytest.raises(InvalidRequest, match="one entry per cut"):
+        CodecProfile(out_bytes=(1, 2), encode_s=(0.0,), decode_s=(0.0, 0.0))
+    with pytest.raises(InvalidRequest, match="none, lz4 or zstd"):
+        CodecProfile(compression="gzip", out_bytes=(1,), encode_s=(0.0,), decode_s=(0.0,))
+    with pytest.raises(InvalidRequest, match="lossy=True"):
+        choose_codec(
+            [_codecs()[2]],
+            _server(),
+            _trainer(),
+            LinkProfile(bytes_per_s=MBIT),
+            Workload(samples=10, chunk_size=5),
+            freeze=2,
+        )
+
+
+def test_measured_codec_costs_order_as_expected() -> None:
+    x = torch.relu(torch.randn(16, 32, 14, 14))
+    fp32 = measure_codec(x, "fp32", "none", repeats=1)
+    zstd = measure_codec(x, "fp32", "zstd", repeats=1)
+    int8 = measure_codec(x, "int8", "zstd", repeats=1)
+    assert fp32.bytes_per_sample >= 32 * 14 * 14 * 4
+    assert int8.bytes_per_sample < zstd.bytes_per_sample < fp32.bytes_per_sample
+    assert min(fp32.encode_s, zstd.decode_s, int8.encode_s) > 0
