@@ -35,6 +35,7 @@ __all__ = [
     "StoreUnavailable",
     "StreamRecalled",
     "Unauthenticated",
+    "UnknownCodec",
     "UnknownModel",
     "error_class",
     "shorten",
@@ -170,6 +171,11 @@ class RefNotFound(RepoError, LookupError):
 
 class IntegrityError(RepoError, ValueError):
     """Stored bytes do not match their content hash, or a model does not match its manifest."""
+
+
+class UnknownCodec(RepoError, ValueError):
+    """A tensor blob compressed with a codec this version of hapi cannot read. Not
+    corruption: `fsck --repair` keeps such blobs; a newer hapi reads them."""
 
 
 def error_class(name: str) -> type[HapiError]:

@@ -24,6 +24,20 @@ class RepoConfig:
     """How long a push waits for a running gc to finish before giving up."""
     verify: bool = True
     """Re-hash every tensor read from the store (detects corrupt and truncated blobs)."""
+    compress: bool = False
+    """Write tensors byte-grouped and zstd-compressed when that saves `min_saving` of
+    their size. Off by default: a compressed blob needs hapi to decode it (a plain
+    safetensors reader sees its packed bytes), and decoding costs CPU on a fast store.
+    Readers decode every blob whatever this is set to."""
+    deltas: bool = False
+    """With `compress`: write a tensor that changed from the parent's tensor of the same
+    name, dtype and shape as the compressed XOR of the two, when that is smaller."""
+    max_delta_depth: int = 3
+    """The longest chain of deltas a push writes: a tensor whose parent's tensor is this
+    deep is stored whole. Reading a tensor at depth N reads N + 1 blobs."""
+    min_saving: float = 0.1
+    """The fraction of a plain blob's size compression must save for a tensor to be
+    stored compressed (0.1: at most 90% of it)."""
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -32,5 +46,16 @@ class RepoConfig:
             )
         if self.lock_ttl_s <= 0:
             raise InvalidRequest(f"lock_ttl_s must be > 0 seconds, got {self.lock_ttl_s}")
+        if self.deltas and not self.compress:
+            raise InvalidRequest("deltas=True needs compress=True: a delta is stored compressed")
+        if self.max_delta_depth < 1:
+            raise InvalidRequest(
+                f"max_delta_depth must be >= 1 (use deltas=False for none), got "
+                f"{self.max_delta_depth}"
+            )
+        if not 0.0 <= self.min_saving < 1.0:
+            raise InvalidRequest(
+                f"min_saving must be in [0, 1) (a fraction of a blob), got {self.min_saving}"
+            )
         if self.lock_wait_s < 0:
             raise InvalidRequest(f"lock_wait_s must be >= 0 seconds, got {self.lock_wait_s}")

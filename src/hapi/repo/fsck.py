@@ -5,6 +5,10 @@ be read is one finding, not the end of the check. Blobs no readable manifest ref
 are hashed too, because a later push that needs such a tensor finds its blob present and
 does not write it again: a corrupt one would be adopted.
 
+A delta blob is checked by decoding it over its base, so a corrupt base shows in every
+delta on it too. A blob this hapi cannot decode (a newer codec) is reported apart and
+never deleted: it is not known to be corrupt.
+
 A corrupt blob keeps its name, so a push of the same model would find it present and not
 replace it; `fsck(repair=True)` deletes it, and the next push of any model holding that
 tensor writes it again.
@@ -16,7 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from hapi.data.store import ObjectStore
-from hapi.errors import HapiError, IntegrityError, ObjectNotFound, StoreUnavailable
+from hapi.errors import HapiError, IntegrityError, ObjectNotFound, StoreUnavailable, UnknownCodec
+from hapi.repo.blobs import read_blobs
+from hapi.repo.codec import read_info
 from hapi.repo.layout import (
     MANIFESTS,
     TENSORS,
@@ -26,6 +32,7 @@ from hapi.repo.layout import (
     tensor_key,
 )
 from hapi.repo.manifest import VersionManifest
+from hapi.repo.markers import read_markers, with_bases
 from hapi.repo.tensors import decode_blob
 
 __all__ = ["FsckReport", "check_repository"]
@@ -45,6 +52,8 @@ class FsckReport:
     restored or deleted."""
     corrupt: dict[str, str] = field(default_factory=dict)
     """Blob key -> what is wrong with it (referenced or not)."""
+    unknown_codec: dict[str, str] = field(default_factory=dict)
+    """Blob key -> the codec this hapi cannot decode it with (checked by a newer hapi)."""
     missing: dict[str, list[str]] = field(default_factory=dict)
     """Blob key -> `name:key` of the versions' tensors that need it."""
     unreferenced: list[str] = field(default_factory=list)
@@ -58,7 +67,7 @@ class FsckReport:
     @property
     def ok(self) -> bool:
         """Whether every version's manifest and tensors are intact."""
-        return not (self.bad_manifests or self.corrupt or self.missing)
+        return not (self.bad_manifests or self.corrupt or self.missing or self.unknown_codec)
 
 
 def check_repository(
@@ -79,11 +88,16 @@ def check_repository(
     for m in manifests:
         for key, entry in m.tensors.items():
             users.setdefault(tensor_key(entry.hash), []).append(f"{m.name}:{key}")
+    markers = read_markers(store)
+    direct = {h for k in users if (h := hash_of_tensor_key(k)) is not None}
+    for digest in sorted(with_bases(direct, markers) - direct):
+        users[tensor_key(digest)] = ["(the base of a delta)"]
     stored = {k: h for k in store.list(TENSORS) if (h := hash_of_tensor_key(k)) is not None}
     # Referenced blobs absent from the listing are read too: one may have been written
     # since the listing, and a read is what tells "missing" for sure.
     digests = {**stored, **{k: h for k in users if (h := hash_of_tensor_key(k)) is not None}}
     corrupt: dict[str, str] = {}
+    unknown: dict[str, str] = {}
     missing: dict[str, list[str]] = {}
     unreferenced: list[str] = []
     unreferenced_bytes = 0
@@ -97,8 +111,10 @@ def check_repository(
                     missing[key] = users[key]
                 continue  # an unreferenced blob that gc removed since the listing
             checked += 1
-            if problem is not None:
-                corrupt[key] = problem
+            if isinstance(problem, UnknownCodec):
+                unknown[key] = str(problem)
+            elif problem is not None:
+                corrupt[key] = str(problem)
                 if repair:
                     store.delete(key)
             if key not in users:
@@ -109,6 +125,7 @@ def check_repository(
         checked=checked,
         bad_manifests=bad_manifests,
         corrupt=corrupt,
+        unknown_codec=unknown,
         missing=missing,
         unreferenced=unreferenced,
         unreferenced_bytes=unreferenced_bytes,
@@ -137,7 +154,7 @@ def _read_manifests(store: ObjectStore) -> tuple[list[VersionManifest], dict[str
 
 def _check_blob(
     store: ObjectStore, key: str, digest: str, needed_by: list[str] | None
-) -> tuple[int | None, str | None]:
+) -> tuple[int | None, HapiError | None]:
     """`(size, what is wrong or None)`; size None when there is no such blob."""
     try:
         data = store.get(key)
@@ -148,10 +165,20 @@ def _check_blob(
     except HapiError as exc:
         # A key the store refuses to read is a finding about that blob, not the end of
         # the check; manifests are checked for such keys, so this is the second guard.
-        return 0, str(exc)
+        return 0, exc
     what = repr(needed_by[0]) if needed_by else "(unreferenced)"
     try:
-        decode_blob(data, digest, what)
-    except IntegrityError as exc:
-        return len(data), str(exc)
+        base = None
+        try:
+            info = read_info(data)
+        except IntegrityError:
+            info = None  # decode_blob says what is wrong, naming the tensor
+        if info is not None and info.base is not None:
+            found = read_blobs(
+                store, [info.base], what=lambda d: f"{what}'s delta base", verify=False
+            )
+            base = found[info.base].tensor
+        decode_blob(data, digest, what, base=base)
+    except (IntegrityError, UnknownCodec) as exc:
+        return len(data), exc
     return len(data), None

@@ -6,7 +6,8 @@ references are unknown). Second, the gc runs only while it holds the gc lock and
 push lock exists (`locks.py`), so no push can be between "found blob X already stored" and
 "wrote the manifest that references X" while blobs are deleted. Manifests that no ref
 names (left by pushes that died between the two writes) are removed too, once older than
-the lock TTL.
+the lock TTL. A blob is referenced when a kept manifest names it or a referenced delta
+blob is a delta against it (`markers.py`), however deep the chain.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from hapi.repo.layout import (
     MANIFESTS,
     REFS,
     TENSORS,
+    delta_key,
     hash_of_tensor_key,
     id_of_manifest_key,
     manifest_key,
 )
 from hapi.repo.locks import Locks
+from hapi.repo.markers import read_markers, with_bases
 from hapi.repo.sync import fetch_manifests, parse_ref_key
 
 __all__ = ["GcReport", "collect_garbage"]
@@ -75,9 +78,15 @@ def collect_garbage(store: ObjectStore, locks: Locks, *, dry_run: bool = False) 
         ]
         dropped = {m.id for m in abandoned}
         kept = [m for m in manifests if m.id not in dropped]
-        referenced = set().union(*(m.hashes for m in kept))
+        markers = read_markers(store)
+        referenced = with_bases(set().union(*(m.hashes for m in kept)), markers)
         blobs = [(k, h) for k in store.list(TENSORS) if (h := hash_of_tensor_key(k)) is not None]
         garbage = [k for k, h in blobs if h not in referenced]
+        stored = {h for _, h in blobs} - {hash_of_tensor_key(k) for k in garbage}
+        # Markers of deleted blobs, and of blobs a dead push never wrote.
+        stale_markers = [
+            delta_key(h, b) for h, bases in markers.items() if h not in stored for b in bases
+        ]
         removed_bytes = 0
         for key in garbage:
             try:
@@ -87,6 +96,8 @@ def collect_garbage(store: ObjectStore, locks: Locks, *, dry_run: bool = False) 
             if not dry_run:
                 store.delete(key)
         if not dry_run:
+            for key in stale_markers:
+                store.delete(key)
             for m in abandoned:
                 store.delete(manifest_key(m.id))
         return GcReport(

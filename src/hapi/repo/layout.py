@@ -1,6 +1,6 @@
 """Where the repository keeps things in the object store.
 
-Everything lives under four prefixes of the store's root, so one store can hold datasets
+Everything lives under five prefixes of the store's root, so one store can hold datasets
 and a repository side by side, and `reindex` needs nothing but these objects:
 
 - `tensors/<h[:2]>/<h>.safetensors`: one tensor per blob, named by its content hash `h`;
@@ -13,19 +13,25 @@ and a repository side by side, and `reindex` needs nothing but these objects:
   store it indexed was wiped and the repository re-created (see `epoch.py`). It lives among
   the refs because it guards them, and no model name starts with `_`.
 - `locks/<kind>-<token>.json`: push and gc intents (see `locks.py`).
+- `deltas/<h>/<b>`: an empty object saying that blob `h` is stored as a delta against
+  tensor `b` (see `codec.py`), so `gc` keeps `b` while `h` is kept, from one listing and
+  without reading any blob. Written before the blob, so no delta blob is ever without it.
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "DELTAS",
     "EPOCH",
     "LOCKS",
     "MANIFESTS",
     "REFS",
     "TENSORS",
+    "delta_key",
     "hash_of_tensor_key",
     "id_of_manifest_key",
     "manifest_key",
+    "parse_delta_key",
     "ref_key",
     "tensor_key",
 ]
@@ -34,6 +40,7 @@ TENSORS = "tensors"
 MANIFESTS = "manifests"
 REFS = "refs"
 LOCKS = "locks"
+DELTAS = "deltas"
 EPOCH = f"{REFS}/_epoch"
 
 _BLOB_SUFFIX = ".safetensors"
@@ -69,3 +76,16 @@ def id_of_manifest_key(key: str) -> str | None:
 def ref_key(name: str, version: int) -> str:
     """The key of version `version` of model `name`."""
     return f"{REFS}/{name}/{version}"
+
+
+def delta_key(digest: str, base: str) -> str:
+    """The key saying that blob `digest` is a delta against tensor `base`."""
+    return f"{DELTAS}/{digest}/{base}"
+
+
+def parse_delta_key(key: str) -> tuple[str, str] | None:
+    """`(digest, base)` of a delta key, or None for another key."""
+    parts = key.split("/")
+    if len(parts) != 3 or parts[0] != DELTAS:
+        return None
+    return parts[1], parts[2]

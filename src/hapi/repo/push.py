@@ -1,6 +1,7 @@
 """Pushing a model: upload the blobs the store lacks, then the manifest, then the ref.
 
-The order is what makes a push safe to interrupt: blobs first (invisible on their own),
+The order is what makes a push safe to interrupt: blobs first (invisible on their own;
+a delta blob's `deltas/` marker before it, so gc never sees the blob without it),
 the manifest once every blob exists, the ref object last. A push cut short leaves at most
 unreferenced blobs and an unnamed manifest, which no listing shows and `gc` removes; a
 later push of the same model re-uploads only what is missing.
@@ -23,13 +24,14 @@ from torch import nn
 from hapi.data.store import ObjectStore
 from hapi.errors import InvalidRequest
 from hapi.repo._fields import check_tensor_key
+from hapi.repo.encoder import PLAIN_ENCODER, BlobEncoder
 from hapi.repo.epoch import mark_epoch
-from hapi.repo.layout import REFS, manifest_key, ref_key, tensor_key
+from hapi.repo.layout import REFS, delta_key, manifest_key, ref_key, tensor_key
 from hapi.repo.locks import HeldLock, Locks
 from hapi.repo.manifest import TensorEntry, VersionManifest
 from hapi.repo.modules import describe_modules
 from hapi.repo.sync import parse_ref_key
-from hapi.repo.tensors import dtype_name, encode_blob, tensor_hash
+from hapi.repo.tensors import dtype_name, tensor_hash
 from hapi.repo.version import PushedVersion
 
 __all__ = ["PushTransaction", "build_manifest"]
@@ -108,8 +110,10 @@ class PushTransaction:
         blobs: dict[str, torch.Tensor],
         *,
         concurrency: int = 16,
+        encoder: BlobEncoder = PLAIN_ENCODER,
     ) -> None:
         self.store = store
+        self.encoder = encoder
         self.locks = locks
         self.manifest = manifest
         self.blobs = blobs
@@ -117,6 +121,7 @@ class PushTransaction:
         self.lock: HeldLock | None = None
         self.missing: list[str] = []
         self.uploaded_tensors = 0
+        self.markers: list[str] = []
         self.uploaded_bytes = 0
         self.unique_bytes = sum(t.numel() * t.element_size() for t in blobs.values())
         self._started = time.perf_counter()
@@ -149,6 +154,10 @@ class PushTransaction:
             # Paused past the TTL: a gc may have run meanwhile. Wait for it, re-check.
             lock.release()
             self.lock = lock = self.locks.acquire_push()
+            # A gc may have dropped our delta markers with the blobs; blobs it kept need
+            # theirs back before the manifest makes them referenced.
+            for key in self.markers:
+                self.store.put(key, b"")
             self.missing = self._find_missing(list(self.blobs))
             self.upload()
         manifest = self.manifest
@@ -188,8 +197,13 @@ class PushTransaction:
         return [d for d, p in zip(digests, present, strict=True) if not p]
 
     def _put_blob(self, digest: str) -> tuple[bool, int]:
-        data = encode_blob(self.blobs[digest])
-        return self.store.put_if_absent(tensor_key(digest), data), len(data)
+        blob = self.encoder.encode(digest, self.blobs[digest])
+        if blob.base is not None:
+            # Before the blob: a push killed between the two leaves a marker gc drops.
+            marker = delta_key(digest, blob.base)
+            self.store.put(marker, b"")
+            self.markers.append(marker)
+        return self.store.put_if_absent(tensor_key(digest), blob.data), len(blob.data)
 
     def _allocate_version(self) -> int:
         name = self.manifest.name

@@ -15,6 +15,7 @@ from hapi.repo.catalog import Catalog
 from hapi.repo.catalog_path import default_catalog_path
 from hapi.repo.config import RepoConfig
 from hapi.repo.diff import ModelDiff, diff_manifests
+from hapi.repo.encoder import encoder_for
 from hapi.repo.fetch import fetch_tensors
 from hapi.repo.fsck import FsckReport, check_repository
 from hapi.repo.gc import GcReport, collect_garbage
@@ -129,7 +130,8 @@ class ModelRepo:
     ) -> PushTransaction:
         """A push as separate steps (`begin`, `upload`, `commit`); see `push`."""
         check_name(name)
-        parent_id = self.resolve(parent).id if parent is not None else None
+        parent_manifest = self._load(parent)[1] if parent is not None else None
+        parent_id = parent_manifest.id if parent_manifest is not None else None
         if spec is not None and not isinstance(spec, dict):
             to_dict = getattr(spec, "to_dict", None)
             if to_dict is None:
@@ -141,7 +143,12 @@ class ModelRepo:
             model, name=name, parent=parent_id, tags=tuple(tags), metrics=metrics, spec=spec
         )
         return PushTransaction(
-            self.store, self.locks, manifest, blobs, concurrency=self.config.concurrency
+            self.store,
+            self.locks,
+            manifest,
+            blobs,
+            concurrency=self.config.concurrency,
+            encoder=encoder_for(self.config, self.store, manifest, parent_manifest),
         )
 
     def push(

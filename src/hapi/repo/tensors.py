@@ -13,7 +13,7 @@ import json
 
 import torch
 
-from hapi.errors import IntegrityError
+from hapi.errors import IntegrityError, UnknownCodec
 
 __all__ = ["decode_blob", "dtype_name", "encode_blob", "tensor_bytes", "tensor_hash"]
 
@@ -51,22 +51,39 @@ def encode_blob(tensor: torch.Tensor) -> bytes:
     return save({_BLOB_NAME: tensor.detach().cpu().contiguous()})
 
 
-def decode_blob(data: bytes, digest: str, what: str, *, verify: bool = True) -> torch.Tensor:
-    """Read a blob and check it against its content hash.
+def decode_blob(
+    data: bytes,
+    digest: str,
+    what: str,
+    *,
+    verify: bool = True,
+    base: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Read a blob, plain or compressed (see `codec.py`), and check it against its hash.
 
     Args:
         data: the blob's bytes.
         digest: the content hash the blob is stored under.
         what: names the tensor in errors (`'layer4.0.conv1.weight' of resnet50@3'`).
         verify: re-hash the tensor; without it only the blob's structure is checked.
+        base: for a delta blob, the decoded tensor it is a delta against.
 
     Raises:
         IntegrityError: the blob cannot be parsed (truncated) or its content hash differs.
+        UnknownCodec: the blob is compressed with a codec this hapi cannot read.
     """
-    from safetensors.torch import load
+    from hapi.repo import codec
 
     try:
-        tensor = load(data)[_BLOB_NAME]
+        info = codec.read_info(data)
+        if info.codec == codec.PLAIN:
+            from safetensors.torch import load
+
+            tensor = load(data)[_BLOB_NAME]
+        else:
+            tensor = codec.decode(data, info, base)
+    except UnknownCodec as exc:
+        raise UnknownCodec(f"tensor {what} (blob {digest[:12]}): {exc}") from None
     except Exception as exc:  # safetensors raises several types for bad headers
         raise IntegrityError(
             f"tensor {what} (blob {digest[:12]}, {len(data)} bytes) is corrupt: "
@@ -76,7 +93,9 @@ def decode_blob(data: bytes, digest: str, what: str, *, verify: bool = True) -> 
         return tensor
     actual = tensor_hash(tensor)
     if actual != digest:
+        held = f"a delta on {info.base[:12]}, " if info.base else ""
         raise IntegrityError(
-            f"tensor {what} is corrupt: blob {digest[:12]} holds content {actual[:12]}. " + _REPAIR
+            f"tensor {what} is corrupt: blob {digest[:12]} ({held}{info.codec}) holds content "
+            f"{actual[:12]}. " + _REPAIR
         )
     return tensor
