@@ -6,8 +6,14 @@ import pytest
 import torch
 
 from hapi.errors import InvalidRequest
-from hapi.plan import LinkProfile, ServerProfile, TrainerProfile, Workload
-from hapi.plan.codecs import CodecProfile, choose_codec
+from hapi.plan import (
+    CodecProfile,
+    LinkProfile,
+    ServerProfile,
+    TrainerProfile,
+    Workload,
+    choose_codec,
+)
 from hapi.wire.codec_cost import measure_codec
 
 NAMES = ("block1", "pool")

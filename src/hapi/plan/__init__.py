@@ -13,6 +13,8 @@ from hapi._lazy import lazy_exports
 __all__ = [
     "HYBRID_LOCAL_WINDOW",
     "ChunkMeasurement",
+    "CodecChoice",
+    "CodecProfile",
     "Estimate",
     "FreezeChoice",
     "LinkProfile",
@@ -28,6 +30,7 @@ __all__ = [
     "assign",
     "best_share",
     "check_trainable",
+    "choose_codec",
     "choose_freeze",
     "choose_plan",
     "default_freeze",
@@ -47,6 +50,8 @@ __all__ = [
 _WHERE = {
     "HYBRID_LOCAL_WINDOW": ".cost",
     "ChunkMeasurement": ".chunk_measurement",
+    "CodecChoice": ".codecs",
+    "CodecProfile": ".codecs",
     "Estimate": ".cost",
     "FreezeChoice": ".defaults",
     "LinkProfile": ".profiles",
@@ -62,6 +67,7 @@ _WHERE = {
     "assign": ".assign",
     "best_share": ".cost",
     "check_trainable": ".defaults",
+    "choose_codec": ".codecs",
     "choose_freeze": ".defaults",
     "choose_plan": ".planner",
     "default_freeze": ".defaults",
@@ -81,6 +87,7 @@ _WHERE = {
 if TYPE_CHECKING:
     from hapi.plan.assign import assign
     from hapi.plan.chunk_measurement import ChunkMeasurement
+    from hapi.plan.codecs import CodecChoice, CodecProfile, choose_codec
     from hapi.plan.cost import Estimate, Workload, best_share, estimate
     from hapi.plan.defaults import FreezeChoice, check_trainable, choose_freeze, default_freeze
     from hapi.plan.measure import (
