@@ -22,9 +22,9 @@ def _register() -> None:
     # call main() many times in one process.
     if app.registered_commands:
         return
-    from hapi.cli import data, demo, plan, profile, repo, serve
+    from hapi.cli import data, demo, plan, profile, repo, serve, train
 
-    for module in (serve, demo, profile, plan, data, repo):
+    for module in (serve, demo, profile, plan, data, repo, train):
         module.register(app)
 
 
