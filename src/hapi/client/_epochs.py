@@ -87,6 +87,8 @@ class EpochAccounts:
             retries=stats.retries,
             failovers=stats.failovers,
             fallbacks=stats.fallbacks,
+            cached=stats.cached,
+            server_cached=stats.server_cached,
         )
         return figures if self._totals is None else self._totals(figures)
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import tenacity
 import torch
 
+from hapi.client._merge import ChunkMerge
 from hapi.client.connection import ChunkStream
 from hapi.client.history import Event
 from hapi.client.rebatch import Piece
@@ -58,8 +59,13 @@ class Flow:
         route: Route,
         previous: Flow | None,
         member: Member,
+        versions: dict[str, str] | None = None,
     ) -> None:
         self.index, self.route, self.previous = index, route, previous
+        self.keys, self.labels = keys, labels
+        self.versions = versions
+        """The objects' versions as listed for the epoch: tickets carry them, for a server's
+        feature cache. None: not listed."""
         self.window = route.local
         """The loader's window it holds a place in: its route's when issued (local or
         pushed down), whatever route it follows later."""
@@ -83,6 +89,17 @@ class Flow:
         """A change of plan cut its stream (`FeatureLoader.recall`) and it was asked again:
         its stages' times mix two streams."""
         self.remaining = dict(zip(keys, labels, strict=True))
+        self.merge: ChunkMerge | None = None
+        """With the trainer's cache: puts its samples in order, cached or computed."""
+        self.hits = 0
+        """Keys the trainer's cache gave."""
+        self.after: list[Flow] = []
+        """Chunks of the epoch before with some of its keys, not yet kept in the cache
+        when it was issued: it looks its keys up once they are."""
+        self.kept = threading.Event()
+        """Set once its samples are all in the cache (or it ended otherwise)."""
+        self.server_cached = 0
+        """Keys the server's feature cache gave."""
         self.queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self.read_done = threading.Event()
         self.stream: ChunkStream | None = None
@@ -109,7 +126,7 @@ class Flow:
     def its_routes_cost(self) -> bool:
         """Whether its stage times are its route's: not computed here for want of a
         server, nor re-routed or recalled in flight (the plan learns nothing from those)."""
-        return not (self.fell_back or self.rerouted or self.recalled)
+        return not (self.fell_back or self.rerouted or self.recalled or self.hits == len(self.keys))
 
     def record(self, epoch: int, *, samples: int, trainer_s: float | None) -> ChunkRecord:
         """What it cost, for the router: its server's and link's times, and its trainer's
@@ -201,11 +218,15 @@ class Fetcher:
         try:
             if self.stop.is_set():
                 return
-            self.loader.retry.retrying(
-                on_retry=self._on_retry(flow), stop=self.stop, at_once=lambda _: flow.moved
-            )(self._attempt, flow)
+            if self.loader.cache is not None:
+                self._from_cache(flow)
+            if flow.remaining:
+                self.loader.retry.retrying(
+                    on_retry=self._on_retry(flow), stop=self.stop, at_once=lambda _: flow.moved
+                )(self._attempt, flow)
             flow.read_end = time.perf_counter()
-            if flow.fell_back:  # its server did not finish it: nothing to learn of it
+            if flow.fell_back or not flow.samples_read:
+                # Its server did not finish it (or had none of it): nothing to learn of it.
                 self.loader.servers.release(flow.member, flow.held)
             else:
                 self.loader.servers.finished(
@@ -220,13 +241,20 @@ class Fetcher:
                 # is trained: the re-planner sees a drift that much sooner.
                 record = flow.record(self.epoch, samples=flow.samples_read, trainer_s=None)
                 self.loader.router.observe(record)
-            if flow.computed_here:
+            if flow.merge is not None:
+                # After its last computed piece (the worker runs in order): the skipped
+                # keys let the rest of the chunk go.
+                self.worker.submit(self._end_merge, flow)
+            elif flow.computed_here:
                 # After the chunk's last local piece: the worker runs in order.
                 self.worker.submit(flow.queue.put, DONE)
             else:
                 flow.queue.put(DONE)
+            if flow.merge is None:
+                flow.kept.set()  # nothing of it is kept: no chunk need wait for it
         except BaseException as exc:  # handed to the consumer, which raises it
             flow.queue.put(exc)
+            flow.kept.set()
         finally:
             flow.read_done.set()
             if self.on_read is not None:
@@ -263,6 +291,11 @@ class Fetcher:
                 epoch=self.epoch,
                 keys=list(flow.remaining),
                 labels=list(flow.remaining.values()),
+                versions=(
+                    [flow.versions.get(k, "") for k in flow.remaining]
+                    if flow.versions is not None
+                    else None
+                ),
             )
             if flow.turn is None:
                 flow.issued = time.perf_counter()
@@ -322,6 +355,7 @@ class Fetcher:
         for skipped in report.skipped:
             flow.remaining.pop(skipped.key, None)
             flow.skipped.append(skipped)
+        flow.server_cached += report.cached
         if report.server_s > 0:
             flow.server_s = (flow.server_s or 0.0) + report.server_s
         flow.queue_s += report.queue_s
@@ -437,7 +471,12 @@ class Fetcher:
                     "a RAW session needs a loader that computes its chunks locally"
                 )
             piece = Piece(flow.index, flow.route.cut, batch.keys, batch.labels, batch.features)
-            if flow.computed_here:
+            if flow.merge is not None:
+                # Kept at the freeze point and ordered with the cached samples, in the
+                # worker: carrying features to the freeze point is the trainer's compute.
+                flow.computed_here = True
+                self.worker.submit(self._cache_in, flow, piece)
+            elif flow.computed_here:
                 # Re-routed from local: behind its raw pieces still in the worker, so the
                 # chunk's samples keep their order (and the batches theirs).
                 self.worker.submit(flow.queue.put, piece)
@@ -458,6 +497,9 @@ class Fetcher:
                     f"chunk {flow.index} is routed local but this loader has no LocalCompute "
                     "to decode its raw bytes"
                 )
+            cache = self.loader.cache
+            if flow.merge is not None and cache is not None:
+                cut = cache.cut  # kept at the freeze point
             t0 = self.clock()
             decoded, skipped = local(batch, self.epoch, cut)
             flow.local_s += self.clock() - t0
@@ -465,9 +507,82 @@ class Fetcher:
             flow.queue.put(exc)
             return
         flow.skipped += skipped
+        if flow.merge is not None:
+            flow.merge.skip([s.key for s in skipped])
         if len(decoded):
             assert decoded.features is not None  # LocalCompute returns features
-            flow.queue.put(Piece(flow.index, cut, decoded.keys, decoded.labels, decoded.features))
+            piece = Piece(flow.index, cut, decoded.keys, decoded.labels, decoded.features)
+            if flow.merge is not None:
+                self._cache_in(flow, piece)
+            else:
+                flow.queue.put(piece)
+
+    def _from_cache(self, flow: Flow) -> None:
+        """Take `flow`'s cached samples: only the others are asked of a server. Its
+        samples then go on in order through a merge, at the freeze point."""
+        cache = self.loader.cache
+        assert cache is not None  # the caller checks
+        if cache.versions(self.epoch) is None:
+            return  # not listed this epoch: nothing to look up or keep
+        for before in flow.after:
+            # The epoch before is still computing some of its keys (this epoch started
+            # ahead): they are hits once kept.
+            while not before.kept.wait(0.05):
+                if self.stop.is_set():
+                    raise Stopped
+        flow.after = []
+        flow.merge = ChunkMerge(flow.index, cache.cut, flow.keys, flow.labels, flow.queue.put)
+        hits = cache.lookup(self.epoch, flow.keys)
+        if not hits:
+            return
+        for key in hits:
+            del flow.remaining[key]
+        flow.hits = len(hits)
+        self.loader.servers.release(flow.member, len(hits))
+        flow.held -= len(hits)
+        flow.merge.add(list(hits), list(hits.values()))
+
+    def _cache_in(self, flow: Flow, piece: Piece) -> None:
+        """A computed piece into the cache and on in order, at the freeze point; in the
+        worker thread."""
+        cache, merge = self.loader.cache, flow.merge
+        assert cache is not None and merge is not None  # the caller checks
+        if self.stop.is_set():
+            return
+        try:
+            features = piece.features
+            if piece.cut < cache.cut:
+                convert = self.loader.convert
+                if convert is None:
+                    raise NotDecoded(
+                        f"chunk {flow.index} came at cut {piece.cut}, before the freeze point "
+                        f"{cache.cut}, and this loader cannot carry features forward"
+                    )
+                t0 = self.clock()
+                features = convert(features, piece.cut, cache.cut)
+                flow.local_s += self.clock() - t0
+            # As the cache keeps it: a sample is the same from either source.
+            features = features.to(cache.dtype)
+            cache.store(self.epoch, piece.keys, features)
+        except BaseException as exc:  # handed to the consumer, which raises it
+            flow.queue.put(exc)
+            return
+        merge.add(piece.keys, features)
+
+    def _end_merge(self, flow: Flow) -> None:
+        """Every piece of `flow` is in: its skipped keys let the rest go, then its end."""
+        assert flow.merge is not None
+        flow.kept.set()
+        flow.merge.skip([s.key for s in flow.skipped])
+        if flow.merge.pending and not self.stop.is_set():
+            flow.queue.put(
+                IncompleteEpoch(
+                    f"chunk {flow.index} ended with {flow.merge.pending} of its keys neither "
+                    "delivered nor reported skipped"
+                )
+            )
+            return
+        flow.queue.put(DONE)
 
     def _on_retry(self, flow: Flow) -> Callable[[tenacity.RetryCallState], None]:
         def on_retry(state: tenacity.RetryCallState) -> None:
@@ -504,6 +619,7 @@ class Fetcher:
         for flow in flows:
             self.loader.servers.release(flow.member, flow.held)
             flow.held = 0
+            flow.kept.set()
             # Release streams waiting for their turn, and cut the ones being read.
             flow.read_done.set()
             stream = flow.stream

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from torch import nn
 
+from hapi._sizes import parse_bytes
 from hapi.data import StoreOptions, Transforms
 from hapi.errors import InvalidRequest, shorten
 from hapi.graph import RAW, ModelSpec
@@ -76,7 +77,22 @@ class JobConfig:
     image_size: int = 224
     """Input height and width."""
     transforms: Transforms | None = None
-    """Training transforms; None: `Transforms.train(image_size)`."""
+    """Training transforms; None: `Transforms.train(image_size)` (random crop and flip),
+    or the eval transforms with `augment=False`."""
+    augment: bool = True
+    """Train on randomly augmented samples (the default transforms); False trains on the
+    eval transforms, which are deterministic: every feature is cached after epoch 1."""
+    views: int | None = None
+    """Draw each sample's augmentation from this many seeded views (epoch e draws view
+    e mod K): from epoch K on, every feature repeats and comes from the cache. None:
+    fresh augmentation every epoch, never cached."""
+    cache: bool = True
+    """Keep features in the trainer's feature cache (`cache_dir`) when the transforms make
+    them repeat; later epochs and later jobs on the same head read them from there."""
+    cache_dir: str | None = None
+    """The trainer's feature cache; None: `$HAPI_CACHE_DIR/features` (`~/.cache/hapi`)."""
+    cache_size: int | str = "10GiB"
+    """The feature cache's bound on disk (`10GiB`, or bytes): least recently used go."""
     eval_transforms: Transforms | None = None
     """Evaluation transforms; None: `Transforms.eval(image_size)`."""
     batch_size: int = 32
@@ -185,6 +201,23 @@ class JobConfig:
             if getattr(self, name) < 1:
                 raise InvalidRequest(f"{name} must be >= 1, got {getattr(self, name)}")
         check_wire_dtype(self.wire_dtype)
+        if self.views is not None and (
+            isinstance(self.views, bool) or not isinstance(self.views, int) or self.views < 1
+        ):
+            raise InvalidRequest(
+                f"views must be a whole number >= 1, got {shorten(repr(self.views))}; or None "
+                "for fresh augmentation every epoch"
+            )
+        if self.views is not None and self.transforms is not None and self.transforms.views:
+            raise InvalidRequest(
+                "views is given twice: in transforms and as views=; pass one of them"
+            )
+        if not self.augment and self.transforms is not None:
+            raise InvalidRequest(
+                "augment=False trains on the eval transforms, but transforms= gives others: "
+                "pass one of them"
+            )
+        parse_bytes(self.cache_size)
         if self.on_error not in ("raise", "skip"):
             raise InvalidRequest(
                 f"on_error must be 'raise' or 'skip', got {shorten(repr(self.on_error))}"
@@ -199,7 +232,12 @@ class JobConfig:
 
     @property
     def train_transforms(self) -> Transforms:
-        return self.transforms or Transforms.train(self.image_size)
+        if not self.augment:
+            return self.test_transforms
+        transforms = self.transforms or Transforms.train(self.image_size)
+        if self.views is not None and transforms.is_random:
+            transforms = replace(transforms, views=self.views)
+        return transforms
 
     @property
     def test_transforms(self) -> Transforms:

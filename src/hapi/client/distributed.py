@@ -35,7 +35,7 @@ import dataclasses
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -193,15 +193,17 @@ class DataParallel:
     def totals(self, figures: EpochStats) -> EpochStats:
         """An epoch's figures with every rank's bytes, chunks and retries summed (the loss,
         accuracy and samples are global already); times and skipped keys stay this rank's."""
-        names = ("bytes_received", "chunks_local", "chunks_pushed", "retries")
-        received, local, pushed, retries = self.sum([getattr(figures, n) for n in names])
-        return dataclasses.replace(
-            figures,
-            bytes_received=int(received),
-            chunks_local=int(local),
-            chunks_pushed=int(pushed),
-            retries=int(retries),
+        names = (
+            "bytes_received",
+            "chunks_local",
+            "chunks_pushed",
+            "retries",
+            "cached",
+            "server_cached",
         )
+        summed = self.sum([getattr(figures, n) for n in names])
+        totals: dict[str, Any] = {n: int(v) for n, v in zip(names, summed, strict=True)}
+        return dataclasses.replace(figures, **totals)
 
     def from_rank0(self, make: Callable[[], T]) -> T:
         """`make()` run on rank 0 only, its result sent to every rank (pickled between the

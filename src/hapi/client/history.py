@@ -98,6 +98,15 @@ class EpochStats:
     """Chunks moved to another server in the epoch (`History.failovers` has each)."""
     fallbacks: int = 0
     """Chunks computed in the trainer from the store's bytes (`History.fallbacks`)."""
+    cached: int = 0
+    """Samples the trainer's feature cache gave: no server, no link, only the tail."""
+    server_cached: int = 0
+    """Samples a server's feature cache gave: no read, no decode, no head."""
+
+    @property
+    def computed(self) -> int:
+        """Samples whose features were computed this epoch (on either tier)."""
+        return max(0, self.samples - self.cached - self.server_cached)
 
     @property
     def stages(self) -> dict[str, float]:

@@ -15,13 +15,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from hapi._sizes import parse_bytes
 from hapi._tracing import TRACING
+from hapi.cache import Cacheability, FeatureCache, cacheability
 from hapi.client._decode import RawDecoder
 from hapi.client._epochs import EpochAccounts
 from hapi.client._from_repo import build_from_repo
 from hapi.client._parts import ModelParts
 from hapi.client._profile_cache import ProfileCache
 from hapi.client._resume import STATE_VERSION, capture_rng, read_state, restore_rng
+from hapi.client._trainer_cache import TrainerCache, loop_space
 from hapi.client.config import JobConfig
 from hapi.client.connection import Connection, connect
 from hapi.client.distributed import DataParallel, pad
@@ -184,6 +187,8 @@ class TransferJob:
             else None
         )
         """The store, read directly while no server answers (`JobConfig.store`)."""
+        self._features: FeatureCache | None = None
+        """The trainer's feature cache, opened by the first loop that uses it."""
 
     # What the job will do ------------------------------------------------------------------
 
@@ -255,7 +260,15 @@ class TransferJob:
             plan = self.plan
             assert plan is not None  # an auto job has one
             lines.append(f"plan: {plan.reason}")
+        lines.append(f"features {self.cacheability().why}")
         return "\n".join(lines)
+
+    def cacheability(self) -> Cacheability:
+        """Whether the training features repeat between epochs (and are cached), and why."""
+        found = cacheability(self.config.train_transforms)
+        if found.cacheable and not self.config.cache:
+            return Cacheability(False, "not cached: cache=False")
+        return found
 
     def set_plan(
         self, cut: int | str, share: float = 0.0, *, reason: str = "set by the user"
@@ -658,6 +671,8 @@ class TransferJob:
             self.connection,
             sessions,
             self.manifest(prefix),
+            cache=self._trainer_cache(transforms),
+            relist=functools.partial(self._list, prefix),
             batch_size=config.batch_size,
             chunk_size=config.chunk_size,
             prefetch=config.prefetch,
@@ -678,6 +693,25 @@ class TransferJob:
                 yield loader
             finally:
                 loader.close()
+
+    def _trainer_cache(self, transforms: Transforms) -> TrainerCache | None:
+        """The trainer's feature cache for a loop with `transforms`, if its features repeat."""
+        config = self.config
+        if not config.cache or not cacheability(transforms).cacheable:
+            return None
+        if self._features is None:
+            self._features = FeatureCache(
+                config.cache_dir, max_bytes=parse_bytes(config.cache_size)
+            )
+        space = loop_space(
+            self.graph.head(self.freeze),
+            self.freeze,
+            transforms,
+            wire_dtype=config.wire_dtype,
+            exact=config.exact,
+            seed=config.seed,
+        )
+        return TrainerCache(self._features, space, transforms, config.wire_dtype)
 
     def _request(
         self, cut: int, transforms: Transforms, connection: Connection | None = None

@@ -58,6 +58,7 @@ went missing or came twice.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -67,6 +68,7 @@ import numpy as np
 import torch
 
 from hapi.client._fetch import DONE, Fetcher, Flow
+from hapi.client._trainer_cache import TrainerCache
 from hapi.client.connection import Connection
 from hapi.client.distributed import Shard
 from hapi.client.history import Event
@@ -79,6 +81,7 @@ from hapi.client.sessions import Sessions
 from hapi.data import DatasetManifest, ObjectStore
 from hapi.errors import (
     DuplicateDelivery,
+    HapiError,
     IncompleteEpoch,
     InvalidRequest,
     shorten,
@@ -88,6 +91,8 @@ from hapi.plan import HYBRID_LOCAL_WINDOW
 from hapi.wire import SkippedKey
 
 __all__ = ["HYBRID_LOCAL_WINDOW", "FeatureLoader", "LoaderStats"]
+
+log = logging.getLogger("hapi.client")
 
 # Called in the fetching thread after each part of a chunk is handed on: (chunk, keys).
 OnPart = Callable[[int, list[str]], None]
@@ -121,6 +126,10 @@ class LoaderStats:
     transfer_s: float = 0.0
     """The link's busy time: each chunk's stream while it had the link, less the time
     it can be seen waiting for the server."""
+    cached: int = 0
+    """Samples the trainer's feature cache gave (no server, no link)."""
+    server_cached: int = 0
+    """Samples a server's feature cache gave (no read, no head)."""
     skipped: list[SkippedKey] = field(default_factory=list)
     records: list[ChunkRecord] = field(default_factory=list)
     """Every chunk, delivered and trained, in order."""
@@ -158,6 +167,10 @@ class FeatureLoader:
             loader fetches and yields only it (`batch_size` is then per rank).
         fallback: the store, as this trainer reaches it: while no server answers, chunks
             are read from it and computed here by `local`. None: they wait for a server.
+        cache: the trainer's feature cache for this loop: cached samples come from it,
+            the others are kept in it as they arrive. None: no cache.
+        relist: lists the dataset again, for its objects' versions at the start of each
+            epoch (tickets carry them, and the cache keys entries by them).
 
     Raises:
         InvalidRequest: a size below 1, negative retries or budget.
@@ -184,6 +197,8 @@ class FeatureLoader:
         on_part: OnPart | None = None,
         shard: Shard | None = None,
         fallback: ObjectStore | None = None,
+        cache: TrainerCache | None = None,
+        relist: Callable[[], DatasetManifest] | None = None,
     ) -> None:
         for name, value in (
             ("batch_size", batch_size),
@@ -211,6 +226,8 @@ class FeatureLoader:
         self.on_part = on_part
         self.shard = shard
         self.fallback = fallback
+        self.cache = cache
+        self.relist = relist
         self.stats = LoaderStats()
         self._ahead: _Epoch | None = None
         """The next epoch, started while the one before it drained."""
@@ -284,8 +301,9 @@ class FeatureLoader:
             run = None
         if run is None:
             chunks = self.chunks(epoch, start=start)
+            versions = self.versions()
             self.router.start(epoch, len(chunks))
-            run = _Epoch(self, epoch, chunks)
+            run = _Epoch(self, epoch, chunks, versions=versions)
         run.then = then
         self.stats = run.stats
         return run.run()
@@ -313,11 +331,28 @@ class FeatureLoader:
         if run is not None:
             run.shutdown()
 
-    def _start_ahead(self, epoch: int, windows: _Windows, before: list[Flow]) -> _Epoch:
-        """Start `epoch` while the one before it drains (from its `_advance`)."""
+    def versions(self) -> dict[str, str] | None:
+        """The objects' versions, listed now (None: not listed - no `relist`, or the
+        listing failed, and the epoch is then neither looked up in the cache nor kept)."""
+        if self.relist is None:
+            return _versions(self.manifest)
+        try:
+            return _versions(self.relist())
+        except HapiError as exc:
+            log.warning(
+                "listing the dataset's versions failed (%s): this epoch does not use the "
+                "feature cache",
+                shorten(str(exc)),
+            )
+            return None
+
+    def _start_ahead(
+        self, epoch: int, windows: _Windows, before: _Epoch, versions: dict[str, str] | None
+    ) -> _Epoch:
+        """Start `epoch` while `before` drains (from its `_advance`)."""
         chunks = self.chunks(epoch)
         self.router.start(epoch, len(chunks))
-        self._ahead = _Epoch(self, epoch, chunks, windows=windows, before=before)
+        self._ahead = _Epoch(self, epoch, chunks, windows=windows, before=before, versions=versions)
         return self._ahead
 
 
@@ -342,17 +377,23 @@ class _Epoch:
         chunks: list[tuple[list[str], list[int]]],
         *,
         windows: _Windows | None = None,
-        before: list[Flow] | None = None,
+        before: _Epoch | None = None,
+        versions: dict[str, str] | None = None,
     ) -> None:
         self.loader, self.epoch, self.chunks = loader, epoch, chunks
+        self.versions = versions
+        if loader.cache is not None:
+            loader.cache.set_versions(epoch, versions)
         self.stats = LoaderStats()
         self.flows: list[Flow] = []
-        self.before = before or []
+        self.before = before.flows if before is not None else []
+        self.before_epoch = before.epoch if before is not None else None
         """The epoch before's chunks, when this one started ahead: its first chunk on each
         server is read after that epoch's last there."""
         self.then: int | None = None
         """The epoch to start once every chunk of this one is issued (None: none)."""
         self.ahead: _Epoch | None = None
+        self._starting_ahead = False
         self.prefetch = loader.prefetch * len(loader.servers)
         # A thread for every chunk in flight: K per route.
         self.fetcher = Fetcher(loader, epoch, 2 * self.prefetch, on_read=self._read_one)
@@ -434,13 +475,21 @@ class _Epoch:
                 windows.untrained[local] += 1
                 self._issued += 1
                 self._next = None
-            if (
+            start_ahead = (
                 self.ahead is None
+                and not self._starting_ahead
                 and self.then is not None
                 and self._issued == len(self.chunks)
                 and not self.fetcher.stop.is_set()
-            ):
-                self.ahead = self.loader._start_ahead(self.then, windows, self.flows)
+            )
+            self._starting_ahead |= start_ahead
+        if start_ahead:
+            assert self.then is not None
+            # Listed outside the windows' lock: a listing may take a while.
+            versions = self.loader.versions() if self.loader.relist is not None else None
+            with windows.lock:
+                if not self.fetcher.stop.is_set():
+                    self.ahead = self.loader._start_ahead(self.then, windows, self, versions)
         if self.ahead is not None:
             self.ahead._advance()
 
@@ -450,7 +499,18 @@ class _Epoch:
         # Each server's link serves its chunks in order: this one's stream is read after
         # the last one issued to the same server.
         previous = _last_on(member, self.flows) or _last_on(member, self.before)
-        flow = Flow(index, keys, labels, route, previous, member)
+        flow = Flow(index, keys, labels, route, previous, member, self.versions)
+        cache = self.loader.cache
+        if (
+            self.before
+            and self.before_epoch is not None
+            and cache is not None
+            and cache.repeats(self.before_epoch, self.epoch)
+        ):
+            wanted = set(keys)
+            flow.after = [
+                f for f in self.before if not f.kept.is_set() and wanted.intersection(f.keys)
+            ]
         self.flows.append(flow)
         self.fetcher.start(flow)
 
@@ -478,6 +538,8 @@ class _Epoch:
         stats.samples += flow.samples
         stats.bytes_received += flow.bytes
         stats.skipped += flow.skipped
+        stats.cached += flow.hits
+        stats.server_cached += flow.server_cached
         stats.postprocess_s += flow.local_s
         stats.transfer_s += flow.transfer_s
         if flow.server_s is not None:
@@ -514,6 +576,12 @@ class _Epoch:
                 f"{len(missing)} keys of the epoch were neither delivered nor reported "
                 f"skipped, e.g. {shorten(repr(sorted(missing)[:5]))}"
             )
+
+
+def _versions(manifest: DatasetManifest) -> dict[str, str] | None:
+    if not manifest.versions:
+        return None  # an older server lists no versions: nothing is cached
+    return dict(zip(manifest.keys, manifest.versions, strict=True))
 
 
 def _last_on(member: Member, flows: list[Flow]) -> Flow | None:

@@ -13,21 +13,13 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from hapi.errors import InvalidRequest, shorten
+from hapi._sizes import format_bytes, parse_bytes
+from hapi.errors import InvalidRequest
 
 __all__ = ["MemoryModel", "bound_allocator", "default_budget", "format_bytes", "parse_bytes"]
-
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 2**10, "kb": 10**3, "kib": 2**10,
-    "m": 2**20, "mb": 10**6, "mib": 2**20,
-    "g": 2**30, "gb": 10**9, "gib": 2**30,
-    "t": 2**40, "tb": 10**12, "tib": 2**40,
-}  # fmt: skip
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
 ALLOCATOR_THRESHOLD = 4 << 20
@@ -59,39 +51,6 @@ def bound_allocator() -> bool:
     ok &= mallopt(_M_MMAP_THRESHOLD, ALLOCATOR_THRESHOLD)
     ok &= mallopt(_M_TRIM_THRESHOLD, ALLOCATOR_THRESHOLD)
     return bool(ok)
-
-
-def parse_bytes(text: str | int) -> int:
-    """A size like `4GiB`, `512MiB`, `2GB` or `1073741824` in bytes.
-
-    Raises:
-        InvalidRequest: not a positive size with a known unit.
-    """
-    if isinstance(text, bool) or not isinstance(text, str | int):
-        raise InvalidRequest(f"a size is a number of bytes or a string like 4GiB, got {text!r}")
-    if isinstance(text, int):
-        value = text
-    else:
-        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
-        unit = match.group(2).lower() if match else None
-        if match is None or unit not in _UNITS:
-            raise InvalidRequest(
-                f"cannot read size {shorten(repr(text), 60)}: use a number with a unit, "
-                "such as 4GiB, 512MiB or 2GB"
-            )
-        value = int(float(match.group(1)) * _UNITS[unit])
-    if value <= 0:
-        raise InvalidRequest(f"a memory size must be positive, got {text!r}")
-    return value
-
-
-def format_bytes(n: float) -> str:
-    """`n` bytes for a person: `3.2 GiB`."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def default_budget(device: str = "cpu", *, root: Path = Path("/")) -> int:

@@ -1,0 +1,140 @@
+"""The trainer's feature cache against a real server: later epochs read what the first
+computed, in the same order, and nothing stale or corrupt is ever a hit."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from hapi.client import TransferJob
+from hapi.data import (
+    HorizontalFlip,
+    Normalize,
+    RandomResizedCrop,
+    Transforms,
+    open_store,
+    synth_dataset,
+)
+from hapi.graph import RAW
+from hapi.server import HapiServer, serve
+
+SIZE = 64
+
+
+@pytest.fixture
+def store_dir(tmp_path: Path) -> Path:
+    root = tmp_path / "store"
+    synth_dataset(open_store(root), "train", classes=2, per_class=6, size=72, seed=5)
+    return root
+
+
+@pytest.fixture
+def server(store_dir: Path) -> Iterator[HapiServer]:
+    with serve(store=str(store_dir), batch_size=4) as running:
+        yield running
+
+
+def _job(server: HapiServer, cache_dir: Path, **options: object) -> TransferJob:
+    defaults: dict[str, object] = {
+        "freeze": "layer3",
+        "cut": None,
+        "image_size": SIZE,
+        "batch_size": 4,
+        "chunk_size": 5,
+        "prefetch": 2,
+        "seed": 3,
+        "augment": False,
+        "cache_dir": str(cache_dir),
+    }
+    defaults.update(options)
+    return TransferJob({"name": "resnet18", "num_classes": 2}, "train", server.address, **defaults)
+
+
+def test_later_epochs_come_from_the_cache_bit_for_bit(server: HapiServer, tmp_path: Path) -> None:
+    cached = _job(server, tmp_path / "c", exact=True)
+    history = cached.fit(epochs=3, lr=0.05)
+    first, *later = history.epochs
+    assert first.cached == 0 and first.computed == 12 and first.bytes_received > 0
+    for epoch in later:
+        assert epoch.cached == epoch.samples == 12
+        assert epoch.bytes_received == 0
+    assert "cacheable: the transforms are deterministic" in cached.summary()
+    plain = _job(server, tmp_path / "unused", exact=True, cache=False).fit(epochs=3, lr=0.05)
+    assert [e.loss for e in plain.epochs] == [e.loss for e in history.epochs]
+    assert not (tmp_path / "unused").exists()
+
+
+def test_a_second_job_on_the_same_head_hits_from_its_first_epoch(
+    server: HapiServer, tmp_path: Path
+) -> None:
+    _job(server, tmp_path / "c").fit(epochs=1)
+    again = _job(server, tmp_path / "c", seed=11).fit(epochs=1)  # another seed, same features
+    assert again.epochs[0].cached == 12 and again.epochs[0].bytes_received == 0
+    other_head = _job(server, tmp_path / "c", freeze="layer2").fit(epochs=1)
+    assert other_head.epochs[0].cached == 0
+
+
+def test_a_partly_cached_chunk_keeps_its_order(server: HapiServer, tmp_path: Path) -> None:
+    _job(server, tmp_path / "c", exact=True).fit(epochs=1, lr=0.05)
+    entries = sorted(p for p in (tmp_path / "c").rglob("*") if len(p.name) == 32)
+    for path in entries[::3]:
+        path.unlink()
+    partly = _job(server, tmp_path / "c", exact=True).fit(epochs=1, lr=0.05).epochs[0]
+    assert 0 < partly.cached < 12 and partly.samples == 12
+    plain = _job(server, tmp_path / "none", exact=True, cache=False).fit(epochs=1, lr=0.05)
+    assert plain.epochs[0].loss == partly.loss
+
+
+def test_an_object_rewritten_between_epochs_is_a_miss(
+    server: HapiServer, store_dir: Path, tmp_path: Path
+) -> None:
+    job = _job(server, tmp_path / "c")
+    job.fit(epochs=1)
+    victim = next(store_dir.glob("train/*/*.jpg"))
+    image = Image.new("RGB", (72, 72), (200, 10, 10))
+    buffer = io.BytesIO()
+    image.save(buffer, "JPEG")
+    victim.write_bytes(buffer.getvalue())
+    second = job.fit(epochs=1).epochs[-1]
+    assert second.cached == 11 and second.computed == 1
+
+
+def test_a_corrupt_entry_is_a_miss_and_is_rewritten(server: HapiServer, tmp_path: Path) -> None:
+    job = _job(server, tmp_path / "c")
+    job.fit(epochs=1)
+    entry = next(p for p in (tmp_path / "c").rglob("*") if len(p.name) == 32)
+    data = bytearray(entry.read_bytes())
+    data[-20] ^= 0xFF
+    entry.write_bytes(bytes(data))
+    fresh = _job(server, tmp_path / "c")  # another process's view: nothing in its memory
+    second = fresh.fit(epochs=1).epochs[-1]
+    assert second.cached == 11 and second.computed == 1
+    assert fresh.fit(epochs=1).epochs[-1].cached == 12
+
+
+def test_fresh_augmentation_is_not_cached_and_says_why(server: HapiServer, tmp_path: Path) -> None:
+    job = _job(server, tmp_path / "c", augment=True)
+    assert "not cacheable: random_resized_crop, horizontal_flip" in job.summary()
+    history = job.fit(epochs=2)
+    assert all(e.cached == 0 for e in history.epochs)
+    assert not (tmp_path / "c").exists()
+
+
+def test_views_repeat_after_k_epochs(server: HapiServer, tmp_path: Path) -> None:
+    job = _job(server, tmp_path / "c", augment=True, views=2)
+    history = job.fit(epochs=4)
+    assert [e.cached for e in history.epochs] == [0, 0, 12, 12]
+
+
+def test_local_chunks_and_an_earlier_cut_are_kept_at_the_freeze_point(
+    server: HapiServer, tmp_path: Path
+) -> None:
+    raw = _job(server, tmp_path / "c", cut=RAW).fit(epochs=2)
+    assert [e.cached for e in raw.epochs] == [0, 12]
+    earlier = _job(server, tmp_path / "c", cut="layer2").fit(epochs=1)
+    assert earlier.epochs[0].cached == 12  # the same features at the freeze point
+    assert Transforms((RandomResizedCrop(SIZE), HorizontalFlip(), Normalize())).is_random
