@@ -68,6 +68,14 @@ def serve(
     metrics_host: str = typer.Option("127.0.0.1", help="Address of the metrics endpoint."),
     repo: str = typer.Option(None, envvar="HAPI_REPO", help="Model repository for repo:// refs."),
     endpoint: str = typer.Option(None, help="S3 endpoint URL (default: AWS_ENDPOINT_URL)."),
+    feature_cache: str = typer.Option(
+        None,
+        help="Directory where computed features are kept and shared by every job whose head "
+        "has the same content (deterministic or views=K transforms): later jobs skip the head.",
+    ),
+    feature_cache_size: str = typer.Option(
+        "50GiB", help="Bound on --feature-cache's bytes on disk (least recently used go)."
+    ),
     local_prefix: list[str] = typer.Option(
         None,
         help="A prefix of the store local to this server (its storage node); repeat for "
@@ -111,6 +119,8 @@ def serve(
         metrics_host=metrics_host,
         repo=repo,
         local_prefixes=tuple(local_prefix or ()),
+        feature_cache=feature_cache,
+        feature_cache_size=feature_cache_size,
     )
     # A server reads its store and repository: refuse a mistyped directory instead of
     # making it, and an unreachable S3 endpoint now instead of at the first chunk.
@@ -125,6 +135,8 @@ def serve(
     who = f", {len(server.tenants)} tenant(s) from {tenants}" if tenants else ""
     if local_prefix:
         who += f", local: {', '.join(local_prefix)}"
+    if feature_cache:
+        who += f", feature cache {feature_cache} ({feature_cache_size})"
     Console().print(
         f"hapi serving [bold]{store}[/] at [bold]{server.address}[/]{limit}{models}{who}"
     )

@@ -276,6 +276,23 @@ class Store:
         except Exception as exc:
             raise translate(exc, self.uri, key) from exc
 
+    def get_versioned(self, key: str) -> tuple[bytes, str]:
+        """The object's bytes and the version of exactly those bytes (`object_version` of
+        the read's own metadata, as a listing gives it): a feature cache stores what it
+        computed from them under this version, never under one listed before a rewrite.
+
+        Raises:
+            ObjectNotFound: there is no such object.
+        """
+        import obstore
+
+        key = self._inside(key)
+        try:
+            result = obstore.get(self.client, key)
+            return bytes(result.bytes()), object_version(result.meta)
+        except Exception as exc:
+            raise translate(exc, self.uri, key) from exc
+
     def get_many(self, keys: Iterable[str]) -> list[bytes | BaseException]:
         keys = list(keys)
         if len(keys) <= 1:

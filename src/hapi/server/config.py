@@ -75,6 +75,12 @@ class ServerConfig:
     compute_slots: int | None = None
     """Batches computed at once; None: the cores this process may run on (a 1-core server
     runs one batch at a time, so the first chunk's bytes leave first)."""
+    feature_cache: str | None = None
+    """Directory where computed features are kept and shared by every session whose head,
+    cut and transforms are the same (`hapi.server.feature_cache`); None: no cache."""
+    feature_cache_size: int | str = "50GiB"
+    """The bound on the feature cache's bytes on disk (`50GiB`, or a number): the least
+    recently used entries go beyond it. Not part of the memory budget."""
 
     def __post_init__(self) -> None:
         if (
@@ -108,6 +114,7 @@ class ServerConfig:
         from hapi.server.budget import parse_bytes
 
         parse_bytes(self.max_head_bytes)
+        parse_bytes(self.feature_cache_size)
         if self.compute_slots is not None and (
             isinstance(self.compute_slots, bool)
             or not isinstance(self.compute_slots, int)

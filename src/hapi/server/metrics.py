@@ -13,7 +13,7 @@ from __future__ import annotations
 import ipaddress
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -26,6 +26,13 @@ from prometheus_client import (
 )
 
 from hapi.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from prometheus_client.metrics_core import Metric
+
+    from hapi.wire.replies import FeatureCacheStats
 
 __all__ = ["NO_TENANT", "Metrics"]
 
@@ -198,6 +205,11 @@ class Metrics:
             self._device.labels("allocated").set_function(lambda: device_memory()[0])
             self._device.labels("reserved").set_function(lambda: device_memory()[1])
 
+    def follow_feature_cache(self, stats: Callable[[], FeatureCacheStats | None]) -> None:
+        """Report the feature cache's hits, misses, evictions and bytes held, read from
+        `stats` at each scrape (no series while it gives None: the server keeps no cache)."""
+        self.registry.register(_FeatureCacheCollector(stats))
+
     def render(self) -> bytes:
         """The metrics in Prometheus' text format, as a scrape would get them."""
         return generate_latest(self.registry)
@@ -261,6 +273,37 @@ class Metrics:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _FeatureCacheCollector:
+    """The feature cache's counters as Prometheus series, read when scraped."""
+
+    def __init__(self, stats: Callable[[], FeatureCacheStats | None]) -> None:
+        self._stats = stats
+
+    def describe(self) -> list[Metric]:
+        return []  # the series exist only when the server keeps a cache
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        s = self._stats()
+        if s is None:
+            return
+        prefix = "hapi_feature_cache"
+        yield CounterMetricFamily(f"{prefix}_hits", "Samples sent from the cache.", s.hits)
+        yield CounterMetricFamily(
+            f"{prefix}_misses", "Samples of cacheable sessions computed.", s.misses
+        )
+        yield CounterMetricFamily(f"{prefix}_writes", "Entries written.", s.writes)
+        yield CounterMetricFamily(
+            f"{prefix}_evictions", "Entries evicted under the size bound.", s.evictions
+        )
+        yield CounterMetricFamily(
+            f"{prefix}_corrupt", "Entries that failed their checksum (removed).", s.corrupt
+        )
+        yield GaugeMetricFamily(f"{prefix}_bytes", "Entries' bytes on disk.", s.bytes_held)
+        yield GaugeMetricFamily(f"{prefix}_max_bytes", "The cache's size bound.", s.max_bytes)
 
 
 def _url_host(host: str) -> str:

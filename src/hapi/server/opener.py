@@ -15,6 +15,7 @@ from hapi.errors import InvalidCut, InvalidRequest, shorten
 from hapi.graph import INPUT, RAW, ModelGraph, load_head
 from hapi.server.budget import MemoryModel
 from hapi.server.config import ServerConfig
+from hapi.server.feature_cache import NO_FEATURE_CACHE, FeatureTier
 from hapi.server.head_cache import HeadCache, HeadLease
 from hapi.server.memory import session_memory, session_name, tensor_bytes
 from hapi.server.scheduler import Scheduler
@@ -58,6 +59,7 @@ class SessionOpener:
         uploads: the heads trainers uploaded, by digest.
         scheduler: the server's scheduler, which measures a session's memory model.
         clock: monotonic seconds, a new session's `last_used`.
+        features: the server's feature cache, which its sessions' chunks use.
     """
 
     def __init__(
@@ -68,8 +70,10 @@ class SessionOpener:
         uploads: HeadUploads,
         scheduler: Scheduler,
         clock: Callable[[], float],
+        features: FeatureTier = NO_FEATURE_CACHE,
     ) -> None:
         self.config = config
+        self.features = features
         self.heads = heads
         self.uploads = uploads
         self.scheduler = scheduler
@@ -138,6 +142,7 @@ class SessionOpener:
             scheduler=self.scheduler,
             tenant=tenant.name,
             weight=tenant.weight,
+            features=self.features,
         )
         return Opened(session, lease, graph)
 

@@ -24,6 +24,7 @@ from hapi.server._order import SendOrder
 from hapi.server.access import check_keys, readable_manifest
 from hapi.server.budget import parse_bytes
 from hapi.server.config import ServerConfig
+from hapi.server.feature_cache import open_feature_cache
 from hapi.server.head_cache import HeadCache
 from hapi.server.limits import MemoryLimit, tightest_limit
 from hapi.server.memory import device_memory
@@ -141,8 +142,15 @@ class HapiServer(flight.FlightServerBase):
         self.sending = SendOrder()
         """Each client connection's chunk streams send in chunk order."""
         self._clock = clock
+        self.features = open_feature_cache(config)
+        """Computed features kept beside the data (`--feature-cache`), shared by sessions."""
         self.opener = SessionOpener(
-            config, heads=self.heads, uploads=self.uploads, scheduler=self.scheduler, clock=clock
+            config,
+            heads=self.heads,
+            uploads=self.uploads,
+            scheduler=self.scheduler,
+            clock=clock,
+            features=self.features,
         )
         self.profiler = Profiler(
             self.heads, self.scheduler, self.store, read_bytes=self.opener.read_bytes
@@ -171,6 +179,7 @@ class HapiServer(flight.FlightServerBase):
                 else None
             ),
         )
+        self.metrics.follow_feature_cache(self.features.stats)
         if config.metrics_port is not None:
             serve_metrics(self.metrics, config)
 
@@ -205,6 +214,7 @@ class HapiServer(flight.FlightServerBase):
         super().shutdown()
         self.metrics.close()
         self.uploads.close()
+        self.features.close()
 
     def list_actions(self, context: flight.ServerCallContext) -> list[tuple[str, str]]:
         with self._guard("list_actions", context):
@@ -437,6 +447,7 @@ class HapiServer(flight.FlightServerBase):
             batches_running=budget.running,
             batches_waiting=budget.waiting,
             cpu_s=time.process_time(),
+            feature_cache=self.features.stats(),
         )
 
     def _guard(

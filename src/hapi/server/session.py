@@ -6,7 +6,7 @@ import contextlib
 import dataclasses
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -27,6 +27,7 @@ from hapi.graph import RAW
 from hapi.server._counters import SessionCounters, TimedReads
 from hapi.server._outbox import Outbox
 from hapi.server.budget import MemoryModel
+from hapi.server.feature_cache import NO_FEATURE_CACHE, FeatureTier, Sent
 from hapi.server.memory import decoding, object_decode_bytes
 from hapi.server.scheduler import Demand, Grant, Place, Scheduler
 from hapi.wire import (
@@ -94,6 +95,8 @@ class Session:
     weight: float = 1.0
     """Its tenant's weight in the server's fair share."""
     stats: SessionCounters = field(default_factory=SessionCounters)
+    features: FeatureTier = NO_FEATURE_CACHE
+    """The server's feature cache: chunks send its hits and offer it their misses."""
 
     def run_chunk(self, ticket: ChunkTicket, store: ObjectStore) -> Outbox[_Wire]:
         """Start reading, decoding, transforming and running the head over a chunk, now;
@@ -141,10 +144,15 @@ class Session:
         skipped: list[SkippedKey] = []
         clock = _ChunkClock()
         try:
+            # After do_get's prefix check of every key: the cache never widens access.
+            lookup = self.features.lookup(self, ticket)
             # Read-ahead is bounded in bytes too, so a chunk of large objects holds a few,
             # and counted in each batch's fixed bytes (`Session.memory`).
             read = read_objects(
-                store, ticket.keys, ahead=self.read_ahead, max_bytes=self.read_ahead << 18
+                lookup.reader(store),
+                lookup.to_read,
+                ahead=self.read_ahead,
+                max_bytes=self.read_ahead << 18,
             )
             with contextlib.closing(read):
                 reads = TimedReads(read)
@@ -152,7 +160,13 @@ class Session:
                     if self.request.cut == RAW:
                         self._raw_batches(ticket, reads, skipped, clock, out)
                     else:
-                        self._feature_batches(ticket, reads, skipped, clock, out)
+                        lookup.produce(
+                            lambda part, objects, sent: self._feature_batches(
+                                part, objects, skipped, clock, out, sent
+                            ),
+                            reads,
+                            out,
+                        )
                 finally:
                     self.stats.add(read_s=reads.waited, bytes_read=reads.nbytes)
             if out.closed:
@@ -163,6 +177,7 @@ class Session:
                 server_s=clock.server_s,
                 queue_s=clock.queue_s,
                 free_share=self.scheduler.free_share(running_self=0),
+                cached=lookup.cached,
             ).to_bytes()
             self.stats.add(chunks=1, skipped=len(skipped))
             out.put((pa.RecordBatch.from_pylist([], schema=self.schema), report))
@@ -236,10 +251,11 @@ class Session:
     def _feature_batches(
         self,
         ticket: ChunkTicket,
-        reads: TimedReads,
+        reads: Iterable[bytes | BaseException],
         skipped: list[SkippedKey],
         clock: _ChunkClock,
         out: _Out,
+        sent: Sent,
     ) -> None:
         items = iter(zip(ticket.keys, ticket.labels, reads, strict=True))
         left = len(ticket.keys)
@@ -281,8 +297,10 @@ class Session:
                             skipped.append(SkippedKey.of(sample.key, sample.error))
                     batch = self._forward(samples) if samples else None
                     # Room was there before the grant, and only the stream takes items.
-                    if batch is not None and not out.offer((batch, None)):
-                        return  # the client left
+                    if batch is not None:
+                        if not out.offer((batch, None)):
+                            return  # the client left
+                        sent(batch)
                     if left and out.room:
                         place = grant.follow(self._demand(left, held))
         finally:

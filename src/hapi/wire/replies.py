@@ -16,6 +16,7 @@ from hapi.wire.dtypes import WireDtype
 
 __all__ = [
     "ChunkReport",
+    "FeatureCacheStats",
     "HasHeadReply",
     "ProfileKeyInfo",
     "ProfileReply",
@@ -107,6 +108,25 @@ class SessionStats(_Reply):
     cpu_s: float = 0.0
     """CPU time of the chunk pipeline's threads (decode, transform, head, encode): what
     the server's cores spent, which wall times over-count when chunks run concurrently."""
+    cache_hits: int = 0
+    """Samples the server's feature cache gave (no read, no head)."""
+    cache_misses: int = 0
+    """Samples a session whose features are cacheable computed (and offered the cache)."""
+
+
+class FeatureCacheStats(_Reply):
+    """A server's feature cache (`hapi serve --feature-cache`), since the server started."""
+
+    directory: str
+    max_bytes: int
+    bytes_held: int
+    """Entries' bytes on disk, as the server last counted them."""
+    hits: int = 0
+    misses: int = 0
+    writes: int = 0
+    evictions: int = 0
+    corrupt: int = 0
+    """Entries that failed their checksum: misses, and removed."""
 
 
 class ServerStats(_Reply):
@@ -142,6 +162,8 @@ class ServerStats(_Reply):
     """CPU time of the server's process since it started, every thread's: a probe's
     difference, less its chunks' own threads' (`SessionStats.cpu_s`), is what handing its
     bytes to the network cost the server's cores (gRPC's threads and the kernel's)."""
+    feature_cache: FeatureCacheStats | None = None
+    """The feature cache's counters; None when the server keeps none."""
 
 
 class SkippedKey(_Reply):

@@ -1,0 +1,461 @@
+"""The storage tier of the feature cache: features a server computed, kept beside the data.
+
+`hapi serve --feature-cache DIR` keeps each computed feature in a `FeatureCache` under its
+session's `FeatureSpace` (the head's content digest, the cut, the transforms, the wire
+dtype, exactness) and its key, object version and view, so any later session of any job
+or tenant whose head has the same content gets it without the object being read or the
+head run. A chunk's lookup comes after the tenant's prefix check of its keys (`do_get`):
+the cache never widens access.
+
+A chunk's keys are sent in the ticket's order, hits and misses alike (an exact job
+depends on it): runs of hits are sent from the cache, runs of misses computed as ever.
+A miss is stored only when the bytes read are the version the ticket names, so an object
+rewritten since the client listed it is never kept under its old version; its features
+are written after they are sent, by a writer thread that drops what it cannot keep up
+with (a later miss, never a stall). Cached features count against the directory's bound,
+not the memory budget: the server keeps none decoded in memory (the page cache does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
+
+import pyarrow as pa
+import torch
+from torch import nn
+
+from hapi.cache import FeatureCache, FeatureSpace, entry_name
+from hapi.data.samples import read_objects
+from hapi.graph import INPUT, RAW
+from hapi.graph.content import module_digest
+from hapi.server._counters import TimedReads
+from hapi.wire.batches import decode_batch
+from hapi.wire.messages import UploadedHead
+from hapi.wire.replies import FeatureCacheStats
+
+if TYPE_CHECKING:
+    from hapi.data import ObjectStore
+    from hapi.server._outbox import Outbox
+    from hapi.server.config import ServerConfig
+    from hapi.server.session import Session
+    from hapi.wire import ChunkTicket
+
+__all__ = [
+    "NO_FEATURE_CACHE",
+    "ChunkLookup",
+    "FeatureTier",
+    "ServerFeatureCache",
+    "open_feature_cache",
+]
+
+Wire = tuple[pa.RecordBatch, bytes | None]
+"""A wire batch and, on a chunk's last, its report (`Session`'s outbox items)."""
+Sent = Callable[[pa.RecordBatch], None]
+"""Told of each wire batch a chunk's head computed, once it is in the outbox."""
+Compute = Callable[["ChunkTicket", Iterable[bytes | BaseException], Sent], None]
+"""Runs the session's pipeline over some of a chunk's keys, given their objects in order."""
+
+log = logging.getLogger("hapi.server")
+
+WRITE_BEHIND_BYTES = 32 << 20
+"""Features waiting for the writer at most; beyond it a miss is not stored (and misses
+again), so a slow disk never holds a stream or the server's memory."""
+
+
+def _ignore(_: pa.RecordBatch) -> None:
+    pass
+
+
+@runtime_checkable
+class VersionedStore(Protocol):
+    """A store that tells which version of an object a read returned (`Store`); a store
+    without it (an embedding program's own) is served, but nothing it reads is cached."""
+
+    def get_versioned(self, key: str) -> tuple[bytes, str]: ...
+
+
+class ChunkLookup(Protocol):
+    """One chunk's view of the cache: which objects it still reads, and how it runs."""
+
+    to_read: Sequence[str]
+    """The keys whose objects the chunk reads, in order (the misses)."""
+    cached: int
+    """Keys sent from the cache so far (the chunk report's `cached`)."""
+
+    def reader(self, store: ObjectStore) -> ObjectStore:
+        """The store to read `to_read` through."""
+        ...
+
+    def produce(
+        self, compute: Compute, reads: Iterable[bytes | BaseException], out: Outbox[Wire]
+    ) -> None:
+        """Send the chunk's batches into `out`, in key order, computing the misses with
+        `compute` from `reads` (the objects of `to_read`)."""
+        ...
+
+
+class FeatureTier(Protocol):
+    """What a session asks of its server's feature cache."""
+
+    def lookup(self, session: Session, ticket: ChunkTicket) -> ChunkLookup: ...
+
+    def stats(self) -> FeatureCacheStats | None: ...
+
+    def close(self) -> None: ...
+
+
+class _Uncached:
+    """A chunk computed as if there were no cache."""
+
+    cached = 0
+
+    def __init__(self, ticket: ChunkTicket) -> None:
+        self.ticket = ticket
+        self.to_read: Sequence[str] = ticket.keys
+
+    def reader(self, store: ObjectStore) -> ObjectStore:
+        return store
+
+    def produce(
+        self, compute: Compute, reads: Iterable[bytes | BaseException], out: Outbox[Wire]
+    ) -> None:
+        compute(self.ticket, reads, _ignore)
+
+
+class _NoFeatureCache:
+    """A server without a feature cache: every chunk is computed."""
+
+    def lookup(self, session: Session, ticket: ChunkTicket) -> ChunkLookup:
+        return _Uncached(ticket)
+
+    def stats(self) -> FeatureCacheStats | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+NO_FEATURE_CACHE: FeatureTier = _NoFeatureCache()
+
+
+def open_feature_cache(config: ServerConfig) -> FeatureTier:
+    """The server's feature cache as `config` asks (`NO_FEATURE_CACHE` when off).
+
+    Raises:
+        InvalidRequest: the directory is a file, or the size is not one.
+    """
+    if config.feature_cache is None:
+        return NO_FEATURE_CACHE
+    from hapi.server.budget import parse_bytes
+
+    # No memory tier: decoded entries in the server's memory would sit outside its budget.
+    cache = FeatureCache(
+        config.feature_cache, max_bytes=parse_bytes(config.feature_cache_size), memory_bytes=0
+    )
+    return ServerFeatureCache(cache)
+
+
+class ServerFeatureCache:
+    """A server's feature cache: the spaces of its sessions, lookups, and a writer.
+
+    Args:
+        cache: the directory of entries, shared with other processes that open it.
+    """
+
+    def __init__(self, cache: FeatureCache) -> None:
+        self.cache = cache
+        self._lock = threading.Lock()
+        self._digests: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
+        self._digest_lock = threading.Lock()
+        self._hits = 0
+        self._misses = 0
+        self._held: int | None = None
+        self.writer = _Writer(cache)
+
+    def __repr__(self) -> str:
+        return f"ServerFeatureCache({self.cache!r})"
+
+    def space(self, session: Session) -> FeatureSpace | None:
+        """The space of a session's features, or None when they are not cached here: RAW
+        sends objects, not features, and int8's rounding is redone on every encode."""
+        request = session.request
+        if request.cut == RAW or request.wire_dtype == "int8":
+            return None
+        if request.cut == INPUT or session.head is None:
+            head = "input"
+        elif isinstance(request.model, UploadedHead) and request.model.artifact:
+            head = f"uploaded:{request.model.artifact}"  # its content address already
+        else:
+            head = self.head_digest(session.head)
+        transforms = session.transforms
+        return FeatureSpace(
+            # Kernels differ between devices: exact features are exact on one kind only.
+            head=f"{head}@{session.device.type}",
+            cut=request.cut,
+            transforms=transforms.to_dict(),
+            wire_dtype=request.wire_dtype,
+            exact=request.exact,
+            seed=request.seed if transforms.random_ops else None,
+        )
+
+    def head_digest(self, head: nn.Module) -> str:
+        """The content digest of a head, computed once per module the head cache holds (a
+        head rebuilt after eviction is digested again: a named model's random weights
+        may differ)."""
+        with self._digest_lock:
+            digest = self._digests.get(head)
+            if digest is None:
+                digest = self._digests[head] = module_digest(head)
+            return digest
+
+    def lookup(self, session: Session, ticket: ChunkTicket) -> ChunkLookup:
+        """The chunk's hits and misses: cached only where the features repeat (a view,
+        not fresh draws) and the client named each key's version."""
+        view = session.transforms.view(ticket.epoch)
+        if view is None or ticket.versions is None:
+            return _Uncached(ticket)
+        space = self.space(session)
+        if space is None:
+            return _Uncached(ticket)
+        names = [entry_name(k, v, view) for k, v in zip(ticket.keys, ticket.versions, strict=True)]
+        hit = [self.cache.contains(space, name) for name in names]
+        return _CachedChunk(self, session, ticket, space, names, hit)
+
+    def counted(self, *, hits: int = 0, misses: int = 0) -> None:
+        with self._lock:
+            self._hits += hits
+            self._misses += misses
+
+    def stats(self) -> FeatureCacheStats:
+        """The cache's counters, for `stats` and the metrics."""
+        s = self.cache.stats
+        if s.writes or s.evictions:
+            held = s.bytes_held  # counted by the cache once it wrote
+        else:
+            if self._held is None:
+                self._held = sum(u.bytes for u in self.cache.usage())
+            held = self._held
+        with self._lock:
+            hits, misses = self._hits, self._misses
+        return FeatureCacheStats(
+            directory=str(self.cache.root),
+            max_bytes=self.cache.max_bytes,
+            bytes_held=held,
+            hits=hits,
+            misses=misses,
+            writes=s.writes,
+            evictions=s.evictions,
+            corrupt=s.corrupt,
+        )
+
+    def flush(self) -> None:
+        """Wait until every feature offered to the writer is written (or dropped)."""
+        self.writer.flush()
+
+    def close(self) -> None:
+        """Write what is pending and stop the writer."""
+        self.writer.close()
+
+
+class _VersionedReader:
+    """The store as `read_objects` reads it (`get` only), noting each read's version."""
+
+    def __init__(self, store: VersionedStore) -> None:
+        self.store = store
+        self.versions: dict[str, str] = {}
+
+    def get(self, key: str) -> bytes:
+        data, version = self.store.get_versioned(key)
+        self.versions[key] = version
+        return data
+
+
+class _CachedChunk:
+    """A chunk of a cacheable session: its hits sent from the cache, its misses computed
+    and offered to it."""
+
+    def __init__(
+        self,
+        tier: ServerFeatureCache,
+        session: Session,
+        ticket: ChunkTicket,
+        space: FeatureSpace,
+        names: list[str],
+        hit: list[bool],
+    ) -> None:
+        self.tier, self.session, self.ticket, self.space = tier, session, ticket, space
+        self.names, self.hit = names, hit
+        self.to_read: Sequence[str] = [k for k, h in zip(ticket.keys, hit, strict=True) if not h]
+        self.cached = 0
+        self._reader: _VersionedReader | None = None
+        self._source: ObjectStore | None = None
+        assert ticket.versions is not None  # lookup checked it
+        self._entries = {
+            k: (v, n) for k, v, n in zip(ticket.keys, ticket.versions, names, strict=True)
+        }
+
+    def reader(self, store: ObjectStore) -> ObjectStore:
+        if isinstance(store, VersionedStore):
+            self._reader = _VersionedReader(store)
+            # `read_objects` calls `get` alone.
+            self._source = cast("ObjectStore", self._reader)
+        else:
+            self._source = store  # read as ever; nothing read is stored
+        return self._source
+
+    def produce(
+        self, compute: Compute, reads: Iterable[bytes | BaseException], out: Outbox[Wire]
+    ) -> None:
+        for start, end, hit in _runs(self.hit):
+            if out.closed:
+                return
+            if hit:
+                self._send_hits(start, end, compute, out)
+            else:
+                compute(self._part(start, end), reads, self._sent)
+
+    def _send_hits(self, start: int, end: int, compute: Compute, out: Outbox[Wire]) -> None:
+        from hapi.server.session import WIRE_BATCH_BYTES  # (session imports this module)
+
+        session = self.session
+        per_batch = max(WIRE_BATCH_BYTES // max(session.info.bytes_per_sample, 1), 1)
+        for first in range(start, end, per_batch):
+            last = min(first + per_batch, end)
+            tensors = self.tier.cache.get_many(self.space, self.names[first:last])
+            # An entry evicted or found corrupt since the lookup is a miss after all.
+            found = [t is not None for t in tensors]
+            for a, b, got in _runs(found):
+                if out.closed:
+                    return
+                if got:
+                    keys = self.ticket.keys[first + a : first + b]
+                    labels = self.ticket.labels[first + a : first + b]
+                    x = torch.stack([t for t in tensors[a:b] if t is not None])
+                    if not out.put((session._encode(keys, labels, features=x), None)):
+                        return
+                    self.cached += b - a
+                    session.stats.add(cache_hits=b - a)
+                    self.tier.counted(hits=b - a)
+                else:
+                    self._compute_late(first + a, first + b, compute)
+
+    def _compute_late(self, start: int, end: int, compute: Compute) -> None:
+        """Read and compute keys the lookup took for hits."""
+        keys = self.ticket.keys[start:end]
+        assert self._source is not None  # the session asked for the reader first
+        read = read_objects(self._source, keys, ahead=min(len(keys), 16))
+        with contextlib.closing(read):
+            reads = TimedReads(read)
+            try:
+                compute(self._part(start, end), reads, self._sent)
+            finally:
+                self.session.stats.add(read_s=reads.waited, bytes_read=reads.nbytes)
+
+    def _part(self, start: int, end: int) -> ChunkTicket:
+        assert self.ticket.versions is not None
+        return self.ticket.model_copy(
+            update={
+                "keys": self.ticket.keys[start:end],
+                "labels": self.ticket.labels[start:end],
+                "versions": self.ticket.versions[start:end],
+            }
+        )
+
+    def _sent(self, batch: pa.RecordBatch) -> None:
+        """Offer a computed batch's features to the cache: those whose object was read at
+        the version the ticket names."""
+        decoded = decode_batch(batch)
+        n = len(decoded.keys)
+        self.session.stats.add(cache_misses=n)
+        self.tier.counted(misses=n)
+        if self._reader is None or decoded.features is None:
+            return
+        names, tensors = [], []
+        for i, key in enumerate(decoded.keys):
+            version, name = self._entries[key]
+            if self._reader.versions.get(key) == version:
+                names.append(name)
+                tensors.append(decoded.features[i].clone())
+        if names:
+            self.tier.writer.offer(self.space, names, tensors)
+
+
+def _runs(flags: Sequence[bool]) -> list[tuple[int, int, bool]]:
+    """`(start, end, flag)` of each run of equal flags, in order."""
+    runs: list[tuple[int, int, bool]] = []
+    start = 0
+    for i in range(1, len(flags) + 1):
+        if i == len(flags) or flags[i] != flags[start]:
+            runs.append((start, i, flags[start]))
+            start = i
+    return runs
+
+
+class _Writer:
+    """Writes offered features into the cache from a thread of its own, started on the
+    first offer; what would pass `WRITE_BEHIND_BYTES` waiting is dropped."""
+
+    def __init__(self, cache: FeatureCache, max_bytes: int = WRITE_BEHIND_BYTES) -> None:
+        self.cache = cache
+        self.max_bytes = max_bytes
+        self.dropped = 0
+        self._queue: deque[tuple[FeatureSpace, list[str], list[torch.Tensor], int]] = deque()
+        self._pending = 0
+        self._busy = False
+        self._closed = False
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def offer(self, space: FeatureSpace, names: list[str], tensors: list[torch.Tensor]) -> bool:
+        size = sum(t.numel() * t.element_size() for t in tensors)
+        with self._cond:
+            if self._closed or self._pending + size > self.max_bytes:
+                self.dropped += len(names)
+                return False
+            self._queue.append((space, names, tensors, size))
+            self._pending += size
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="hapi-feature-cache-writer", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify_all()
+        return True
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue:
+                    return  # closed, and all written
+                space, names, tensors, size = self._queue.popleft()
+                self._busy = True
+            try:
+                self.cache.put_many(space, names, tensors)
+            except Exception:  # a full or failing disk: the features are simply not kept
+                log.exception("feature cache %s: a write failed", self.cache.root)
+            finally:
+                with self._cond:
+                    self._pending -= size
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def flush(self) -> None:
+        with self._cond:
+            while self._queue or self._busy:
+                self._cond.wait()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
