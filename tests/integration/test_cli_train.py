@@ -22,13 +22,19 @@ SMALL = ["--image-size", "64", "--batch-size", "4", "--num-classes", "2", "--fre
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A hapi server on 127.0.0.1 over a directory of generated images (train and val)."""
+def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory of generated images: train and val, two classes."""
     root = tmp_path_factory.mktemp("images")
     store = open_store(root)
     synth_dataset(store, "train", classes=2, per_class=4, size=72, seed=1)
     synth_dataset(store, "val", classes=2, per_class=2, size=72, seed=2)
-    with serve(ServerConfig(store=str(root))) as running:
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(images: Path) -> Iterator[str]:
+    """A hapi server on 127.0.0.1 over `images`."""
+    with serve(ServerConfig(store=str(images))) as running:
         yield running.address
 
 
@@ -69,7 +75,7 @@ def test_a_job_file_with_the_command_line_over_it(server: str, tmp_path: Path) -
     assert out.exists()
 
 
-def test_push_to_a_repository(server: str, tmp_path: Path) -> None:
+def test_push_to_a_repository(server: str, images: Path, tmp_path: Path) -> None:
     from hapi.repo import ModelRepo
 
     repo = tmp_path / "repo"
@@ -79,7 +85,18 @@ def test_push_to_a_repository(server: str, tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.code == 0, done.stderr
     assert "tuned@1" in done.stdout
-    assert ModelRepo.open(str(repo)).resolve("tuned").metrics["train_loss"] > 0
+    tuned = ModelRepo.open(str(repo)).resolve("tuned")
+    assert tuned.metrics["train_loss"] > 0
+    # MODEL may be a repository reference: the next fine-tune starts from the pushed one,
+    # on a server that reads the same repository.
+    with serve(ServerConfig(store=str(images), repo=str(repo))) as beside:
+        again = hapi(
+            "train", "repo://tuned", "--repo", str(repo), "--dataset", "train",
+            "--server", beside.address, "--epochs", "1", *SMALL[:4], "--cut", "freeze",
+            "--push", "tuned-again",
+        )  # fmt: skip
+    assert again.code == 0, again.stderr
+    assert ModelRepo.open(str(repo)).resolve("tuned-again").parent == tuned.id
 
 
 @pytest.mark.parametrize(
