@@ -72,6 +72,7 @@ def test_data_import(hapi_cli, tmp_path: Path) -> None:  # type: ignore[no-untyp
         (("serve", "--store", "ftp://x"), "unknown store URI scheme"),
         (("serve", "--store", "/nonexistent/hapi-store"), "/nonexistent/hapi-store does not exist"),
         (("serve", "--store", ".", "--port", "0", "--egress-limit", "fast"), "cannot read rate"),
+        (("serve", "--store", ".", "--feature-cache-size", "lots"), "cannot read size 'lots'"),
     ],
 )
 def test_errors_are_one_line_without_traceback(

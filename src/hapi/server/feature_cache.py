@@ -192,7 +192,11 @@ class ServerFeatureCache:
         elif isinstance(request.model, UploadedHead) and request.model.artifact:
             head = f"uploaded:{request.model.artifact}"  # its content address already
         else:
-            head = self.head_digest(session.head)
+            try:
+                head = self.head_digest(session.head)
+            except Exception:  # a head whose tensors cannot be read out: served, uncached
+                log.warning("feature cache: cannot digest the head of session %s", session.id)
+                return None
         transforms = session.transforms
         return FeatureSpace(
             # Kernels differ between devices: exact features are exact on one kind only.
