@@ -21,6 +21,7 @@ from hapi.data import (
 )
 from hapi.graph import RAW
 from hapi.server import HapiServer, serve
+from tests.cli_runner import hapi
 
 SIZE = 64
 
@@ -138,3 +139,22 @@ def test_local_chunks_and_an_earlier_cut_are_kept_at_the_freeze_point(
     earlier = _job(server, tmp_path / "c", cut="layer2").fit(epochs=1)
     assert earlier.epochs[0].cached == 12  # the same features at the freeze point
     assert Transforms((RandomResizedCrop(SIZE), HorizontalFlip(), Normalize())).is_random
+
+
+def test_hapi_cache_lists_totals_and_clears_what_a_job_kept(
+    server: HapiServer, tmp_path: Path
+) -> None:
+    directory = tmp_path / "c"
+    _job(server, directory).fit(epochs=1)
+    listed = hapi("cache", "ls", str(directory))
+    assert listed.code == 0 and "resize+center_crop+normalize" in listed.stdout
+    assert "12" in listed.stdout
+    totals = hapi("cache", "stats", str(directory))
+    assert "1 feature space(s), 12 entries" in totals.stdout
+    wrong = hapi("cache", "clear", str(directory), "--space", "nope")
+    assert wrong.code == 1 and "hapi cache ls" in wrong.error
+    assert "cleared" in hapi("cache", "clear", str(directory)).stdout
+    assert "empty" in hapi("cache", "ls", str(directory)).stdout
+    assert _job(server, directory).fit(epochs=1).epochs[0].cached == 0
+    missing = hapi("cache", "ls", str(tmp_path / "absent"))
+    assert missing.code == 1 and "no feature cache at" in missing.error

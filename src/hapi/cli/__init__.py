@@ -22,9 +22,9 @@ def _register() -> None:
     # call main() many times in one process.
     if app.registered_commands:
         return
-    from hapi.cli import data, demo, plan, profile, repo, serve, train
+    from hapi.cli import cache, data, demo, plan, profile, repo, serve, train
 
-    for module in (serve, demo, profile, plan, data, repo, train):
+    for module in (serve, demo, profile, plan, data, repo, train, cache):
         module.register(app)
 
 
