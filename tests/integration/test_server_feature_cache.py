@@ -282,3 +282,35 @@ def test_an_object_rewritten_in_the_store_is_a_miss_never_a_stale_hit(
         run(conn, other, ticket("-", before, [before.keys[2]]))
         tier(server).flush()
         assert run(conn, other, ticket("-", before, [before.keys[2]])).report.cached == 0
+
+
+def test_a_sweeps_later_jobs_train_from_the_servers_cache_with_the_same_losses(
+    server: HapiServer, store_dir: Path
+) -> None:
+    from hapi.client import TransferJob
+
+    def job(address: str, epochs: int) -> list[float]:
+        trained = TransferJob(
+            {"name": "resnet18", "num_classes": 2},
+            "train",
+            address,
+            freeze="layer3",
+            cut=None,
+            image_size=SIZE,
+            batch_size=4,
+            chunk_size=4,
+            seed=3,
+            augment=False,
+            exact=True,
+            cache=False,  # the trainer's tier off: only the server's can hit
+        )
+        return [e.loss for e in trained.fit(epochs=epochs, lr=0.05).epochs]
+
+    job(server.address, 1)
+    tier(server).flush()
+    assert tier(server).stats().writes == 6
+    # Every chunk of both epochs from the cache; losses as a server without one gives.
+    swept = job(server.address, 2)
+    assert tier(server).stats().hits == 12
+    with serve(ServerConfig(store=str(store_dir), batch_size=4)) as plain:
+        assert job(plain.address, 2) == swept
