@@ -158,3 +158,14 @@ def test_hapi_cache_lists_totals_and_clears_what_a_job_kept(
     assert _job(server, directory).fit(epochs=1).epochs[0].cached == 0
     missing = hapi("cache", "ls", str(tmp_path / "absent"))
     assert missing.code == 1 and "no feature cache at" in missing.error
+
+
+def test_a_job_whose_features_are_all_cached_measures_no_plan(
+    server: HapiServer, tmp_path: Path
+) -> None:
+    _job(server, tmp_path / "c").fit(epochs=1)
+    job = _job(server, tmp_path / "c", cut="auto")
+    history = job.fit(epochs=1)
+    (plan,) = history.of_kind("plan")
+    assert plan.data["cached"] and "no plan measured" in plan.message
+    assert history.epochs[0].cached == 12 and plan.data["cut"] == job.freeze

@@ -110,6 +110,12 @@ class TrainerCache:
         found = self.cache.get_many(self.space, names)
         return {k: t for k, t in zip(keys, found, strict=True) if t is not None}
 
+    def holds(self, epoch: int, keys: Sequence[str]) -> bool:
+        """Whether every one of `keys` has an entry for `epoch` (not read: a corrupt or
+        evicted one is a miss when its chunk comes)."""
+        names = self._names(epoch, keys)
+        return names is not None and all(self.cache.contains(self.space, n) for n in names)
+
     def store(self, epoch: int, keys: Sequence[str], features: torch.Tensor) -> None:
         """Keep the epoch's features of `keys` (one row each)."""
         names = self._names(epoch, keys)

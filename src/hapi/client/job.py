@@ -163,6 +163,7 @@ class TransferJob:
             retries=RetryPolicy(budget_s=self.config.retry_budget_s),
             record=self._record,
             shared=self._dp.from_rank0 if self._dp is not None else None,
+            cached=self._all_cached,
         )
         """The plan in force, fixed or measured, and who may change it."""
         self._uploads: UploadedHeads | None = None
@@ -712,6 +713,19 @@ class TransferJob:
             seed=config.seed,
         )
         return TrainerCache(self._features, space, transforms, config.wire_dtype)
+
+    def _all_cached(self) -> bool:
+        """Whether the trainer's cache holds every feature of the next training epoch."""
+        cache = self._trainer_cache(self.config.train_transforms)
+        if cache is None:
+            return False
+        manifest = self.manifest(self.config.dataset)
+        if not manifest.versions:
+            return False
+        cache.set_versions(
+            self._next_epoch, dict(zip(manifest.keys, manifest.versions, strict=True))
+        )
+        return cache.holds(self._next_epoch, manifest.keys)
 
     def _request(
         self, cut: int, transforms: Transforms, connection: Connection | None = None

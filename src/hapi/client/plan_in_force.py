@@ -43,6 +43,8 @@ class PlanInForce:
         record: receives the events of planning (`plan-deferred`, `plan-failed`, `replan`).
         shared: under data parallelism, runs the measuring on rank 0 and gives every rank
             its plan; the ranks then never start on the default alone.
+        cached: whether every feature of the next training epoch is in the trainer's
+            cache: its chunks then need no server, and no plan is measured for them.
     """
 
     def __init__(
@@ -56,6 +58,7 @@ class PlanInForce:
         retries: RetryPolicy,
         record: Callable[[Event], None],
         shared: Callable[[Callable[[], Plan]], Plan] | None = None,
+        cached: Callable[[], bool] | None = None,
     ) -> None:
         if fixed is not None:
             check_choice(*fixed)
@@ -64,6 +67,10 @@ class PlanInForce:
         self._connections, self._measure, self._retries = connections, measure, retries
         self._measure_aside = measure_aside
         self._record, self._shared = record, shared
+        self._cached = cached
+        self._unmeasured = False
+        """Every feature was cached when the plan was first needed: none was measured,
+        and none is measured while the job trains (misses go at the default)."""
         self._choice: Choice | None = fixed
         self._plan: Plan | None = None
         self._router: Router | None = None
@@ -129,7 +136,7 @@ class PlanInForce:
         replans = train and self._fixed is None and replan is not False
         replanner = Replanner(self._plan, config) if replans and self._plan is not None else None
         router = Router(cut, share, replanner=replanner, record=self._record)
-        deferred = replans and self._plan is None
+        deferred = replans and self._plan is None and not self._unmeasured
         if not train:
             yield router
             return
@@ -155,6 +162,19 @@ class PlanInForce:
         the plan is then measured while the job trains (`running`)."""
         if self._fixed is not None:
             return self._fixed
+        if self._shared is None and self._cached is not None and self._cached():
+            self._unmeasured = True
+            self._record(
+                Event(
+                    "plan",
+                    None,
+                    None,
+                    "every feature of the epoch is in the trainer's cache: no plan measured; "
+                    "chunks that miss go at the freeze cut",
+                    {"cut": self._default[0], "share": self._default[1], "cached": True},
+                )
+            )
+            return self._default
         if self._shared is not None:  # ranks take rank 0's plan together: none goes alone
             plan = self.plan
             assert plan is not None  # a planned job has one
