@@ -133,8 +133,9 @@ def test_a_second_job_gets_its_chunk_from_the_cache_bit_for_bit(
     assert second.report.cached == len(manifest.keys) == 6
     assert second.keys == first.keys == list(manifest.keys)
     assert torch.equal(second.features, first.features)
-    # Neither the objects nor the head were touched.
+    # Neither the objects nor the head were touched; reading the entries is the work.
     assert stats.bytes_read == 0 and stats.head_s == 0 and stats.cache_hits == 6
+    assert second.report.server_s > 0 and second.report.queue_s == 0
     cache = conn.stats().feature_cache
     assert cache is not None
     assert (cache.hits, cache.misses, cache.writes) == (6, 6, 6)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -87,6 +88,9 @@ class ChunkLookup(Protocol):
     """The keys whose objects the chunk reads, in order (the misses)."""
     cached: int
     """Keys sent from the cache so far (the chunk report's `cached`)."""
+    hit_s: float
+    """Seconds spent reading hits from the cache and encoding them (the report's
+    `server_s` counts them with the chunk's computing: they are the server's work)."""
 
     def reader(self, store: ObjectStore) -> ObjectStore:
         """The store to read `to_read` through."""
@@ -114,6 +118,7 @@ class _Uncached:
     """A chunk computed as if there were no cache."""
 
     cached = 0
+    hit_s = 0.0
 
     def __init__(self, ticket: ChunkTicket) -> None:
         self.ticket = ticket
@@ -297,6 +302,7 @@ class _CachedChunk:
         self.names, self.hit = names, hit
         self.to_read: Sequence[str] = [k for k, h in zip(ticket.keys, hit, strict=True) if not h]
         self.cached = 0
+        self.hit_s = 0.0
         self._reader: _VersionedReader | None = None
         self._source: ObjectStore | None = None
         assert ticket.versions is not None  # lookup checked it
@@ -331,7 +337,9 @@ class _CachedChunk:
         per_batch = max(WIRE_BATCH_BYTES // max(session.info.bytes_per_sample, 1), 1)
         for first in range(start, end, per_batch):
             last = min(first + per_batch, end)
+            t0 = time.perf_counter()
             tensors = self.tier.cache.get_many(self.space, self.names[first:last])
+            self.hit_s += time.perf_counter() - t0
             # An entry evicted or found corrupt since the lookup is a miss after all.
             found = [t is not None for t in tensors]
             for a, b, got in _runs(found):
@@ -340,8 +348,11 @@ class _CachedChunk:
                 if got:
                     keys = self.ticket.keys[first + a : first + b]
                     labels = self.ticket.labels[first + a : first + b]
+                    t0 = time.perf_counter()
                     x = torch.stack([t for t in tensors[a:b] if t is not None])
-                    if not out.put((session._encode(keys, labels, features=x), None)):
+                    batch = session._encode(keys, labels, features=x)
+                    self.hit_s += time.perf_counter() - t0
+                    if not out.put((batch, None)):
                         return
                     self.cached += b - a
                     session.stats.add(cache_hits=b - a)

@@ -174,7 +174,7 @@ class Session:
             report = ChunkReport(
                 chunk=ticket.chunk,
                 skipped=skipped,
-                server_s=clock.server_s,
+                server_s=clock.server_s + lookup.hit_s,
                 queue_s=clock.queue_s,
                 free_share=self.scheduler.free_share(running_self=0),
                 cached=lookup.cached,
