@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from hapi.client import Connection, connect
+from hapi.client import Connection, TransferJob, connect
 from hapi.data import DatasetManifest, StoreOptions, Transforms, open_store, synth_dataset
 from hapi.errors import Forbidden
 from hapi.graph import ModelSpec
@@ -288,8 +289,6 @@ def test_an_object_rewritten_in_the_store_is_a_miss_never_a_stale_hit(
 def test_a_sweeps_later_jobs_train_from_the_servers_cache_with_the_same_losses(
     server: HapiServer, store_dir: Path
 ) -> None:
-    from hapi.client import TransferJob
-
     def job(address: str, epochs: int) -> list[float]:
         trained = TransferJob(
             {"name": "resnet18", "num_classes": 2},
@@ -315,3 +314,26 @@ def test_a_sweeps_later_jobs_train_from_the_servers_cache_with_the_same_losses(
     assert tier(server).stats().hits == 12
     with serve(ServerConfig(store=str(store_dir), batch_size=4)) as plain:
         assert job(plain.address, 2) == swept
+
+
+def test_two_jobs_filling_the_same_entries_at_once_leave_one_good_copy(
+    server: HapiServer, conn: Connection, manifest: DatasetManifest, cache_dir: Path
+) -> None:
+    results: list[Fetched] = []
+
+    def one_job() -> None:
+        with connect(server.address) as own:
+            results.append(run(own, request(), ticket("-", manifest)))
+
+    jobs = [threading.Thread(target=one_job) for _ in range(2)]
+    for t in jobs:
+        t.start()
+    for t in jobs:
+        t.join()
+    tier(server).flush()
+    assert len(results) == 2 and torch.equal(results[0].features, results[1].features)
+    assert len(entries(cache_dir)) == len(manifest.keys)
+    assert not list((cache_dir / "v1" / "tmp").iterdir())  # no partial writes left
+    third = run(conn, request(), ticket("-", manifest))
+    assert third.report.cached == len(manifest.keys)
+    assert torch.equal(third.features, results[0].features)
