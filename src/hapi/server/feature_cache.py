@@ -23,7 +23,6 @@ import logging
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 
@@ -36,6 +35,7 @@ from hapi.data.samples import read_objects
 from hapi.graph import INPUT, RAW
 from hapi.graph.content import module_digest
 from hapi.server._counters import TimedReads
+from hapi.server._write_behind import WriteBehind
 from hapi.wire.batches import decode_batch
 from hapi.wire.messages import UploadedHead
 from hapi.wire.replies import FeatureCacheStats
@@ -63,10 +63,6 @@ Compute = Callable[["ChunkTicket", Iterable[bytes | BaseException], Sent], None]
 """Runs the session's pipeline over some of a chunk's keys, given their objects in order."""
 
 log = logging.getLogger("hapi.server")
-
-WRITE_BEHIND_BYTES = 32 << 20
-"""Features waiting for the writer at most; beyond it a miss is not stored (and misses
-again), so a slow disk never holds a stream or the server's memory."""
 
 
 def _ignore(_: pa.RecordBatch) -> None:
@@ -181,7 +177,7 @@ class ServerFeatureCache:
         self._hits = 0
         self._misses = 0
         self._held: int | None = None
-        self.writer = _Writer(cache)
+        self.writer = WriteBehind(cache)
 
     def __repr__(self) -> str:
         return f"ServerFeatureCache({self.cache!r})"
@@ -410,67 +406,3 @@ def _runs(flags: Sequence[bool]) -> list[tuple[int, int, bool]]:
             runs.append((start, i, flags[start]))
             start = i
     return runs
-
-
-class _Writer:
-    """Writes offered features into the cache from a thread of its own, started on the
-    first offer; what would pass `WRITE_BEHIND_BYTES` waiting is dropped."""
-
-    def __init__(self, cache: FeatureCache, max_bytes: int = WRITE_BEHIND_BYTES) -> None:
-        self.cache = cache
-        self.max_bytes = max_bytes
-        self.dropped = 0
-        self._queue: deque[tuple[FeatureSpace, list[str], list[torch.Tensor], int]] = deque()
-        self._pending = 0
-        self._busy = False
-        self._closed = False
-        self._cond = threading.Condition()
-        self._thread: threading.Thread | None = None
-
-    def offer(self, space: FeatureSpace, names: list[str], tensors: list[torch.Tensor]) -> bool:
-        size = sum(t.numel() * t.element_size() for t in tensors)
-        with self._cond:
-            if self._closed or self._pending + size > self.max_bytes:
-                self.dropped += len(names)
-                return False
-            self._queue.append((space, names, tensors, size))
-            self._pending += size
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="hapi-feature-cache-writer", daemon=True
-                )
-                self._thread.start()
-            self._cond.notify_all()
-        return True
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._queue and not self._closed:
-                    self._cond.wait()
-                if not self._queue:
-                    return  # closed, and all written
-                space, names, tensors, size = self._queue.popleft()
-                self._busy = True
-            try:
-                self.cache.put_many(space, names, tensors)
-            except Exception:  # a full or failing disk: the features are simply not kept
-                log.exception("feature cache %s: a write failed", self.cache.root)
-            finally:
-                with self._cond:
-                    self._pending -= size
-                    self._busy = False
-                    self._cond.notify_all()
-
-    def flush(self) -> None:
-        with self._cond:
-            while self._queue or self._busy:
-                self._cond.wait()
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-            thread = self._thread
-        if thread is not None:
-            thread.join()
