@@ -10,6 +10,7 @@ serialise on SQLite's own lock.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sqlite3
@@ -20,6 +21,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from hapi.repo.manifest import VersionManifest
+from hapi.repo.snapshot import Snapshot
 from hapi.repo.version import ModelVersion
 
 __all__ = ["Catalog"]
@@ -28,13 +30,17 @@ _BUSY_S = 60.0
 """How long a process waits for another's lock on a shared catalog file."""
 
 # Bump when the schema changes: an old catalog is then dropped and rebuilt from the store.
-_SCHEMA_VERSION = 2
+_SCHEMA_VERSION = 3
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS manifests (
     id TEXT PRIMARY KEY, name TEXT NOT NULL, parent TEXT, created TEXT NOT NULL,
     tags TEXT NOT NULL, metrics TEXT NOT NULL, tensors INTEGER NOT NULL,
-    nbytes INTEGER NOT NULL, body TEXT NOT NULL);
+    nbytes INTEGER NOT NULL, body TEXT NOT NULL, arch TEXT);
+CREATE INDEX IF NOT EXISTS manifests_name ON manifests (name);
+CREATE INDEX IF NOT EXISTS manifests_arch ON manifests (arch);
+CREATE TABLE IF NOT EXISTS tags (
+    manifest TEXT NOT NULL, tag TEXT NOT NULL, PRIMARY KEY (tag, manifest));
 CREATE TABLE IF NOT EXISTS refs (
     name TEXT NOT NULL, version INTEGER NOT NULL, id TEXT NOT NULL,
     PRIMARY KEY (name, version));
@@ -47,21 +53,25 @@ CREATE TABLE IF NOT EXISTS tensor_refs (
     shape TEXT NOT NULL, nbytes INTEGER NOT NULL, PRIMARY KEY (manifest, key));
 CREATE INDEX IF NOT EXISTS tensor_refs_hash ON tensor_refs (hash);
 CREATE TABLE IF NOT EXISTS modules (
-    manifest TEXT NOT NULL, position INTEGER NOT NULL, name TEXT NOT NULL,
+    arch TEXT NOT NULL, position INTEGER NOT NULL, name TEXT NOT NULL,
     cls TEXT NOT NULL, short_cls TEXT NOT NULL, config TEXT NOT NULL,
-    layer INTEGER, layer_id TEXT, PRIMARY KEY (manifest, position));
+    layer INTEGER, layer_id TEXT, PRIMARY KEY (arch, position));
 CREATE INDEX IF NOT EXISTS modules_layer_id ON modules (layer_id);
 CREATE INDEX IF NOT EXISTS modules_cls ON modules (short_cls);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
-_TABLES = ("manifests", "refs", "edges", "tensor_refs", "modules", "meta")
+_TABLES = ("manifests", "refs", "edges", "tensor_refs", "modules", "tags", "meta")
 
 # The visible versions: a manifest with the ref that names it.
 _VERSIONS = """
 SELECT m.id, m.name, r.version, m.parent, m.created, m.tags, m.metrics, m.tensors, m.nbytes
 FROM manifests m JOIN refs r ON r.id = m.id AND r.name = m.name
 """
+
+_SNAPSHOT = _VERSIONS.replace("SELECT m.id", "SELECT m.arch, m.id", 1) + (
+    " ORDER BY m.created DESC, m.id"
+)
 
 
 class Catalog:
@@ -72,6 +82,8 @@ class Catalog:
         self._conn: sqlite3.Connection | None = None
         self._pid = 0
         self._lock = threading.RLock()
+        self._writes = 0
+        self._snapshot: tuple[tuple[int, int, int], Snapshot] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path}
@@ -117,7 +129,19 @@ class Catalog:
     def write(self) -> Iterator[sqlite3.Connection]:
         """A write transaction (`BEGIN IMMEDIATE`: takes SQLite's write lock up front)."""
         with self._lock, _transaction(self.conn) as conn:
+            self._writes += 1
             yield conn
+
+    def snapshot(self) -> Snapshot:
+        """Every visible version in memory (see `snapshot.py`), rebuilt when this
+        connection wrote or another committed (SQLite's `data_version`) since the last."""
+        with self._lock:
+            conn = self.conn
+            stamp = (id(conn), self._writes, conn.execute("PRAGMA data_version").fetchone()[0])
+            if self._snapshot is None or self._snapshot[0] != stamp:
+                rows = conn.execute(_SNAPSHOT).fetchall()
+                self._snapshot = (stamp, Snapshot([(_version(r[1:]), r[0]) for r in rows]))
+            return self._snapshot[1]
 
     def query(self, sql: str, args: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
@@ -136,23 +160,55 @@ class Catalog:
         rows = self.query("SELECT value FROM meta WHERE key = 'epoch'")
         return rows[0][0] if rows else None
 
+    def mark(self) -> tuple[str | None, float]:
+        """The store's change token at the last full sync, and that sync's time."""
+        rows = dict(self.query("SELECT key, value FROM meta WHERE key IN ('changes', 'synced')"))
+        return rows.get("changes"), float(rows.get("synced", 0.0))
+
+    def set_mark(self, changes: str | None, synced: float) -> None:
+        with self.write() as conn:
+            conn.execute("DELETE FROM meta WHERE key IN ('changes', 'synced')")
+            if changes is not None:
+                conn.execute(
+                    "INSERT INTO meta VALUES ('changes', ?), ('synced', ?)", (changes, str(synced))
+                )
+
+    # Writers return early with nothing to write: each write makes the next query
+    # rebuild the in-memory snapshot.
+
     def add_manifests(self, manifests: Iterable[VersionManifest]) -> None:
+        manifests = list(manifests)
+        if not manifests:
+            return
         with self.write() as conn:
             for m in manifests:
                 _insert(conn, m)
 
     def remove_manifests(self, ids: Iterable[str]) -> None:
+        ids = list(ids)
+        if not ids:
+            return
         with self.write() as conn:
             for mid in ids:
+                arch = conn.execute("SELECT arch FROM manifests WHERE id = ?", (mid,)).fetchone()
                 conn.execute("DELETE FROM manifests WHERE id = ?", (mid,))
                 conn.execute("DELETE FROM edges WHERE child = ?", (mid,))
                 conn.execute("DELETE FROM tensor_refs WHERE manifest = ?", (mid,))
-                conn.execute("DELETE FROM modules WHERE manifest = ?", (mid,))
+                conn.execute("DELETE FROM tags WHERE manifest = ?", (mid,))
+                if arch and arch[0]:
+                    conn.execute(
+                        "DELETE FROM modules WHERE arch = ?1 AND NOT EXISTS "
+                        "(SELECT 1 FROM manifests WHERE arch = ?1)",
+                        (arch[0],),
+                    )
 
     def set_refs(self, rows: Iterable[tuple[str, int, str]]) -> None:
         """Record ref objects `(name, version, id)`."""
+        rows = list(rows)
+        if not rows:
+            return
         with self.write() as conn:
-            conn.executemany("INSERT OR REPLACE INTO refs VALUES (?, ?, ?)", list(rows))
+            conn.executemany("INSERT OR REPLACE INTO refs VALUES (?, ?, ?)", rows)
 
     def manifest_ids(self) -> set[str]:
         return {r[0] for r in self.query("SELECT id FROM manifests")}
@@ -194,10 +250,21 @@ class Catalog:
         return [r[0] for r in self.query("SELECT DISTINCT name FROM refs ORDER BY name")]
 
 
+def arch_id(m: VersionManifest) -> str | None:
+    """The identity of a version's module tree (None without one): versions of one
+    architecture share it, so architecture queries look at each tree once, not once per
+    version (10,000 versions are a few dozen trees)."""
+    if not m.modules:
+        return None
+    body = json.dumps([e.to_dict() for e in m.modules], sort_keys=True)
+    return hashlib.sha256(body.encode()).hexdigest()[:32]
+
+
 def _insert(conn: sqlite3.Connection, m: VersionManifest) -> None:
     mid = m.id
+    arch = arch_id(m)
     conn.execute(
-        "INSERT OR REPLACE INTO manifests VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "INSERT OR REPLACE INTO manifests VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             mid,
             m.name,
@@ -208,6 +275,7 @@ def _insert(conn: sqlite3.Connection, m: VersionManifest) -> None:
             len(m.tensors),
             m.nbytes,
             m.to_json().decode(),
+            arch,
         ),
     )
     if m.parent:
@@ -220,7 +288,9 @@ def _insert(conn: sqlite3.Connection, m: VersionManifest) -> None:
             for k, t in m.tensors.items()
         ],
     )
-    conn.execute("DELETE FROM modules WHERE manifest = ?", (mid,))
+    conn.executemany("INSERT OR IGNORE INTO tags VALUES (?, ?)", [(mid, t) for t in m.tags])
+    if arch is None or conn.execute("SELECT 1 FROM modules WHERE arch = ?", (arch,)).fetchone():
+        return
     rows = []
     layer = 0
     for position, entry in enumerate(m.modules):
@@ -230,7 +300,7 @@ def _insert(conn: sqlite3.Connection, m: VersionManifest) -> None:
             index = layer
         rows.append(
             (
-                mid,
+                arch,
                 position,
                 entry.name,
                 entry.cls,

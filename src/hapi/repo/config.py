@@ -24,6 +24,11 @@ class RepoConfig:
     """How long a push waits for a running gc to finish before giving up."""
     verify: bool = True
     """Re-hash every tensor read from the store (detects corrupt and truncated blobs)."""
+    relist_s: float = 30.0
+    """Queries (`ls`, `find`, lineage) skip listing the store while its change token says
+    nothing changed since the catalog's last listing, but list at least this often: it
+    bounds how long a version stays unseen whose push died between its ref and the token,
+    or was written by a hapi older than change tokens. 0 lists on every query."""
     compress: bool = False
     """Write tensors byte-grouped and zstd-compressed when that saves `min_saving` of
     their size. Off by default: a compressed blob needs hapi to decode it (a plain
@@ -46,6 +51,8 @@ class RepoConfig:
             )
         if self.lock_ttl_s <= 0:
             raise InvalidRequest(f"lock_ttl_s must be > 0 seconds, got {self.lock_ttl_s}")
+        if self.relist_s < 0:
+            raise InvalidRequest(f"relist_s must be >= 0 seconds, got {self.relist_s}")
         if self.deltas and not self.compress:
             raise InvalidRequest("deltas=True needs compress=True: a delta is stored compressed")
         if self.max_delta_depth < 1:

@@ -12,6 +12,8 @@ and a repository side by side, and `reindex` needs nothing but these objects:
 - `refs/_epoch`: a random token written by the first push, so a catalog can tell that the
   store it indexed was wiped and the repository re-created (see `epoch.py`). It lives among
   the refs because it guards them, and no model name starts with `_`.
+- `refs/_changes`: a random token every push and rm rewrites after its change, so a
+  catalog can tell from one read that nothing changed since its last listing (`sync.py`).
 - `locks/<kind>-<token>.json`: push and gc intents (see `locks.py`).
 - `deltas/<h>/<b>`: an empty object saying that blob `h` is stored as a delta against
   tensor `b` (see `codec.py`), so `gc` keeps `b` while `h` is kept, from one listing and
@@ -21,6 +23,7 @@ and a repository side by side, and `reindex` needs nothing but these objects:
 from __future__ import annotations
 
 __all__ = [
+    "CHANGES",
     "DELTAS",
     "EPOCH",
     "LOCKS",
@@ -42,6 +45,7 @@ REFS = "refs"
 LOCKS = "locks"
 DELTAS = "deltas"
 EPOCH = f"{REFS}/_epoch"
+CHANGES = f"{REFS}/_changes"
 
 _BLOB_SUFFIX = ".safetensors"
 _MANIFEST_SUFFIX = ".json"

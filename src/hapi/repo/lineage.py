@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from hapi.repo.catalog import Catalog
 from hapi.repo.version import ModelVersion
 
-__all__ = ["LineageNode", "ancestors", "descendants", "lineage_tree"]
+__all__ = ["LineageNode", "ancestors", "descendants", "forest", "lineage_tree"]
 
 
 @dataclass(frozen=True)
@@ -27,23 +27,7 @@ class LineageNode:
 
 def ancestors(catalog: Catalog, version: ModelVersion) -> list[ModelVersion]:
     """Parent, grandparent, ... up to the first version with no (stored) parent."""
-    out: list[ModelVersion] = []
-    seen = {version.id}
-    parent = version.parent
-    while parent and parent not in seen:
-        found = catalog.version_of(parent)
-        if found is None:
-            break  # removed: the chain above it is no longer known
-        out.append(found)
-        seen.add(parent)
-        parent = found.parent
-    return out
-
-
-def _children(catalog: Catalog, manifest_id: str) -> list[ModelVersion]:
-    return catalog.versions(
-        "m.id IN (SELECT child FROM edges WHERE parent = ?)", (manifest_id,), "m.created, m.id"
-    )
+    return catalog.snapshot().ancestors(version)
 
 
 def descendants(catalog: Catalog, version: ModelVersion) -> list[ModelVersion]:
@@ -53,11 +37,27 @@ def descendants(catalog: Catalog, version: ModelVersion) -> list[ModelVersion]:
 
 def lineage_tree(catalog: Catalog, version: ModelVersion) -> LineageNode:
     """The tree of versions derived from `version`."""
-    seen: set[str] = set()
+    return forest(catalog, [version])[0]
 
-    def grow(v: ModelVersion) -> LineageNode:
-        seen.add(v.id)
-        kids = [grow(c) for c in _children(catalog, v.id) if c.id not in seen]
-        return LineageNode(v, tuple(kids))
 
-    return grow(version)
+def forest(catalog: Catalog, roots: list[ModelVersion]) -> list[LineageNode]:
+    """The trees of versions derived from each of `roots`, children oldest first. A
+    removed version ends its branch: the versions below it are roots of their own."""
+    children = catalog.snapshot().children
+    nodes: dict[str, LineageNode] = {}
+
+    def grow(root: ModelVersion) -> LineageNode:
+        # Without recursion: a chain of thousands of fine-tunes is a tree that deep.
+        order, stack, seen = [], [root], set()
+        while stack:
+            v = stack.pop()
+            if v.id not in seen and v.id not in nodes:
+                seen.add(v.id)
+                order.append(v)
+                stack.extend(children.get(v.id, []))
+        for v in reversed(order):  # children before their parent
+            kids = tuple(nodes[c.id] for c in children.get(v.id, []) if c.id in nodes)
+            nodes[v.id] = LineageNode(v, kids)
+        return nodes[root.id]
+
+    return [grow(root) for root in roots]

@@ -25,7 +25,7 @@ from hapi.data.store import ObjectStore
 from hapi.errors import InvalidRequest
 from hapi.repo._fields import check_tensor_key
 from hapi.repo.encoder import PLAIN_ENCODER, BlobEncoder
-from hapi.repo.epoch import mark_epoch
+from hapi.repo.epoch import mark_changed, mark_epoch
 from hapi.repo.layout import REFS, delta_key, manifest_key, ref_key, tensor_key
 from hapi.repo.locks import HeldLock, Locks
 from hapi.repo.manifest import TensorEntry, VersionManifest
@@ -163,6 +163,7 @@ class PushTransaction:
         manifest = self.manifest
         self.store.put_if_absent(manifest_key(manifest.id), manifest.to_json())
         version = self._allocate_version()
+        mark_changed(self.store)
         self.release()
         return PushedVersion(
             id=manifest.id,

@@ -1,13 +1,21 @@
-"""Architecture queries over the catalog: by module classes and by shared leading layers."""
+"""Queries over the catalog: by name, tag, module classes and shared leading layers.
+
+Architecture queries work on module trees, not versions: the catalog keeps each distinct
+tree once (`catalog.arch_id`), so a query checks in SQL the few dozen trees of a
+repository of thousands of versions, then takes the versions of the trees that match from
+the catalog's in-memory snapshot (`snapshot.py`), as the name and tag filters do.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 
 from hapi.repo.catalog import Catalog
 from hapi.repo.version import ModelVersion
 
-__all__ = ["PrefixMatch", "containing", "prefix_matches"]
+__all__ = ["PrefixMatch", "containing", "find_versions", "prefix_matches"]
 
 # Keeps each IN (...) list well under SQLite's limit on bound parameters.
 _CHUNK = 500
@@ -29,13 +37,44 @@ class PrefixMatch:
         return self.version.ref
 
 
+def find_versions(
+    catalog: Catalog,
+    *,
+    name: str | None = None,
+    tag: str | None = None,
+    contains: Sequence[str] | None = None,
+    layer_ids: list[str] | None = None,
+    min_layers: int = 1,
+) -> list[ModelVersion]:
+    """Versions matching every condition given (see `ModelRepo.find`): by shared prefix
+    (most shared first) when `layer_ids` is given, else newest first."""
+    snap = catalog.snapshot()
+    # Start from the narrowest index at hand, then filter by the other conditions.
+    if layer_ids is not None:
+        found = [m.version for m in prefix_matches(catalog, layer_ids, min_layers)]
+    elif tag is not None:
+        found = snap.tagged.get(tag, [])
+    elif name is not None:
+        found = snap.named(_literal_prefix(name))
+    else:
+        found = snap.versions
+    if contains:
+        archs = _archs_containing(catalog, list(contains))
+        found = [v for v in found if snap.arch.get(v.id) in archs]
+    if tag is not None:
+        found = [v for v in found if tag in v.tags]
+    if name is not None:
+        found = [v for v in found if fnmatchcase(v.name, name)]
+    return list(found)
+
+
 def prefix_matches(
     catalog: Catalog, layer_ids: list[str], min_layers: int = 1
 ) -> list[PrefixMatch]:
     """Versions sharing at least `min_layers` leading layers with a model whose layer
     identities are `layer_ids`; most shared layers first, then newest first.
 
-    Layer identities chain, so a version holding identity `i` shares the whole prefix up to
+    Layer identities chain, so a tree holding identity `i` shares the whole prefix up to
     `i`: the depth of its deepest matching identity is the length of the shared prefix.
     """
     depth: dict[str, int] = {}
@@ -43,52 +82,58 @@ def prefix_matches(
         chunk = layer_ids[start : start + _CHUNK]
         marks = ",".join("?" * len(chunk))
         rows = catalog.query(
-            f"SELECT manifest, MAX(layer) FROM modules WHERE layer_id IN ({marks}) "
-            "GROUP BY manifest",
+            f"SELECT arch, MAX(layer) FROM modules WHERE layer_id IN ({marks}) GROUP BY arch",
             chunk,
         )
-        for mid, layer in rows:
-            depth[mid] = max(depth.get(mid, 0), int(layer))
-    matches = []
-    for mid, layers in depth.items():
-        version = catalog.version_of(mid)
-        if version is not None and layers >= min_layers:
-            matches.append(PrefixMatch(version, layers, len(layer_ids)))
-    # Two stable sorts: newest first, then most shared layers first.
-    matches.sort(key=lambda m: m.version.created, reverse=True)
+        for arch, layer in rows:
+            depth[arch] = max(depth.get(arch, 0), int(layer))
+    snap = catalog.snapshot()
+    matches = [
+        PrefixMatch(v, depth[arch], len(layer_ids))
+        for v in snap.versions
+        if (arch := snap.arch.get(v.id)) in depth and depth[arch] >= min_layers
+    ]
+    # Stable: newest first within each number of shared layers.
     matches.sort(key=lambda m: m.layers, reverse=True)
     return matches
 
 
 def containing(catalog: Catalog, classes: list[str]) -> list[ModelVersion]:
-    """Versions with modules of `classes`: one class matches any module of that class; a
-    sequence matches that many consecutive layers. Names are a class's own name
-    (`Conv2d`) or its full `module.qualname`."""
-    if not classes:
-        return catalog.versions()
+    """Versions with modules of `classes`, newest first: one class matches any module of
+    that class; a sequence matches that many consecutive layers. Names are a class's own
+    name (`Conv2d`) or its full `module.qualname`."""
+    return find_versions(catalog, contains=classes)
+
+
+def _archs_containing(catalog: Catalog, classes: list[str]) -> set[str | None]:
     first = classes[0]
-    candidates = {
+    archs = [
         r[0]
         for r in catalog.query(
-            "SELECT DISTINCT manifest FROM modules WHERE short_cls = ? OR cls = ?", (first, first)
+            "SELECT DISTINCT arch FROM modules WHERE short_cls = ? OR cls = ?", (first, first)
         )
-    }
-    found = []
-    for mid in sorted(candidates):
-        version = catalog.version_of(mid)
-        if version is None:
-            continue
-        if len(classes) == 1:
-            found.append(version)
-            continue
-        rows = catalog.query(
-            "SELECT short_cls, cls FROM modules WHERE manifest = ? AND layer IS NOT NULL "
+    ]
+    if len(classes) > 1:
+        archs = [a for a in archs if _has_run(_layers(catalog, a), classes)]
+    return set(archs)
+
+
+def _literal_prefix(pattern: str) -> str:
+    for i, c in enumerate(pattern):
+        if c in "*?[":
+            return pattern[:i]
+    return pattern
+
+
+def _layers(catalog: Catalog, arch: str) -> list[tuple[str, str]]:
+    return [
+        (r[0], r[1])
+        for r in catalog.query(
+            "SELECT short_cls, cls FROM modules WHERE arch = ? AND layer IS NOT NULL "
             "ORDER BY layer",
-            (mid,),
+            (arch,),
         )
-        if _has_run(rows, classes):
-            found.append(version)
-    return found
+    ]
 
 
 def _has_run(rows: list[tuple[str, str]], classes: list[str]) -> bool:

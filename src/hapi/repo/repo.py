@@ -16,20 +16,21 @@ from hapi.repo.catalog_path import default_catalog_path
 from hapi.repo.config import RepoConfig
 from hapi.repo.diff import ModelDiff, diff_manifests
 from hapi.repo.encoder import encoder_for
+from hapi.repo.epoch import mark_changed
 from hapi.repo.fetch import fetch_tensors
 from hapi.repo.fsck import FsckReport, check_repository
 from hapi.repo.gc import GcReport, collect_garbage
 from hapi.repo.heads import HeadInfo, finish_head, plan_head, trace_version
 from hapi.repo.layout import manifest_key
-from hapi.repo.lineage import LineageNode, ancestors, descendants, lineage_tree
+from hapi.repo.lineage import LineageNode, ancestors, descendants, forest, lineage_tree
 from hapi.repo.locks import Locks
 from hapi.repo.manifest import VersionManifest
 from hapi.repo.modules import describe_modules
 from hapi.repo.push import PushTransaction, build_manifest
-from hapi.repo.queries import PrefixMatch, containing, prefix_matches
+from hapi.repo.queries import PrefixMatch, find_versions, prefix_matches
 from hapi.repo.refs import check_name
 from hapi.repo.resolve import lookup, not_found
-from hapi.repo.sync import forget_manifest, sync_all, sync_name
+from hapi.repo.sync import forget_manifest, sync_all, sync_changed, sync_name
 from hapi.repo.usage import RepoUsage, measure_usage
 from hapi.repo.version import ModelVersion, PushedVersion
 
@@ -200,6 +201,7 @@ class ModelRepo:
         """
         version, _ = self._load(ref)
         self.store.delete(manifest_key(version.id))
+        mark_changed(self.store)
         self.catalog.remove_manifests([version.id])
         return version
 
@@ -372,11 +374,8 @@ class ModelRepo:
 
     def ls(self) -> list[ModelVersion]:
         """The newest version of every name."""
-        self.refresh()
-        return self.catalog.versions(
-            "r.version = (SELECT MAX(r2.version) FROM refs r2 JOIN manifests m2 "
-            "ON m2.id = r2.id WHERE r2.name = m.name)"
-        )
+        self._sync()
+        return list(self.catalog.snapshot().latest)
 
     def log(self, name: str) -> list[ModelVersion]:
         """Every version of `name`, newest first.
@@ -399,23 +398,19 @@ class ModelRepo:
     def descendants(self, ref: RefLike) -> list[ModelVersion]:
         """Every version derived from `ref`, directly or not."""
         version = self.resolve(ref)
-        self.refresh()
+        self._sync()
         return descendants(self.catalog, version)
 
     def lineage(self, ref: RefLike | None = None) -> list[LineageNode]:
         """Lineage trees: the one holding `ref` (from its oldest stored ancestor), or all."""
-        self.refresh()
+        self._sync()
         if ref is not None:
             version = self.resolve(ref)
-            roots = [*ancestors(self.catalog, version)[-1:]] or [version]
-        else:
-            known = {v.id for v in self.catalog.versions()}
-            roots = [
-                v
-                for v in self.catalog.versions(order="m.created, m.id")
-                if v.parent is None or v.parent not in known
-            ]
-        return [lineage_tree(self.catalog, root) for root in roots]
+            root = [*ancestors(self.catalog, version)[-1:]] or [version]
+            return [lineage_tree(self.catalog, root[0])]
+        snap = self.catalog.snapshot()
+        roots = [v for v in reversed(snap.versions) if v.parent not in snap.by_id]
+        return forest(self.catalog, roots)
 
     def diff(self, a: RefLike, b: RefLike) -> ModelDiff:
         """Which tensors differ from version `a` to version `b` (by hash; nothing is read)."""
@@ -443,31 +438,20 @@ class ModelRepo:
                 `min_layers` leading layers with it, most shared first.
             min_layers: see `prefix_of`.
         """
-        self.refresh()
-        if prefix_of is not None:
-            found = [m.version for m in self.prefix_matches(prefix_of, min_layers, _sync=False)]
-        elif contains:
-            found = containing(self.catalog, list(contains))
-        else:
-            found = self.catalog.versions(order="m.created DESC, m.id")
-        if contains and prefix_of is not None:
-            ids = {v.id for v in containing(self.catalog, list(contains))}
-            found = [v for v in found if v.id in ids]
-        if name is not None:
-            from fnmatch import fnmatchcase
+        self._sync()
+        return find_versions(
+            self.catalog,
+            name=name,
+            tag=tag,
+            contains=contains,
+            layer_ids=None if prefix_of is None else self._layer_ids(prefix_of),
+            min_layers=min_layers,
+        )
 
-            found = [v for v in found if fnmatchcase(v.name, name)]
-        if tag is not None:
-            found = [v for v in found if tag in v.tags]
-        return found
-
-    def prefix_matches(
-        self, model: Any, min_layers: int = 1, *, _sync: bool = True
-    ) -> list[PrefixMatch]:
+    def prefix_matches(self, model: Any, min_layers: int = 1) -> list[PrefixMatch]:
         """Versions sharing at least `min_layers` leading layers with `model` (an
         `nn.Module`, a `ModelSpec` or a ref), most shared layers first."""
-        if _sync:
-            self.refresh()
+        self._sync()
         return prefix_matches(self.catalog, self._layer_ids(model), min_layers)
 
     def longest_common_prefix(self, model: Any) -> PrefixMatch | None:
@@ -493,7 +477,7 @@ class ModelRepo:
 
     def usage(self) -> RepoUsage:
         """Bytes stored, and bytes the versions would take one file each."""
-        self.refresh()
+        self._sync()
         return measure_usage(self.store, self.catalog)
 
     # ----- internals
@@ -517,7 +501,12 @@ class ModelRepo:
 
     def _ensure_synced(self) -> None:
         if not self._synced:
-            self.refresh()
+            self._sync()
+
+    def _sync(self) -> None:
+        """Bring the catalog up to date, by one read when the store did not change."""
+        sync_changed(self.store, self.catalog, self.config.relist_s)
+        self._synced = True
 
     def _load(self, ref: RefLike) -> tuple[ModelVersion, VersionManifest]:
         """Resolve `ref` and read its manifest from the store, the source of truth."""

@@ -11,15 +11,23 @@ catalog, in step with each other's pushes at the cost of a listing.
 from __future__ import annotations
 
 import logging
+import time
 
 from hapi.data.store import ObjectStore
 from hapi.errors import IntegrityError, ObjectNotFound
 from hapi.repo.catalog import Catalog
-from hapi.repo.epoch import read_epoch
+from hapi.repo.epoch import read_changes, read_epoch
 from hapi.repo.layout import MANIFESTS, REFS, id_of_manifest_key, manifest_key, ref_key
 from hapi.repo.manifest import VersionManifest
 
-__all__ = ["fetch_manifests", "forget_manifest", "parse_ref_key", "sync_all", "sync_name"]
+__all__ = [
+    "fetch_manifests",
+    "forget_manifest",
+    "parse_ref_key",
+    "sync_all",
+    "sync_changed",
+    "sync_name",
+]
 
 log = logging.getLogger("hapi.repo")
 
@@ -65,7 +73,22 @@ def fetch_manifests(
 def sync_all(store: ObjectStore, catalog: Catalog) -> None:
     """Make the catalog match every manifest and ref object in the store, rebuilding it when
     it was built from another incarnation of the repository."""
+    # The token before the listing: a change after this read rewrites it, so the next
+    # sync_changed sees a token other than the one recorded and lists again.
+    changes = read_changes(store)
     _sync_all(store, catalog, read_epoch(store))
+    if changes is not None:
+        catalog.set_mark(changes, time.time())
+
+
+def sync_changed(store: ObjectStore, catalog: Catalog, relist_s: float) -> None:
+    """`sync_all`, unless the store's change token is the one read before the catalog's
+    last listing and that listing is younger than `relist_s` (one read instead of a
+    listing of every ref)."""
+    changes, synced = catalog.mark()
+    if changes is not None and time.time() - synced < relist_s and read_changes(store) == changes:
+        return
+    sync_all(store, catalog)
 
 
 def sync_name(store: ObjectStore, catalog: Catalog, name: str) -> None:

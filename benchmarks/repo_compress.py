@@ -1,0 +1,194 @@
+"""The model repository with compressed blobs and deltas: bytes stored, push and pull.
+
+The ResNet-50 base and 10 derived models of `repo.py` (5 fine-tune `fc`, 5 `layer4` +
+`fc`, those tensors perturbed by N(0, 1e-3)), in fp32 and in bf16, pushed to a fresh
+local-dir repository three ways: plain safetensors blobs (the default), compressed
+(`RepoConfig(compress=True)`), and compressed with deltas against the parent
+(`compress=True, deltas=True`). Measured side by side:
+
+- bytes stored, and the changed tensors' stored bytes against their raw size;
+- push time of a `layer4` + `fc` fine-tune, pull time of its head (cut before `layer4`)
+  and of the whole model.
+
+    python benchmarks/repo_compress.py              # fp32 and bf16
+    python benchmarks/repo_compress.py --results    # ... and benchmarks/RESULTS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from _results import write_section  # benchmarks/, the script's own directory
+
+HERE = Path(__file__).resolve().parent
+MB = 1e6
+MODES = {
+    "plain": {},
+    "zstd": {"compress": True},
+    "zstd + deltas": {"compress": True, "deltas": True},
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--repeat", type=int, default=3, help="timed repetitions (median)")
+    parser.add_argument("--out", type=Path, default=HERE / "out")
+    parser.add_argument("--results", action="store_true", help="write benchmarks/RESULTS.md")
+    args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(1)
+    args.out.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for dtype in args.dtypes.split(","):
+        for mode in MODES:
+            with tempfile.TemporaryDirectory(prefix="hapi-repo-compress-") as tmp:
+                runs.append(_measure(dtype, mode, Path(tmp), args.repeat))
+    from repo import _machine
+
+    result = {"machine": _machine(), "command": _command(), "runs": runs}
+    (args.out / "repo_compress.json").write_text(json.dumps(result, indent=2))
+    _plot(runs, args.out / "repo_compress.png")
+    table = _markdown(result)
+    print(table)
+    if args.results:
+        write_section("repo-compress", table)
+
+
+def _models(dtype: str) -> tuple[Any, dict[str, Any], list[dict[str, Any]]]:
+    import torch
+
+    from hapi.graph import ModelSpec, build_model
+
+    spec = ModelSpec(name="resnet50")
+    base = build_model(spec).to(getattr(torch, dtype))
+    sd = base.state_dict()
+    derived = []
+    for i in range(10):
+        prefixes = ("fc.",) if i < 5 else ("layer4.", "fc.")
+        gen = torch.Generator().manual_seed(i)
+        state = dict(sd)
+        for k, v in sd.items():
+            if k.startswith(prefixes) and v.is_floating_point():
+                noise = torch.randn(v.shape, generator=gen) * 1e-3
+                state[k] = (v.float() + noise).to(v.dtype)
+        derived.append(state)
+    return spec, sd, derived
+
+
+def _measure(dtype: str, mode: str, tmp: Path, repeat: int) -> dict[str, Any]:
+    from hapi.repo import ModelRepo, RepoConfig
+
+    print(f"[{dtype}, {mode}]", flush=True)
+    spec, base, derived = _models(dtype)
+    config = RepoConfig(**MODES[mode])
+    repo = ModelRepo.open(tmp / "repo", catalog=":memory:", config=config)
+    first = repo.push(base, "base", spec=spec)
+    pushes = []
+    for i, state in enumerate(derived):
+        start = time.perf_counter()
+        pushed = repo.push(state, f"ft-{i}", parent="base@1", spec=spec)
+        pushes.append((pushed, time.perf_counter() - start))
+    changed_raw = sum(
+        v.numel() * v.element_size()
+        for state in derived
+        for k, v in state.items()
+        if v is not base[k]
+    )
+    usage = repo.usage()
+    ref = "ft-9"
+    cut = next(p.index for p in repo.graph(ref).cut_points if p.name == "layer3")
+    keys = repo.head_info(ref, cut).keys
+    row = {
+        "dtype": dtype,
+        "mode": mode,
+        "base_raw_mb": first.nbytes / MB,
+        "base_stored_mb": first.uploaded_bytes / MB,
+        "changed_raw_mb": changed_raw / MB,
+        "changed_stored_mb": sum(p.uploaded_bytes for p, _ in pushes) / MB,
+        "repo_mb": usage.stored_bytes / MB,
+        "push_layer4_s": statistics.median(s for _, s in pushes[5:]),
+        "push_fc_s": statistics.median(s for _, s in pushes[:5]),
+        "pull_head_s": _median(repeat, lambda: repo.pull(ref, keys=keys)),
+        "pull_whole_s": _median(repeat, lambda: repo.pull(ref)),
+    }
+    row["changed_ratio"] = row["changed_stored_mb"] / row["changed_raw_mb"]
+    row["repo_ratio"] = row["repo_mb"] / (row["base_raw_mb"] + row["changed_raw_mb"])
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def _median(repeat: int, fn: Callable[[], Any]) -> float:
+    fn()  # warm up: page cache, imports
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _command() -> str:
+    return "python benchmarks/repo_compress.py " + " ".join(sys.argv[1:])
+
+
+def _plot(runs: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    labels = [f"{r['dtype']}\n{r['mode']}" for r in runs]
+    x = range(len(runs))
+    axes[0].bar(x, [r["repo_mb"] for r in runs])
+    axes[0].set_xticks(list(x), labels, fontsize=7)
+    axes[0].set_ylabel("MB stored (base + 10 derived)")
+    w = 0.4
+    axes[1].bar([i - w / 2 for i in x], [r["pull_head_s"] for r in runs], w, label="head pull")
+    axes[1].bar([i + w / 2 for i in x], [r["pull_whole_s"] for r in runs], w, label="whole pull")
+    axes[1].set_xticks(list(x), labels, fontsize=7)
+    axes[1].set_ylabel("seconds (layer4+fc fine-tune)")
+    axes[1].legend()
+    fig.suptitle("hapi repository: plain, compressed, compressed + deltas (local dir)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _markdown(result: dict[str, Any]) -> str:
+    lines = [
+        "## Model repository: compression and deltas",
+        "",
+        f"`{result['command']}` on {result['machine']}. The base and 10 derived models of "
+        "the section above, in fp32 and bf16, on a local dir; pulls re-hash every tensor. "
+        "Changed = the derived models' changed tensors (what their pushes upload). Times "
+        "are medians (pulls: of 3 after a warm-up; pushes: of the 5 pushes of each kind). "
+        "Data: `out/repo_compress.json`.",
+        "",
+        "| dtype | blobs | repo MB | / (base + changed) | base MB stored / raw "
+        "| changed MB stored / raw | push fc / layer4+fc s | head / whole pull s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["runs"]:
+        lines.append(
+            f"| {r['dtype']} | {r['mode']} | {r['repo_mb']:.1f} | {r['repo_ratio']:.2f}x | "
+            f"{r['base_stored_mb']:.1f} / {r['base_raw_mb']:.1f} | "
+            f"{r['changed_stored_mb']:.1f} / {r['changed_raw_mb']:.1f} "
+            f"({r['changed_ratio']:.2f}x) | {r['push_fc_s']:.2f} / {r['push_layer4_s']:.2f} | "
+            f"{r['pull_head_s']:.2f} / {r['pull_whole_s']:.2f} |"
+        )
+    lines += ["", "![bytes stored and pull times](out/repo_compress.png)"]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
