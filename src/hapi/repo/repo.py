@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from hapi.data.store import ObjectStore, StoreOptions, open_store
-from hapi.errors import IntegrityError, InvalidRequest, ObjectNotFound, RefNotFound
+from hapi.errors import InvalidRequest, ObjectNotFound, RefNotFound
 from hapi.repo.catalog import Catalog
 from hapi.repo.catalog_path import default_catalog_path
 from hapi.repo.config import RepoConfig
@@ -25,7 +25,7 @@ from hapi.repo.layout import manifest_key
 from hapi.repo.lineage import LineageNode, ancestors, descendants, forest, lineage_tree
 from hapi.repo.locks import Locks
 from hapi.repo.manifest import VersionManifest
-from hapi.repo.modules import describe_modules
+from hapi.repo.matching import check_matches, few, layer_ids
 from hapi.repo.push import PushTransaction, build_manifest
 from hapi.repo.queries import PrefixMatch, find_versions, prefix_matches
 from hapi.repo.refs import check_name
@@ -67,7 +67,6 @@ class ModelRepo:
             )
         self.catalog = Catalog(str(catalog))
         self.locks = Locks(store, ttl_s=self.config.lock_ttl_s, wait_s=self.config.lock_wait_s)
-        self._synced = False
 
     @classmethod
     def open(
@@ -109,7 +108,6 @@ class ModelRepo:
     def refresh(self) -> None:
         """Bring the catalog up to date with the store (other processes' pushes and rms)."""
         sync_all(self.store, self.catalog)
-        self._synced = True
 
     def reindex(self) -> int:
         """Throw the catalog away and rebuild it from the store; return the versions found."""
@@ -265,7 +263,7 @@ class ModelRepo:
         wanted: list[str] = list(manifest.tensors) if keys is None else list(keys)
         unknown = [k for k in wanted if k not in manifest.tensors]
         if unknown:
-            raise InvalidRequest(f"{version.ref} has no tensors {_few(unknown)}")
+            raise InvalidRequest(f"{version.ref} has no tensors {few(unknown)}")
         if cut is not None:
             planned = plan_head(manifest, version.ref, cut, model=model, input_shape=input_shape)
             wanted = [k for k in planned.info.hashes if keys is None or k in set(wanted)]
@@ -279,25 +277,7 @@ class ModelRepo:
                 tensor is read), or a corrupt blob.
         """
         version, manifest = self._load(ref)
-        own = model.state_dict()
-        missing = [k for k in own if k not in manifest.tensors]
-        unexpected = [k for k in manifest.tensors if k not in own]
-        shapes = [
-            f"{k} (model {list(own[k].shape)}, stored {list(manifest.tensors[k].shape)})"
-            for k in own
-            if k in manifest.tensors and tuple(own[k].shape) != manifest.tensors[k].shape
-        ]
-        if missing or unexpected or shapes:
-            parts = []
-            if missing:
-                parts.append(f"missing from {version.ref}: {_few(missing)}")
-            if unexpected:
-                parts.append(f"not in the model: {_few(unexpected)}")
-            if shapes:
-                parts.append(f"different shapes: {_few(shapes)}")
-            raise IntegrityError(
-                f"{type(model).__name__} does not match {version.ref}: " + "; ".join(parts)
-            )
+        check_matches(model, manifest, version.ref)
         model.load_state_dict(self._fetch(version, manifest, list(manifest.tensors)))
         return version
 
@@ -392,7 +372,7 @@ class ModelRepo:
     def ancestors(self, ref: RefLike) -> list[ModelVersion]:
         """Parent, grandparent, ... of a version (stops at a removed one)."""
         version = self.resolve(ref)
-        self._ensure_synced()
+        self._sync()
         return ancestors(self.catalog, version)
 
     def descendants(self, ref: RefLike) -> list[ModelVersion]:
@@ -483,30 +463,13 @@ class ModelRepo:
     # ----- internals
 
     def _layer_ids(self, model: Any) -> list[str]:
-        if isinstance(model, nn.Module):
-            modules = describe_modules(model)
-        elif isinstance(model, str | ModelVersion):
-            modules = self._load(model)[1].modules
-        else:
-            from hapi.graph import ModelSpec, build_model
-
-            spec = ModelSpec.from_dict(model) if isinstance(model, dict) else model
-            if not isinstance(spec, ModelSpec):
-                raise InvalidRequest(
-                    f"a model to match is an nn.Module, a ModelSpec or a ref, got {model!r}"
-                )
-            with torch.device("meta"):
-                modules = describe_modules(build_model(spec))
-        return [m.layer for m in modules if m.layer is not None]
-
-    def _ensure_synced(self) -> None:
-        if not self._synced:
-            self._sync()
+        if isinstance(model, str | ModelVersion):
+            return layer_ids(self._load(model)[1].modules)
+        return layer_ids(model)
 
     def _sync(self) -> None:
         """Bring the catalog up to date, by one read when the store did not change."""
         sync_changed(self.store, self.catalog, self.config.relist_s)
-        self._synced = True
 
     def _load(self, ref: RefLike) -> tuple[ModelVersion, VersionManifest]:
         """Resolve `ref` and read its manifest from the store, the source of truth."""
@@ -532,8 +495,3 @@ class ModelRepo:
             verify=self.config.verify,
             concurrency=self.config.concurrency,
         )
-
-
-def _few(items: list[str]) -> str:
-    shown = ", ".join(items[:5])
-    return shown + (f" and {len(items) - 5} more" if len(items) > 5 else "")

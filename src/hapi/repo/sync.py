@@ -100,6 +100,8 @@ def sync_name(store: ObjectStore, catalog: Catalog, name: str) -> None:
         _sync_all(store, catalog, epoch)
         return
     rows = _read_refs(store, refs - catalog.ref_keys(name))
+    if not rows:
+        return  # nothing new: spare the catalog's list of every manifest id
     missing = {mid for _, _, mid in rows} - catalog.manifest_ids()
     catalog.add_manifests(fetch_manifests(store, missing, skip_corrupt=True))
     catalog.set_refs(rows)
