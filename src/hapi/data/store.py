@@ -293,6 +293,32 @@ class Store:
         except Exception as exc:
             raise translate(exc, self.uri, key) from exc
 
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes `start` to `end` (exclusive; clamped to the object's end) of the object, in
+        one ranged request: a shard's members are read without reading the shard.
+
+        Raises:
+            ObjectNotFound: there is no such object.
+        """
+        return self.get_range_versioned(key, start, end)[0]
+
+    def get_range_versioned(self, key: str, start: int, end: int) -> tuple[bytes, str, int]:
+        """`get_range`, with the version and the size of the object those bytes are of
+        (as a listing gives them), from the same request: an index of a shard's members
+        built for another version must not be trusted with them.
+
+        (`obstore.get` with a range rather than `obstore.get_range`: the same one request,
+        and it returns the object's metadata.)
+        """
+        import obstore
+
+        key = self._inside(key)
+        try:
+            result = obstore.get(self.client, key, options={"range": (start, end)})
+            return bytes(result.bytes()), object_version(result.meta), int(result.meta["size"])
+        except Exception as exc:
+            raise translate(exc, self.uri, key) from exc
+
     def get_many(self, keys: Iterable[str]) -> list[bytes | BaseException]:
         keys = list(keys)
         if len(keys) <= 1:
