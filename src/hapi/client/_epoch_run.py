@@ -73,6 +73,8 @@ class Windows:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
+        self.issued = threading.Condition(self.lock)
+        """Notified as chunks are issued (with `lock` held)."""
         self.unread = {False: 0, True: 0}
         self.untrained = {False: 0, True: 0}
 
@@ -124,7 +126,7 @@ class EpochRun:
         try:
             self._advance()
             for j in range(n):
-                flow = self.flows[j]
+                flow = self._issued_flow(j)
                 while True:
                     t0 = time.perf_counter()
                     item = flow.queue.get()
@@ -150,6 +152,14 @@ class EpochRun:
             self.fetcher.shutdown(self.flows)
             if not complete:
                 loader.close()  # an epoch that failed or was left has no next one
+
+    def _issued_flow(self, j: int) -> Flow:
+        """Chunk `j`, once issued: the chunk before it can be trained before the thread
+        that read it has freed its place in the window (its end is queued first)."""
+        with self.windows.issued:
+            while j >= len(self.flows):
+                self.windows.issued.wait(0.1)
+            return self.flows[j]
 
     def _read_one(self, flow: Flow) -> None:
         """A chunk's stream was read (or gave up): its place in flight is free."""
@@ -181,6 +191,7 @@ class EpochRun:
                 ):
                     break
                 self._issue(self._issued, self._next)
+                windows.issued.notify_all()
                 windows.unread[local] += 1
                 windows.untrained[local] += 1
                 self._issued += 1
@@ -196,7 +207,7 @@ class EpochRun:
         if start_ahead:
             assert self.then is not None
             # Listed outside the windows' lock: a listing may take a while.
-            versions = self.loader.versions() if self.loader.relist is not None else None
+            versions = self.loader.versions()
             with windows.lock:
                 if not self.fetcher.stop.is_set():
                     self.ahead = self.loader._start_ahead(self.then, windows, self, versions)

@@ -10,9 +10,9 @@ from collections.abc import Callable
 import torch
 
 from hapi.client._merge import ChunkMerge
-from hapi.client.connection import ChunkStream
 from hapi.client.routing import ChunkRecord, Route
 from hapi.client.servers import Member
+from hapi.client.source import PartStream
 from hapi.wire import SkippedKey
 
 __all__ = ["DONE", "Flow", "Stopped", "busy_clock"]
@@ -75,7 +75,7 @@ class Flow:
         """Keys the server's feature cache gave."""
         self.queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self.read_done = threading.Event()
-        self.stream: ChunkStream | None = None
+        self.stream: PartStream | None = None
         self.issued = time.perf_counter()
         """When its request went out: after its session was open (the first chunk at a cut
         waits for the session to open, and the turn's wait for the server is timed from

@@ -66,7 +66,6 @@ import torch
 
 from hapi.client._epoch_run import EpochRun, LoaderStats, Windows
 from hapi.client._trainer_cache import TrainerCache
-from hapi.client.connection import Connection
 from hapi.client.distributed import Shard
 from hapi.client.history import Event
 from hapi.client.local import LocalCompute
@@ -75,6 +74,7 @@ from hapi.client.retry import RetryPolicy
 from hapi.client.routing import Router
 from hapi.client.servers import Servers
 from hapi.client.sessions import Sessions
+from hapi.client.source import ChunkSource
 from hapi.data import DatasetManifest, ObjectStore
 from hapi.errors import (
     HapiError,
@@ -130,7 +130,7 @@ class FeatureLoader:
 
     def __init__(
         self,
-        connection: Connection,
+        connection: ChunkSource,
         session: str | Sessions | Sequence[Sessions],
         manifest: DatasetManifest,
         *,

@@ -29,8 +29,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
-from hapi.client.connection import Connection
 from hapi.client.sessions import Sessions
+from hapi.client.source import ChunkSource
 from hapi.data.keys import key_under
 from hapi.errors import InvalidRequest
 
@@ -82,7 +82,7 @@ class Member:
         self._since = now
 
     @property
-    def connection(self) -> Connection:
+    def connection(self) -> ChunkSource:
         return self.sessions.connection
 
     @property
