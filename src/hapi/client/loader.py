@@ -76,6 +76,7 @@ from hapi.client.servers import Servers
 from hapi.client.sessions import Sessions
 from hapi.client.source import ChunkSource
 from hapi.data import DatasetManifest, ObjectStore
+from hapi.data.shard_order import shard_order
 from hapi.errors import (
     HapiError,
     InvalidRequest,
@@ -197,12 +198,23 @@ class FeatureLoader:
         return -(-len(self.manifest) // self.batch_size)
 
     def order(self, epoch: int) -> np.ndarray:
-        """The epoch's order of manifest indices (with a shard, this rank's part of it)."""
+        """The epoch's order of manifest indices (with a shard, this rank's part of it).
+
+        A dataset of shards' members is ordered as WebDataset users expect (`shard_order`:
+        shards shuffled, then samples a few shards at a time), in runs a chunk reads with
+        one request."""
         n = len(self.manifest)
         if not self.shuffle:
             order = np.arange(n)
         else:
-            order = np.random.default_rng([self.seed, epoch]).permutation(n)
+            sharded = shard_order(
+                self.manifest.keys, seed=self.seed, epoch=epoch, block=self.chunk_size
+            )
+            order = (
+                sharded
+                if sharded is not None
+                else np.random.default_rng([self.seed, epoch]).permutation(n)
+            )
         return order if self.shard is None else self.shard.take(order, self.batch_size)
 
     def chunks(self, epoch: int, *, start: int = 0) -> list[tuple[list[str], list[int]]]:

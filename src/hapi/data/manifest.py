@@ -63,7 +63,9 @@ class DatasetManifest:
     def from_store(
         cls, store: ObjectStore, prefix: str = "", *, extensions: Sequence[str] = IMAGE_EXTENSIONS
     ) -> DatasetManifest:
-        """List an ImageFolder layout: `<prefix>/<class>/<name>.<ext>`.
+        """List the dataset named by `prefix`: an ImageFolder layout
+        (`<prefix>/<class>/<name>.<ext>`), or WebDataset `.tar` shards, Parquet files or a
+        CSV/JSONL key list (`hapi.data.formats` says how each is named).
 
         Classes are the folders right under the prefix, sorted by name. Images nested
         deeper (`<prefix>/<class>/a/b.jpg`) belong to their first folder's class, as in
@@ -78,8 +80,14 @@ class DatasetManifest:
 
         Raises:
             ObjectNotFound: no images in that layout under the prefix.
+            InvalidRequest, CorruptObject: shards that cannot be listed (`layout_manifest`).
         """
+        from hapi.data.formats import layout_manifest
+
         prefix = prefix.strip("/")
+        sharded = layout_manifest(store, prefix)
+        if sharded is not None:
+            return sharded
         base = f"{prefix}/" if prefix else ""
         endings = tuple(e.lower() for e in extensions)
         pairs: list[tuple[str, str]] = []

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from hapi.data.images import load_sample
-from hapi.data.store import ObjectStore
+from hapi.data.members import MemberStore, split_member
+from hapi.data.store import ObjectStore, Store
 from hapi.data.transforms import Transforms
 from hapi.errors import HapiError
 
@@ -69,6 +70,11 @@ def read_objects(
     start at the first `next`, and closing the iterator early cancels those not started.
     """
     if not keys:
+        return
+    members = _members(store, keys)
+    if members is not None:
+        # A shard's members close together are read with one request (`MemberStore`).
+        yield from members.read(keys, ahead=ahead, max_bytes=max_bytes)
         return
     queue = iter(keys)
     with ThreadPoolExecutor(min(ahead, len(keys)), thread_name_prefix="hapi-read") as pool:
@@ -142,6 +148,14 @@ def load_samples(
     """
     for key, label, data in zip(keys, labels, objects, strict=True):
         yield load_one(key, label, data, transforms, seed=seed, epoch=epoch, skip=skip)
+
+
+def _members(store: ObjectStore, keys: Sequence[str]) -> MemberStore | None:
+    if not any(split_member(k) is not None for k in keys):
+        return None
+    if isinstance(store, MemberStore):
+        return store
+    return store.members if isinstance(store, Store) else None
 
 
 def _read(store: ObjectStore, key: str) -> bytes | BaseException:

@@ -17,12 +17,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from urllib.parse import urlparse
 
 from hapi.data._cloud import cloud_client, endpoint_hint, is_cloud, is_remote
 from hapi.data._store_errors import connect_failure, is_not_implemented, translate
 from hapi.errors import Forbidden, InvalidRequest, ObjectNotFound, StoreUnavailable, shorten
+
+if TYPE_CHECKING:
+    from hapi.data.members import MemberStore
 
 __all__ = ["ObjectStore", "Store", "StoreOptions", "object_version", "open_store"]
 
@@ -195,6 +198,7 @@ class Store:
         self._lock = threading.Lock()
         self._root: str | None = None
         """A local store's real root path, ending in a separator; None until needed."""
+        self._members: MemberStore | None = None
         scheme = urlparse(self.uri).scheme
         known = scheme in ("", "file", "memory", "s3") or is_cloud(self.uri)
         if not known and not _is_windows_drive(self.uri):
@@ -270,6 +274,8 @@ class Store:
     def get(self, key: str) -> bytes:
         import obstore
 
+        if _names_member(key):
+            return self.members.get(key)
         key = self._inside(key)
         try:
             return bytes(obstore.get(self.client, key).bytes())
@@ -286,6 +292,8 @@ class Store:
         """
         import obstore
 
+        if _names_member(key):
+            return self.members.get_versioned(key)
         key = self._inside(key)
         try:
             result = obstore.get(self.client, key)
@@ -319,8 +327,24 @@ class Store:
         except Exception as exc:
             raise translate(exc, self.uri, key) from exc
 
+    @property
+    def members(self) -> MemberStore:
+        """This store reading shard members (`hapi.data.members`): `get`, `get_versioned`
+        and `get_many` of a member key (`shards/a.tar#KEY`) go through it, so every
+        reader of samples (a server's chunks and profiles, its feature cache, a trainer's
+        fallback) reads a shard's members as it reads objects."""
+        from hapi.data.members import MemberStore
+
+        if self._members is None:
+            with self._lock:
+                if self._members is None:
+                    self._members = MemberStore(self)
+        return self._members
+
     def get_many(self, keys: Iterable[str]) -> list[bytes | BaseException]:
         keys = list(keys)
+        if any(_names_member(k) for k in keys):
+            return self.members.get_many(keys)  # members close together: one request
         if len(keys) <= 1:
             return [self._get_or_error(k) for k in keys]
         workers = min(self.options.concurrency, len(keys))
@@ -434,6 +458,8 @@ class Store:
             InvalidRequest: the key is malformed.
             Forbidden: the key's path leads outside the store's root.
         """
+        if _names_member(key):
+            return self.members.real_key(key)  # the shard's links are what the read follows
         self._inside(key)
         root = self._real_root()
         if root is None:
@@ -467,6 +493,12 @@ class Store:
                 "instead of linking to it"
             )
         return key
+
+
+def _names_member(key: str) -> bool:
+    from hapi.data.members import split_member
+
+    return "#" in key and split_member(key) is not None
 
 
 def object_version(meta: Any) -> str:

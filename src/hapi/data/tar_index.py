@@ -1,0 +1,170 @@
+"""`TarIndex`: where each WebDataset sample's image lies in a `.tar` shard, from its headers.
+
+A shard is indexed once (per version) by reading its 512-byte headers with ranged reads:
+a window at each header covers the small members after it (`.cls`, `.json` labels, and
+the next header), and a jump skips each image's bytes. Reading a sample is then one
+ranged request for its image member, and a run of samples one request for their span.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tarfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from hapi.errors import CorruptObject, shorten
+
+__all__ = ["IMAGE_EXTS", "TarIndex", "TarMember", "split_wds_name"]
+
+BLOCK = 512
+WINDOW = 16 << 10
+"""Bytes read at each header: labels and the next header come with it, images are jumped."""
+
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "bmp")
+"""WebDataset extensions (any case) that hold a sample's image."""
+
+# WebDataset's rule (`base_plus_ext`): the key is the name up to the first dot of its
+# last path part; the extension is the rest, so `a/b.seg.png` is key `a/b`, ext `seg.png`.
+_NAME = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
+
+ReadRange = Callable[[int, int], bytes]
+"""Bytes `start` to `end` (exclusive) of the shard, one request each."""
+
+
+def split_wds_name(name: str) -> tuple[str, str] | None:
+    """A member name's (key, extension) by WebDataset's rule; None for names without one."""
+    match = _NAME.match(name)
+    return (match.group(1), match.group(2)) if match else None
+
+
+@dataclass(frozen=True)
+class TarMember:
+    """One sample of a shard: its image member's data and its label."""
+
+    key: str
+    offset: int
+    """Where the image's bytes start in the shard."""
+    size: int
+    label: int | str | None
+    """From `KEY.cls` (an integer) or `KEY.json` (its `label`, `cls` or `class`)."""
+
+
+@dataclass(frozen=True)
+class TarIndex:
+    """A shard's samples in the order they are stored, each with its image's byte range."""
+
+    samples: tuple[TarMember, ...]
+
+    def find(self, key: str) -> TarMember | None:
+        """The sample named `key`, or None."""
+        return self._by_key().get(key)
+
+    def _by_key(self) -> dict[str, TarMember]:
+        found: dict[str, TarMember] | None = self.__dict__.get("_keys")
+        if found is None:
+            found = {m.key: m for m in self.samples}
+            object.__setattr__(self, "_keys", found)
+        return found
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe form (the on-disk index cache); `from_dict` reads it back."""
+        return {"samples": [[m.key, m.offset, m.size, m.label] for m in self.samples]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TarIndex:
+        return cls(tuple(TarMember(k, int(o), int(s), lab) for k, o, s, lab in data["samples"]))
+
+    @classmethod
+    def build(cls, read: ReadRange, size: int, *, name: str) -> TarIndex:
+        """Index a shard of `size` bytes by reading its headers through `read`.
+
+        Raises:
+            CorruptObject: a header is damaged, a label unreadable, or a sample has no
+                image; the message names the shard (`name`) and the member.
+        """
+        images: dict[str, tuple[int, int]] = {}
+        labels: dict[str, int | str] = {}
+        order: list[str] = []
+        window, start = b"", 0
+        offset, long_name = 0, None
+        while offset + BLOCK <= size:
+            if not start <= offset or offset + BLOCK > start + len(window):
+                start, window = offset, read(offset, min(size, offset + WINDOW))
+            header = window[offset - start : offset - start + BLOCK]
+            if header == bytes(BLOCK):
+                break  # the archive's end: two zero blocks
+            try:
+                info = tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape")
+            except tarfile.HeaderError as exc:
+                raise CorruptObject(
+                    f"shard {name} has a damaged tar header at byte {offset} ({exc}): "
+                    "rewrite the shard (e.g. with `hapi data import --format webdataset`)"
+                ) from None
+            data_at = offset + BLOCK
+            offset = data_at + -(-info.size // BLOCK) * BLOCK
+            if info.type in (tarfile.GNUTYPE_LONGNAME, tarfile.XHDTYPE, tarfile.XGLTYPE):
+                body = _data(read, window, start, data_at, info.size)
+                if info.type == tarfile.GNUTYPE_LONGNAME:
+                    long_name = body.rstrip(b"\0").decode("utf-8", "surrogateescape")
+                elif info.type == tarfile.XHDTYPE:
+                    long_name = _pax_path(body) or long_name
+                continue
+            member, long_name = long_name or info.name, None
+            if not info.isfile():
+                continue
+            parts = split_wds_name(member)
+            if parts is None:
+                continue
+            key, ext = parts
+            ext = ext.lower()
+            if key not in images and key not in labels:
+                order.append(key)
+            if ext in IMAGE_EXTS:
+                images[key] = (data_at, info.size)
+            elif ext in ("cls", "json"):
+                body = _data(read, window, start, data_at, info.size)
+                labels[key] = _label(body, ext, name, member)
+        missing = [k for k in order if k not in images]
+        if missing:
+            raise CorruptObject(
+                f"sample {shorten(repr(missing[0]))} of shard {name} has no image member "
+                f"(.{'/.'.join(IMAGE_EXTS)}): every WebDataset sample needs KEY.jpg or KEY.png"
+            )
+        return cls(tuple(TarMember(k, *images[k], labels.get(k)) for k in order))
+
+
+def _data(read: ReadRange, window: bytes, start: int, at: int, size: int) -> bytes:
+    """A member's bytes: from the window when it holds them, else one more read."""
+    if at >= start and at + size <= start + len(window):
+        return window[at - start : at - start + size]
+    return read(at, at + size)
+
+
+def _pax_path(body: bytes) -> str | None:
+    # Records are "LEN key=value\n"; only the path matters for WebDataset's names.
+    for line in body.split(b"\n"):
+        _, _, record = line.partition(b" ")
+        field, _, value = record.partition(b"=")
+        if field == b"path":
+            return value.decode("utf-8", "surrogateescape")
+    return None
+
+
+def _label(body: bytes, ext: str, shard: str, member: str) -> int | str:
+    try:
+        if ext == "cls":
+            return int(body.decode().strip())
+        value = json.loads(body)
+        if isinstance(value, dict):
+            value = next((value[f] for f in ("label", "cls", "class") if f in value), None)
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            raise ValueError("no integer or string label, cls or class field")
+        return value
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CorruptObject(
+            f"member {shorten(repr(member))} of shard {shard} holds no label ({exc}): "
+            "write KEY.cls as an integer, or KEY.json with a 'label' field"
+        ) from None
