@@ -177,3 +177,55 @@ def test_the_trainers_cache_serves_later_epochs_in_order(
 
 def _keys(batches: Iterator[object]) -> list[str]:
     return [k for b in batches for k in b.keys]  # type: ignore[attr-defined]
+
+
+def _cached_loader(source: MemorySource, root: Path, max_bytes: int = 10 << 20) -> FeatureLoader:
+    transforms = Transforms.eval(64)
+    space = FeatureSpace("head", 1, transforms.to_dict(), "fp32", False)
+    cache = TrainerCache(
+        FeatureCache(root, max_bytes=max_bytes, memory_bytes=0), space, transforms, "fp32"
+    )
+    return _loader(source, cache=cache)
+
+
+def test_a_resumed_epoch_takes_what_is_left_from_the_cache(
+    source: MemorySource, tmp_path: Path
+) -> None:
+    loader = _cached_loader(source, tmp_path)
+    with loader.servers:
+        _epoch(loader, 0)
+        asked = len(source.tickets)
+        assert _epoch(loader, 1, start=7) == _in_order(loader, 1)[7:]
+    assert loader.stats.cached == 23 - 7 and len(source.tickets) == asked
+
+
+def test_eviction_under_a_small_bound_never_breaks_an_epoch(
+    source: MemorySource, tmp_path: Path
+) -> None:
+    loader = _cached_loader(source, tmp_path, max_bytes=600)  # room for a few entries
+    with loader.servers:
+        for epoch in range(3):
+            assert _epoch(loader, epoch, then=epoch + 1 if epoch < 2 else None) == _in_order(
+                loader, epoch
+            )
+    cache = loader.cache
+    assert cache is not None and cache.cache.stats.evictions > 0
+    assert cache.cache.stats.bytes_held <= 600
+
+
+def test_two_writers_of_the_same_entries_leave_whole_ones(tmp_path: Path) -> None:
+    space = FeatureSpace("head", 1, {}, "fp32", False)
+    names = [f"{i:032x}" for i in range(40)]
+    rows = [feature_of(n) for n in names]
+
+    def write() -> None:
+        FeatureCache(tmp_path, memory_bytes=0).put_many(space, names, rows)
+
+    threads = [threading.Thread(target=write) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    reader = FeatureCache(tmp_path, memory_bytes=0)
+    assert all(torch.equal(r, g) for r, g in zip(rows, reader.get_many(space, names), strict=True))
+    assert reader.stats.corrupt == 0
