@@ -227,5 +227,6 @@ def test_two_writers_of_the_same_entries_leave_whole_ones(tmp_path: Path) -> Non
     for t in threads:
         t.join()
     reader = FeatureCache(tmp_path, memory_bytes=0)
-    assert all(torch.equal(r, g) for r, g in zip(rows, reader.get_many(space, names), strict=True))
+    got = reader.get_many(space, names)
+    assert all(g is not None and torch.equal(r, g) for r, g in zip(rows, got, strict=True))
     assert reader.stats.corrupt == 0
