@@ -196,15 +196,16 @@ class MemberStore:
             else:
                 by_shard.setdefault(parts[0], []).append((position, parts[1]))
         for container, members in by_shard.items():
+            if container.lower().endswith(".parquet"):
+                reads += self._parquet_reads(container, members, keys)
+                continue
             try:
                 index = self.indexes.get(container)
             except Exception as exc:
                 reads.append(_Read([p for p, _ in members], container, error=exc))
                 continue
-            if isinstance(index, TarIndex):
-                reads += self._tar_reads(container, index, members, keys)
-            else:
-                reads += self._parquet_reads(container, index, members, keys)
+            assert isinstance(index, TarIndex)  # a .tar container
+            reads += self._tar_reads(container, index, members, keys)
         reads.sort(key=lambda r: min(r.positions))
         return reads
 
@@ -237,19 +238,16 @@ class MemberStore:
     def _parquet_reads(
         self,
         container: str,
-        index: ParquetIndex,
         members: list[tuple[int, str]],
         keys: Sequence[str],
     ) -> list[_Read]:
         groups: dict[tuple[str | None, int], _Read] = {}
         reads: list[_Read] = []
-        default = index
         for position, member in members:
             try:
                 row, image = parquet_member(member, keys[position])
-                found = self.indexes.get(container, image=image) if image else default
-                assert isinstance(found, ParquetIndex)  # a .parquet container
-                index = found
+                index = self.indexes.get(container, image=image)
+                assert isinstance(index, ParquetIndex)  # a .parquet container
                 g = index.group_of(row)
                 if g < 0:
                     raise _missing(keys[position])

@@ -18,7 +18,7 @@ from typing import Any
 
 from hapi.data.parquet_index import ParquetIndex
 from hapi.data.tar_index import WINDOW, TarIndex
-from hapi.errors import HapiError
+from hapi.errors import HapiError, ObjectNotFound
 
 __all__ = ["ShardIndex", "ShardIndexes", "StaleIndex", "index_dir"]
 
@@ -70,8 +70,20 @@ class ShardIndexes:
         Raises:
             StaleIndex: the shard is not the version its index was built from (dropped).
         """
-        data, version, _ = self.inner.get_range_versioned(container, start, end)
         name = (self.inner.uri, container, image)
+        try:
+            data, version, _ = self.inner.get_range_versioned(container, start, end)
+        except ObjectNotFound:
+            raise
+        except HapiError:
+            # A range past a shortened shard's end is refused, not answered with the new
+            # version: ask for its first byte to tell that from a store that failed.
+            version = self.inner.get_range_versioned(container, 0, 1)[1]
+            with _LOCK:
+                kept = _MEMORY.get(name)
+            if kept is None or kept[0] == version:
+                raise
+            data = b""
         with _LOCK:
             kept = _MEMORY.get(name)
         if kept is not None and kept[0] != version:
