@@ -1,59 +1,10 @@
 """`FeatureLoader`: the trainer's side of the pipeline.
 
-It owns the epoch order (a seeded permutation) and keeps K chunks in flight. Each chunk
-is routed when it is issued: pushed down (the server sends features at the plan's cut)
-or local (the server sends raw bytes and the trainer computes the features, in a worker
-thread). Batches are handed on as they arrive, not when their chunk is complete, and in
-epoch order; they are cut and joined into training batches (`hapi.client.rebatch`), so
-the request's size, the server's batch and the training batch are three numbers.
-
-K chunks are in flight at the servers and links: chunk j+K is issued as soon as chunk j
-has been read, not when it has been trained. (Issued at training, the server worked
-only K - 2 chunks ahead while the trainer held a training batch of two, and the two
-tiers ran in lockstep: 1.2x the slower one's time.) The chunks read but not yet trained
-are bounded too: at most those a training batch spans, plus one.
-
-In a hybrid plan the local chunks and the pushed-down ones have a window each: a local
-chunk asks the server only to read its objects, and counted against the server's window
-its raw bytes, holding the link, left the server K - 1 chunks to compute and then idle.
-The ViT at 10 Mbit/s: a raw chunk of 16 photos held the link 1.4 s while the 2 chunks
-behind it took the server 0.7 s. The pushed-down window holds K chunks; a hybrid's local
-window one (`HYBRID_LOCAL_WINDOW`), the RAW baseline's K. Raw bytes are ready as soon as
-they are read, so every raw chunk in flight goes into the network's buffers as soon as
-its turn on the connection comes: with 4 in flight, a link that dropped from 1 Gbit/s to
-10 Mbit/s still had 3 MB of them to carry (2.4 s) before the re-plan's first chunk. One
-is enough where pushed-down chunks cross between them, while the next is read; the RAW
-baseline has none between, and its link would wait for each request. Chunks are still
-issued in order; a chunk whose window is full waits, and the chunks after it too.
-
-The link serves chunks in order: every chunk's request goes out when it is issued, so
-the server works ahead, but a chunk's stream is read only once the one before it is
-read. Read at once, K streams would share the link and the first chunk would arrive
-about when all of them do - the trainer would wait for nearly every byte of the first K
-chunks before its first batch. Read in order, chunk i arrives at the link's full rate
-while the server computes chunk i+1 into its stream's flow-control window. The server
-keeps the order too (`hapi.server._order`): its streams on one connection send in
-chunk order, across the job's sessions, since bytes written ahead of their turn cross
-anyway, up to flow-control windows of megabytes, and a raw chunk's are ready at once.
-
-Epochs run back to back: told which epoch comes next (`batches(..., then=)`), an epoch
-whose chunks are all issued starts issuing the next one's as its windows free, the two
-sharing the windows. Otherwise each epoch would begin with the server and the link idle
-until its first chunk is requested, and end with them idle while the trainer finishes:
-in an epoch of 8 training steps, a pipeline fill and drain of up to an eighth of it
-each (ResNet-50 to `layer3` at 1 Gbit/s: 1.10x its slowest stage with 256 images,
-1.04x with 1024). The next epoch's chunks are read in their turn, after this one's, and
-wait in their queues until it starts; every key is still delivered once per epoch.
-
-With several servers (one beside each storage node) each chunk goes to one of them
-(`hapi.client.servers`: by their measured rates and what is local to each), K chunks in
-flight per server, and each server's link serves its own chunks in order.
-
-A stream that fails (server gone, store gone, stream cut, session lost to a restart) is
-retried with backoff up to a time budget, for the keys not yet delivered only: samples
-depend on (job seed, epoch, key), not on which request carried them, so the retry may go
-to another server. Every key is delivered once per epoch or the epoch fails saying which
-went missing or came twice.
+It owns the epoch order (a seeded permutation) and keeps K chunks in flight per server,
+each pushed down at the plan's cut or computed locally, handing batches on in epoch order
+as they arrive; every key once per epoch, through retries, failover and re-plans. Why it
+works the way it does - windows, reading in order, epochs back to back, the feature cache
+- is in `docs/loader.md`.
 """
 
 from __future__ import annotations

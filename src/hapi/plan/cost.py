@@ -1,56 +1,9 @@
 """The cost model of the overlapped pipeline: server, link and trainer work at once.
 
-An option is a cut `k` and a local share `f`: a share `f` of the epoch's chunks is
-computed entirely by the trainer from raw bytes, the rest is pushed down at cut `k`.
-Per sample, with the profiles' costs:
-
-    server  = (1-f)·(read + decode + head_k) + f·raw + send·((1-f)·bytes_k + f·raw_bytes)
-    link    = ((1-f)·bytes_k + f·raw_bytes) / bandwidth     (+ latency per chunk / K)
-    trainer = (1-f)·tail_k + f·(decode + head_k + tail_k) + receive·((1-f)·bytes_k + f·raw_bytes)
-
-(raw: the server's time to read an object and encode it onto the wire; send and receive:
-each end's CPU per byte on the wire, which its core spends beside its compute.)
-
-`cut = RAW` is the baseline: the server only reads, the trainer does everything.
-
-The chunks flow through the three stages as through a pipeline (a flow shop), and the
-model runs the epoch's chunks through it one by one, as the loader issues them:
-
-    issued_i = max(issued_{i-1}, read_j)   (a window per route: chunk i is requested
-                                           when j, the W-th chunk of its route before
-                                           it, has been read, in order; W = K pushed
-                                           down, 1 local in a hybrid, K in RAW)
-    server_i = max(issued_i, server_{i-1}) + s_i      (the server finishes chunks in order)
-    read_i   = max(read_{i-1}, server_i) + l_i        (the link serves chunks in order)
-    epoch    = trained_{m-1},  trained_i = max(trained_{i-1}, read_i) + t_i
-
-with each chunk's s, l, t those of its route: `assign`'s pattern says which chunks are
-local. With K = 1 the server's and the link's times add up; with K >= m nothing waits
-for a request and the epoch is HAPI's `S + max(S, C)·(N-1) + C` for equal chunks. (The
-loader also stops issuing while the trainer is K chunks and a training batch behind;
-that binds only where the trainer holds the epoch anyway, and is left out.)
-
-Why a simulation and not max(stages) + fill: a hybrid's local chunk over a slow link holds
-the link while the server, done with the pushed-down chunks in its window, waits for the
-next request; where that happens depends on where the local chunks fall. The ViT to
-`encoder+getitem` at 10 Mbit/s (16 chunks, 3 local) was predicted at 5.2 s by stage
-bounds and ran 6.9 s while its local chunks took places in the server's window of 3 (run
-chunk by chunk: 6.7 s). With a window per route and 4 in flight the model says 4.9 s; it
-ran 6.1 s until the server kept the link's order too (`hapi.server._order`: raw chunks,
-ready at once, had all gone out together, and a small pushed-down chunk's stream end
-queued behind the next raw chunk) and started each chunk at its request, not at its
-stream's first read. Then the hybrid it chose (2 of 16 local) was predicted at 4.80 s and
-ran 4.83 s, the pure cut 5.11 s and 5.26 s (the sweep plan-256-vit-10mbit-k4-v2, in
-git's history of `benchmarks/RESULTS.md`).
-
-An epoch of a longer fit (`Workload.back_to_back`) is run after one before it, its chunks
-issued as the windows free from that one's (the loader's look-ahead), and its time is from
-that epoch's last step to its own: with equal chunks and open windows, m·max(s, l, t),
-the fill hidden behind the previous epoch's drain.
-
-An epoch of more than `_SIMULATED` chunks is run that far and extrapolated at the pace of
-its second half: the pipeline's steady state, in which fill is behind and the drain is
-already counted.
+An option is a cut `k` and a local share `f` of chunks the trainer computes from raw
+bytes. Its epoch is simulated chunk by chunk through the three stages as the loader issues
+them (a flow shop with a window per route); why a simulation and not the slowest stage is
+in `docs/cost-model.md`, with the per-sample formulas.
 """
 
 from __future__ import annotations
