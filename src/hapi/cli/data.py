@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 __all__ = ["register"]
 
 data_app = typer.Typer(
-    help="Make, import and list datasets (ImageFolder layout) in an object store.",
+    help="Make, import and list datasets (ImageFolder, WebDataset, Parquet) in an object store.",
     no_args_is_help=True,
 )
 
@@ -53,30 +53,59 @@ def synth(
 def import_(
     directory: str = typer.Argument(..., help="A local ImageFolder tree: DIR/<class>/<image>."),
     uri: str = typer.Argument(..., help=_URI_HELP),
+    format: str = typer.Option(
+        "imagefolder",
+        "--format",
+        help="imagefolder (one object per image), webdataset (.tar shards) or parquet.",
+    ),
+    shard_size: str = typer.Option("256MB", help="Shards up to this size (webdataset, parquet)."),
     endpoint: str | None = typer.Option(None, help=_ENDPOINT_HELP),
 ) -> None:
-    """Upload the images of a local ImageFolder tree to URI, keeping the class folders."""
+    """Upload the images of a local ImageFolder tree to URI: as they are (keeping the class
+    folders), or as WebDataset or Parquet shards."""
+    from hapi._sizes import parse_bytes
     from hapi.data import import_folder, local_images
+    from hapi.data.shard_writer import import_shards
 
+    if format not in ("imagefolder", "webdataset", "parquet"):
+        raise typer.BadParameter(
+            f"{format!r} is not a format: use imagefolder, webdataset or parquet",
+            param_hint="--format",
+        )
     total = len(local_images(directory))
     store = _store(uri, endpoint)
     with _bar("uploading images", total) as progress:
-        manifest = import_folder(directory, store, progress=progress)
+        if format == "imagefolder":
+            manifest = import_folder(directory, store, progress=progress)
+        else:
+            manifest = import_shards(
+                directory,
+                store,
+                format=format,  # type: ignore[arg-type]
+                shard_size=parse_bytes(shard_size),
+                progress=progress,
+            )
     _summary(store, manifest)
 
 
 @data_app.command("ls")
 def ls(
     uri: str = typer.Argument(..., help=_URI_HELP),
+    dataset: str = typer.Option(
+        "",
+        help="The dataset in the store: a prefix, a shard pattern (train-{000..015}.tar) "
+        "or a key list (.csv, .jsonl); default the store's root.",
+    ),
     endpoint: str | None = typer.Option(None, help=_ENDPOINT_HELP),
 ) -> None:
-    """Print a dataset's image count, classes with their counts, and size."""
+    """Print a dataset's image count, classes with their counts, size and shards (an
+    ImageFolder tree, WebDataset or Parquet shards, or a key list)."""
     from hapi.cli._stores import existing_store, store_options
     from hapi.data import DatasetManifest
 
     hint = f"make a dataset there first (`hapi data synth {uri}` or `hapi data import DIR {uri}`)"
     store = existing_store(uri, store_options(endpoint), hint)
-    _summary(store, DatasetManifest.from_store(store))
+    _summary(store, DatasetManifest.from_store(store, dataset))
 
 
 def _store(uri: str, endpoint: str | None) -> Store:

@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from hapi.data.manifest import DatasetManifest
+from hapi.data.members import split_member
 from hapi.data.store import ObjectStore, Store, StoreOptions, open_store
 
 __all__ = ["DatasetSummary", "open_dataset", "summarize"]
@@ -40,20 +41,28 @@ class DatasetSummary:
     counts: dict[str, int]
     """Images per class, in class order."""
     nbytes: int
-    """Total size of the images in bytes."""
+    """Total size of the images in bytes (of the shards, for a sharded dataset)."""
+    shards: int = 0
+    """WebDataset or Parquet shards the samples are members of; 0 for one object each."""
 
     def __str__(self) -> str:
         per_class = ", ".join(f"{c}: {n}" for c, n in self.counts.items())
+        shards = f" in {self.shards} shards" if self.shards else ""
         return (
             f"{self.images} images, {len(self.counts)} classes ({per_class}), "
-            f"{self.nbytes / 1e6:.2f} MB"
+            f"{self.nbytes / 1e6:.2f} MB{shards}"
         )
 
 
 def summarize(
     store: ObjectStore, manifest: DatasetManifest, *, in_flight: int = 16
 ) -> DatasetSummary:
-    """Count a dataset's images per class and their bytes (one HEAD request per image)."""
+    """Count a dataset's images per class and their bytes (one HEAD request per object:
+    per image, or per shard)."""
+    shards = {p[0] for k in manifest.keys if (p := split_member(k)) is not None}
+    objects = sorted(shards | {k for k in manifest.keys if split_member(k) is None})
     with ThreadPoolExecutor(in_flight, thread_name_prefix="hapi-size") as pool:
-        nbytes = sum(pool.map(store.size, manifest.keys))
-    return DatasetSummary(images=len(manifest), counts=manifest.counts(), nbytes=nbytes)
+        nbytes = sum(pool.map(store.size, objects))
+    return DatasetSummary(
+        images=len(manifest), counts=manifest.counts(), nbytes=nbytes, shards=len(shards)
+    )
