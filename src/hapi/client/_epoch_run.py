@@ -108,7 +108,7 @@ class EpochRun:
         self._starting_ahead = False
         self.prefetch = loader.prefetch * len(loader.servers)
         # A thread for every chunk in flight: K per route.
-        self.fetcher = Fetcher(loader, epoch, 2 * self.prefetch, on_read=self._read_one)
+        self.fetcher = Fetcher(loader.context, epoch, 2 * self.prefetch, on_read=self._read_one)
         self.clock = self.fetcher.clock
         self.windows = windows or Windows()
         self._issued = 0

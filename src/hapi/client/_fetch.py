@@ -15,16 +15,22 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import tenacity
 import torch
 
+from hapi.client import _fetch_events as events
 from hapi.client._flow import DONE, Flow, Stopped, busy_clock
 from hapi.client._merge import ChunkMerge
+from hapi.client._trainer_cache import TrainerCache
 from hapi.client.history import Event
-from hapi.client.rebatch import Piece
-from hapi.client.routing import Route
+from hapi.client.local import LocalCompute
+from hapi.client.rebatch import Convert, Piece
+from hapi.client.retry import RetryPolicy
+from hapi.client.routing import Router
+from hapi.client.servers import Servers
+from hapi.data import ObjectStore
 from hapi.errors import (
     DuplicateDelivery,
     IncompleteEpoch,
@@ -37,17 +43,45 @@ from hapi.errors import (
 )
 from hapi.wire import ChunkTicket, FeatureBatch
 
-if TYPE_CHECKING:
-    from hapi.client.loader import FeatureLoader
+__all__ = ["DONE", "FetchContext", "Fetcher", "Flow", "busy_clock"]
 
-__all__ = ["DONE", "Fetcher", "Flow", "busy_clock"]
+
+def _ignore(event: Event) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class FetchContext:
+    """What fetching a loop's chunks needs, the same for each of its epochs.
+
+    Args:
+        servers: the loop's servers and their sessions.
+        retry: how long a failing chunk is retried.
+        router: each chunk's route, and where its measurements go.
+        local: computes local chunks from raw bytes (None: a loop with none).
+        convert: carries features to a later cut.
+        cache: the trainer's feature cache of the loop (None: none).
+        fallback: the store, read while no server answers (None: chunks wait).
+        record: receives the loop's events (retries, failovers, re-routes).
+        on_part: called after each part of a chunk is handed on: (chunk, keys).
+    """
+
+    servers: Servers
+    retry: RetryPolicy
+    router: Router
+    local: LocalCompute | None = None
+    convert: Convert | None = None
+    cache: TrainerCache | None = None
+    fallback: ObjectStore | None = None
+    record: Callable[[Event], None] = _ignore
+    on_part: Callable[[int, list[str]], None] | None = None
 
 
 class Fetcher:
     """The threads that fetch one epoch's chunks and compute its local ones.
 
     Args:
-        loader: the loader's connection, sessions, retry policy, local compute and hooks.
+        context: the loop's servers, retry policy, router, local compute, cache and hooks.
         epoch: the epoch (seeds the samples; tickets carry it).
         in_flight: chunks in flight at most, one thread each.
         on_read: called in the fetching thread with each chunk whose stream is done
@@ -56,13 +90,13 @@ class Fetcher:
 
     def __init__(
         self,
-        loader: FeatureLoader,
+        context: FetchContext,
         epoch: int,
         in_flight: int,
         *,
         on_read: Callable[[Flow], None] | None = None,
     ) -> None:
-        self.loader, self.epoch = loader, epoch
+        self.context, self.epoch = context, epoch
         self.on_read = on_read
         self.stop = threading.Event()
         self.clock = busy_clock()
@@ -81,18 +115,18 @@ class Fetcher:
         try:
             if self.stop.is_set():
                 return
-            if self.loader.cache is not None:
+            if self.context.cache is not None:
                 self._from_cache(flow)
             if flow.remaining:
-                self.loader.retry.retrying(
+                self.context.retry.retrying(
                     on_retry=self._on_retry(flow), stop=self.stop, at_once=lambda _: flow.moved
                 )(self._attempt, flow)
             flow.read_end = time.perf_counter()
             if flow.fell_back or not flow.samples_read:
                 # Its server did not finish it (or had none of it): nothing to learn of it.
-                self.loader.servers.release(flow.member, flow.held)
+                self.context.servers.release(flow.member, flow.held)
             else:
-                self.loader.servers.finished(
+                self.context.servers.finished(
                     flow.member,
                     flow.held,
                     flow.samples_read,
@@ -103,7 +137,7 @@ class Fetcher:
                 # Its server's and link's times are known now, a batch or more before it
                 # is trained: the re-planner sees a drift that much sooner.
                 record = flow.record(self.epoch, samples=flow.samples_read, trainer_s=None)
-                self.loader.router.observe(record)
+                self.context.router.observe(record)
             if flow.merge is not None:
                 # After its last computed piece (the worker runs in order): the skipped
                 # keys let the rest of the chunk go.
@@ -136,9 +170,9 @@ class Fetcher:
             raise Stopped
         if not flow.remaining:
             return True  # every key came before its stream was cut, only the report did not
-        servers = self.loader.servers
+        servers = self.context.servers
         flow.moved = False
-        if self.loader.fallback is not None and not any(servers.usable(m) for m in servers):
+        if self.context.fallback is not None and not any(servers.usable(m) for m in servers):
             self._fall_back(flow)
             return True
         if not servers.usable(flow.member) and servers.others_usable(flow.member):
@@ -232,26 +266,16 @@ class Fetcher:
 
     def _reroute(self, flow: Flow) -> bool:
         """Move `flow` to the route the plan in force gives it, if that changed."""
-        route = self.loader.router.reroute(flow.route)
+        route = self.context.router.reroute(flow.route)
         if route == flow.route:
             return False
         old, flow.route, flow.rerouted = flow.route, route, True
-        if self.loader.record is not None:
-            self.loader.record(
-                Event(
-                    "reroute",
-                    self.epoch,
-                    flow.index,
-                    f"chunk {flow.index}: the plan's cut changed; its {len(flow.remaining)} "
-                    f"keys not yet delivered go at {_cut_name(route)} (were {_cut_name(old)})",
-                    {"from": old.wire_cut, "to": route.wire_cut, "keys_left": len(flow.remaining)},
-                )
-            )
+        self.context.record(events.reroute(self.epoch, flow, old))
         return True
 
     def _move(self, flow: Flow, error: BaseException | None) -> None:
         """Give `flow`'s undelivered keys to another server (for its next try)."""
-        servers = self.loader.servers
+        servers = self.context.servers
         old = flow.member
         servers.release(old, flow.held)
         new = servers.pick(list(flow.remaining), avoid=old)
@@ -263,47 +287,22 @@ class Fetcher:
         flow.previous = None
         with self._lock:
             self.failovers += 1
-        if self.loader.record is None:
-            return
         why = type(error).__name__ if error is not None else "set aside"
-        self.loader.record(
-            Event(
-                "failover",
-                self.epoch,
-                flow.index,
-                f"chunk {flow.index}: {old.address} failed ({why}); its {len(flow.remaining)} "
-                f"keys not yet delivered go to {new.address}",
-                {
-                    "error": why,
-                    "from": old.address,
-                    "to": new.address,
-                    "keys_left": len(flow.remaining),
-                },
-            )
-        )
+        self.context.record(events.failover(self.epoch, flow, old, why))
 
     def _fall_back(self, flow: Flow) -> None:
         """Read `flow`'s undelivered keys from the store and compute them here, as a local
         chunk is: every server is set aside. A store that is away is retried like a
         server; a missing or corrupt object is the decoder's (`on_error`)."""
-        store = self.loader.fallback
+        store = self.context.fallback
         assert store is not None  # the caller checks
         keys, labels = list(flow.remaining), list(flow.remaining.values())
         blobs = store.get_many(keys)
         for blob in blobs:
             if isinstance(blob, StoreUnavailable):
                 raise blob
-        if not flow.fell_back and self.loader.record is not None:
-            self.loader.record(
-                Event(
-                    "fallback",
-                    self.epoch,
-                    flow.index,
-                    f"chunk {flow.index}: no server answers; its {len(keys)} keys not yet "
-                    f"delivered were read from {store} and computed here",
-                    {"keys_left": len(keys), "store": str(store)},
-                )
-            )
+        if not flow.fell_back:
+            self.context.record(events.fallback(self.epoch, flow, store))
         flow.fell_back = True
         for key in keys:
             del flow.remaining[key]
@@ -345,13 +344,13 @@ class Fetcher:
                 self.worker.submit(flow.queue.put, piece)
             else:
                 flow.queue.put(piece)
-        if self.loader.on_part is not None:
-            self.loader.on_part(flow.index, batch.keys)
+        if self.context.on_part is not None:
+            self.context.on_part(flow.index, batch.keys)
 
     def _compute(self, flow: Flow, batch: FeatureBatch, cut: int) -> None:
         """A local chunk's raw batch to features at `cut` (its route's when it came: a
         re-route may change the route meanwhile), in the trainer's worker thread."""
-        local = self.loader.local
+        local = self.context.local
         if self.stop.is_set():
             return
         try:
@@ -360,7 +359,7 @@ class Fetcher:
                     f"chunk {flow.index} is routed local but this loader has no LocalCompute "
                     "to decode its raw bytes"
                 )
-            cache = self.loader.cache
+            cache = self.context.cache
             if flow.merge is not None and cache is not None:
                 cut = cache.cut  # kept at the freeze point
             t0 = self.clock()
@@ -383,7 +382,7 @@ class Fetcher:
     def _from_cache(self, flow: Flow) -> None:
         """Take `flow`'s cached samples: only the others are asked of a server. Its
         samples then go on in order through a merge, at the freeze point."""
-        cache = self.loader.cache
+        cache = self.context.cache
         assert cache is not None  # the caller checks
         if cache.versions(self.epoch) is None:
             return  # not listed this epoch: nothing to look up or keep
@@ -401,21 +400,21 @@ class Fetcher:
         for key in hits:
             del flow.remaining[key]
         flow.hits = len(hits)
-        self.loader.servers.release(flow.member, len(hits))
+        self.context.servers.release(flow.member, len(hits))
         flow.held -= len(hits)
         flow.merge.add(list(hits), list(hits.values()))
 
     def _cache_in(self, flow: Flow, piece: Piece) -> None:
         """A computed piece into the cache and on in order, at the freeze point; in the
         worker thread."""
-        cache, merge = self.loader.cache, flow.merge
+        cache, merge = self.context.cache, flow.merge
         assert cache is not None and merge is not None  # the caller checks
         if self.stop.is_set():
             return
         try:
             features = piece.features
             if piece.cut < cache.cut:
-                convert = self.loader.convert
+                convert = self.context.convert
                 if convert is None:
                     raise NotDecoded(
                         f"chunk {flow.index} came at cut {piece.cut}, before the freeze point "
@@ -454,25 +453,7 @@ class Fetcher:
             flow.backoff_s += wait
             with self._lock:
                 self.retries += 1
-            if self.loader.record is None:
-                return
-            name = type(error).__name__
-            self.loader.record(
-                Event(
-                    "retry",
-                    self.epoch,
-                    flow.index,
-                    f"chunk {flow.index}: {name}, retry {state.attempt_number} in {wait:.2f} s "
-                    f"for its {len(flow.remaining)} keys not yet delivered",
-                    {
-                        "error": name,
-                        "message": shorten(str(error)),
-                        "attempt": state.attempt_number,
-                        "wait_s": wait,
-                        "keys_left": len(flow.remaining),
-                    },
-                )
-            )
+            self.context.record(events.retry(self.epoch, flow, error, state.attempt_number, wait))
 
         return on_retry
 
@@ -480,7 +461,7 @@ class Fetcher:
         """End the epoch's threads: streams are cut, backoffs end, nothing is left running."""
         self.stop.set()
         for flow in flows:
-            self.loader.servers.release(flow.member, flow.held)
+            self.context.servers.release(flow.member, flow.held)
             flow.held = 0
             flow.kept.set()
             # Release streams waiting for their turn, and cut the ones being read.
@@ -490,7 +471,3 @@ class Fetcher:
                 stream.cancel()
         self._threads.shutdown(wait=True, cancel_futures=True)
         self.worker.shutdown(wait=True, cancel_futures=True)
-
-
-def _cut_name(route: Route) -> str:
-    return "raw bytes (local)" if route.local else f"cut {route.cut}"

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from hapi.client._epoch_run import EpochRun, LoaderStats, Windows
+from hapi.client._fetch import FetchContext
 from hapi.client._trainer_cache import TrainerCache
 from hapi.client.distributed import Shard
 from hapi.client.history import Event
@@ -133,6 +134,18 @@ class FeatureLoader:
         self.cache = cache
         self.relist = relist
         self.stats = LoaderStats()
+        self.context = FetchContext(
+            servers=self.servers,
+            retry=self.retry,
+            router=self.router,
+            local=local,
+            convert=convert,
+            cache=cache,
+            fallback=fallback,
+            record=record if record is not None else _ignore,
+            on_part=on_part,
+        )
+        """What fetching needs of this loader, fixed for its life."""
         self._ahead: EpochRun | None = None
         """The next epoch, started while the one before it drained."""
 
@@ -271,6 +284,10 @@ class FeatureLoader:
             self, epoch, chunks, windows=windows, before=before, versions=versions
         )
         return self._ahead
+
+
+def _ignore(event: Event) -> None:
+    pass
 
 
 def _versions(manifest: DatasetManifest) -> dict[str, str] | None:
