@@ -72,9 +72,10 @@ def test_int8_trains_close_to_fp32_on_a_quarter_of_the_bytes(server: HapiServer)
     first_int8, first_fp32 = int8.history.losses[0], fp32.history.losses[0]
     assert first_int8 != first_fp32  # rounded, as int8 is
     assert abs(first_int8 - first_fp32) < 0.01 * first_fp32
-    # Uncompressed bytes received: one byte an element and a scale and offset a sample.
+    # Bytes received as they crossed: one byte an element and a scale and offset a
+    # sample (0.24-0.3 of fp32's), which ZSTD squeezes further.
     ratio = int8.history.epochs[0].bytes_received / fp32.history.epochs[0].bytes_received
-    assert 0.24 < ratio < 0.3
+    assert 0.1 < ratio < 0.24
 
 
 def test_every_key_of_an_int8_zstd_stream_arrives_once(server: HapiServer) -> None:

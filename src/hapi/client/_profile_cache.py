@@ -24,14 +24,14 @@ import json
 import os
 import platform
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from hapi.graph import ModelGraph
-from hapi.plan import LinkProfile, ServerProfile, TrainerProfile
+from hapi.plan import CodecProfile, LinkProfile, ServerProfile, TrainerProfile
 
 __all__ = ["ProfileCache", "job_key", "trainer_key"]
 
@@ -74,22 +74,31 @@ class ProfileCache:
             _write_atomic(path, json.dumps(profile.to_dict()))
         return profile, False
 
-    def job(self, key: str) -> tuple[ServerProfile, TrainerProfile, LinkProfile] | None:
-        """The profiles an earlier job with this `job_key` measured, if any."""
+    def job(
+        self, key: str
+    ) -> tuple[ServerProfile, TrainerProfile, LinkProfile, tuple[CodecProfile, ...]] | None:
+        """The profiles (and wire codecs) an earlier job with this `job_key` measured."""
         with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
             data = json.loads((self.root / f"job-{key}.json").read_text())
             return (
                 ServerProfile.from_dict(data["server"]),
                 TrainerProfile.from_dict(data["trainer"]),
                 LinkProfile.from_dict(data["link"]),
+                tuple(CodecProfile.from_dict(c) for c in data.get("codecs", ())),
             )
         return None
 
     def keep(
-        self, key: str, server: ServerProfile, trainer: TrainerProfile, link: LinkProfile
+        self,
+        key: str,
+        server: ServerProfile,
+        trainer: TrainerProfile,
+        link: LinkProfile,
+        codecs: Sequence[CodecProfile] = (),
     ) -> None:
         """Keep a job's measured profiles for the next job with this `job_key`."""
-        data = {"server": server.to_dict(), "trainer": trainer.to_dict(), "link": link.to_dict()}
+        data = {"server": server.to_dict(), "trainer": trainer.to_dict(), "link": link.to_dict(),
+                "codecs": [c.to_dict() for c in codecs]}  # fmt: skip
         with contextlib.suppress(OSError):
             _write_atomic(self.root / f"job-{key}.json", json.dumps(data))
 

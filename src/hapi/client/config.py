@@ -104,9 +104,17 @@ class JobConfig:
     wire_dtype: WireDtype = "fp32"
     """Dtype of features on the wire: fp32 (exact), fp16, bf16, or int8 (a quarter of
     fp32's bytes, dequantized on the trainer; lossy, see README "What is guaranteed")."""
-    wire_compression: Compression = "none"
+    wire_compression: Compression | Literal["auto"] = "auto"
     """Lossless buffer compression of feature streams: none, lz4 or zstd (kept with
-    `exact=True`). A server that predates it sends the stream uncompressed."""
+    `exact=True`), or `auto`: with `cut="auto"` the planner chooses it with the cut, from
+    each one's measured bytes and CPU (with a fixed cut, `auto` sends none: nothing was
+    measured). A string rather than None, as `cut` is: "auto" says who chooses, and None
+    would read as "no compression". A server that predates it sends none."""
+    lossy_wire: bool = False
+    """With `cut="auto"`: let the planner send features as fp16 or int8 where their fewer
+    bytes pay (lossy: see README "What is guaranteed"); refused with `exact=True`. While
+    the training loop's features are cached (`cache`, deterministic transforms) the dtype
+    stays `wire_dtype`: the cache's entries are keyed by it."""
     device: str = "cpu"
     """Where the tail trains: `cpu`, `cuda`, `cuda:N` (under torchrun, `cuda` is the
     rank's own GPU)."""
@@ -186,7 +194,13 @@ class JobConfig:
                 "features rounded on the wire differ from the trainer's own; "
                 "wire_compression='zstd' or 'lz4' saves bytes losslessly"
             )
-        check_compression(self.wire_compression)
+        if self.wire_compression != "auto":
+            check_compression(self.wire_compression)
+        if self.exact and self.lossy_wire:
+            raise InvalidRequest(
+                "exact=True refuses lossy_wire=True: fp16 and int8 features differ from the "
+                "trainer's own; drop one of them (lossless compression stays chosen)"
+            )
         if self.num_classes is not None and self.num_classes < 1:
             raise InvalidRequest(
                 f"num_classes must be >= 1, got {self.num_classes}; or leave it unset to keep "

@@ -12,6 +12,7 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.flight as flight
 
+from hapi.client._chunk_part import ChunkPart, ChunkResult
 from hapi.client._tls import flight_tls_options, tls_address
 from hapi.client._window import Window, check_window, grpc_options, held_window
 from hapi.data import DatasetManifest
@@ -39,25 +40,6 @@ from hapi.wire.replies import HasHeadReply
 __all__ = ["ChunkPart", "ChunkResult", "ChunkStream", "Connection", "connect"]
 
 
-@dataclass(frozen=True)
-class ChunkResult:
-    """What one chunk brought back: its batches, the keys the server skipped, bytes moved."""
-
-    batches: list[FeatureBatch]
-    skipped: list[SkippedKey]
-    nbytes: int
-
-
-@dataclass(frozen=True)
-class ChunkPart:
-    """One message of a chunk's stream: a batch, its bytes on the wire, and the report
-    that comes with the last one."""
-
-    batch: FeatureBatch | None
-    nbytes: int
-    report: ChunkReport | None = None
-
-
 class ChunkStream:
     """An open chunk stream: iterate its parts as they arrive; `cancel` from any thread."""
 
@@ -78,6 +60,7 @@ class ChunkStream:
             HapiError: the server's error; `ServerUnavailable` when the stream was cut,
                 `StreamRecalled` when `Connection.recall` cut it.
         """
+        counted = 0
         while True:
             reader = self._reader
             if reader is None:
@@ -102,6 +85,9 @@ class ChunkStream:
                 report = ChunkReport.model_validate_json(chunk.app_metadata.to_pybytes())
                 self._ended()
             nbytes = chunk.data.nbytes if chunk.data is not None else 0
+            if report is not None and report.sent_bytes is not None:
+                nbytes = report.sent_bytes - counted  # the link's rate is of what crossed it
+            counted += nbytes
             yield ChunkPart(batch, nbytes, report)
             if report is not None:
                 # The report is the stream's last message, and the chunk is read: the
@@ -381,6 +367,7 @@ class Connection:
                 if chunk.app_metadata is not None:
                     report = ChunkReport.model_validate_json(chunk.app_metadata.to_pybytes())
                     skipped += report.skipped
+                    nbytes = nbytes if report.sent_bytes is None else report.sent_bytes
         except flight.FlightError as exc:
             raise decode_error(exc, self.address) from None
         return ChunkResult(batches, skipped, nbytes)

@@ -18,6 +18,7 @@ from torch import nn
 from hapi._sizes import parse_bytes
 from hapi._tracing import TRACING
 from hapi.cache import Cacheability, FeatureCache, cacheability
+from hapi.client._codec_choice import Codec, job_codecs, loop_codec
 from hapi.client._decode import RawDecoder
 from hapi.client._epochs import EpochAccounts
 from hapi.client._from_repo import build_from_repo
@@ -43,7 +44,7 @@ from hapi.errors import InvalidRequest, NothingToTrain, ServerUnavailable
 from hapi.graph import INPUT, RAW, ModelGraph, ModelSpec, build_model, trace
 from hapi.plan import Plan, Workload, choose_freeze
 from hapi.repo.refs import is_repo_ref
-from hapi.wire import SessionRequest
+from hapi.wire import SessionRequest, WireDtype
 from hapi.wire.messages import UploadedHead
 
 if TYPE_CHECKING:
@@ -624,6 +625,7 @@ class TransferJob:
             seed=config.seed,
             wire_dtype=config.wire_dtype,
             cache=ProfileCache() if config.reuse_profiles else None,
+            codecs=job_codecs(config),
         )
         plan = planned.plan
         message = plan.reason
@@ -660,10 +662,14 @@ class TransferJob:
     ) -> Iterator[FeatureLoader]:
         config = self.config
         decoder = RawDecoder(transforms, config.seed, config.on_error)
+        # Taken once: the loop's sessions, local chunks and cache agree on the codec.
+        codec = loop_codec(config.wire_dtype, config.wire_compression, self._plans.current)
         sessions = [
             Sessions(
                 connection,
-                functools.partial(self._request, transforms=transforms, connection=connection),
+                functools.partial(
+                    self._request, transforms=transforms, connection=connection, codec=codec
+                ),
                 on_reopen=self._reopened,
             )
             for connection in self.connections
@@ -672,7 +678,7 @@ class TransferJob:
             self.connection,
             sessions,
             self.manifest(prefix),
-            cache=self._trainer_cache(transforms),
+            cache=self._trainer_cache(transforms, codec[0]),
             relist=functools.partial(self._list, prefix),
             batch_size=config.batch_size,
             chunk_size=config.chunk_size,
@@ -681,9 +687,7 @@ class TransferJob:
             shuffle=train,
             retry_budget_s=config.retry_budget_s,
             router=router,
-            local=LocalCompute(
-                decoder, self.graph.head, config.wire_dtype, self.device, exact=config.exact
-            ),
+            local=LocalCompute(decoder, self.graph.head, codec[0], self.device, exact=config.exact),
             convert=self._parts.convert,
             record=self._record,
             shard=self._dp.shard if self._dp is not None else None,
@@ -695,9 +699,13 @@ class TransferJob:
             finally:
                 loader.close()
 
-    def _trainer_cache(self, transforms: Transforms) -> TrainerCache | None:
-        """The trainer's feature cache for a loop with `transforms`, if its features repeat."""
+    def _trainer_cache(
+        self, transforms: Transforms, wire_dtype: WireDtype | None = None
+    ) -> TrainerCache | None:
+        """The trainer's feature cache for a loop with `transforms` whose features travel
+        as `wire_dtype` (default the job's), if its features repeat."""
         config = self.config
+        dtype = wire_dtype or config.wire_dtype
         if not config.cache or not cacheability(transforms).cacheable:
             return None
         if self._features is None:
@@ -708,11 +716,11 @@ class TransferJob:
             self.graph.head(self.freeze),
             self.freeze,
             transforms,
-            wire_dtype=config.wire_dtype,
+            wire_dtype=dtype,
             exact=config.exact,
             seed=config.seed,
         )
-        return TrainerCache(self._features, space, transforms, config.wire_dtype)
+        return TrainerCache(self._features, space, transforms, dtype)
 
     def _all_cached(self) -> bool:
         """Whether the trainer's cache holds every feature of the next training epoch."""
@@ -728,21 +736,27 @@ class TransferJob:
         return cache.holds(self._next_epoch, manifest.keys)
 
     def _request(
-        self, cut: int, transforms: Transforms, connection: Connection | None = None
+        self,
+        cut: int,
+        transforms: Transforms,
+        connection: Connection | None = None,
+        codec: Codec | None = None,
     ) -> SessionRequest:
-        """A session request at `cut`, for `connection`'s server (default: the first)."""
+        """A session request at `cut`, for `connection`'s server (default: the first), its
+        features sent with `codec` (default: the job's own, as the planner's probes are)."""
         config = self.config
+        dtype, compression = codec or loop_codec(config.wire_dtype, config.wire_compression, None)
         return SessionRequest(
             model=self._wire_model(cut, connection or self.connection),
             cut=cut,
             freeze=self.freeze,
             transforms=transforms.to_dict(),
             image_size=config.image_size,
-            wire_dtype=config.wire_dtype,
+            wire_dtype=dtype,
             seed=config.seed,
             on_error=config.on_error,
             exact=config.exact,
-            compression=config.wire_compression if cut != RAW else "none",
+            compression=compression if cut != RAW else "none",
         )
 
     def _wire_model(self, cut: int, connection: Connection) -> dict[str, Any] | str | UploadedHead:

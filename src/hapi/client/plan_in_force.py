@@ -98,6 +98,15 @@ class PlanInForce:
             self._choice = (self._plan.cut, self._plan.share)
         return self._plan
 
+    @property
+    def current(self) -> Plan | None:
+        """The plan in force if one was measured, without measuring it (None: a fixed job,
+        or no plan yet)."""
+        if self._fixed is not None:
+            return None
+        routed = self._router.plan if self._router is not None else None
+        return routed or self._plan
+
     def in_force(self) -> Choice:
         """(cut, share) for the next chunk: the router's while a loop runs; else the
         plan's, measured on first use - or the default while no server answers."""

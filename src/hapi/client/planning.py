@@ -24,23 +24,26 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from hapi.client._codec_choice import Codec, measure_codecs
 from hapi.client._profile_cache import ProfileCache, job_key
 from hapi.client.connection import Connection
 from hapi.data import DatasetManifest, Transforms
 from hapi.errors import HapiError, InvalidRequest, OverBudget
 from hapi.graph import INPUT, RAW, ModelGraph
 from hapi.plan import (
+    CodecProfile,
     LinkProfile,
     Plan,
     PlannerConfig,
     ServerProfile,
     TrainerProfile,
     Workload,
+    choose_codec,
     choose_plan,
     measure_decode,
     measure_trainer,
@@ -61,6 +64,9 @@ class Profiles:
     server: ServerProfile
     trainer: TrainerProfile
     link: LinkProfile
+    codecs: tuple[CodecProfile, ...] = ()
+    """The wire codecs weighed, measured on the probe's features; none: the job's dtype
+    uncompressed, as the server's profile sizes it."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,7 @@ def plan_job(
     wire_dtype: str = "fp32",
     cache: ProfileCache | None = None,
     config: PlannerConfig | None = None,
+    codecs: Sequence[Codec] = (),
 ) -> Planned:
     """Measure the job's pipeline (`measure_job`) - or take what an earlier run of the same
     job kept in `cache` - and choose its plan for `workload`.
@@ -124,14 +131,19 @@ def plan_job(
     Args:
         dataset: the training set's prefix (the kept profiles are the dataset's).
         cache: where profiles are kept between jobs; None measures everything.
+        codecs: the wire codecs to choose from with the cut (`choose_codec`); none, or
+            only the job's dtype uncompressed: the plan sends that.
         Others: as `measure_job`'s.
     """
     key = job_key(
         graph, freeze, batch_size, server=connection.address,
         job={"dataset": dataset, "samples": len(manifest),
              "request": request(RAW).model_dump(mode="json"),
-             "chunk_size": workload.chunk_size, "probe": samples},
+             "chunk_size": workload.chunk_size, "probe": samples,
+             **({"codecs": [list(c) for c in codecs]} if codecs else {})},
     )  # fmt: skip
+    if list(codecs) == [(wire_dtype, "none")]:
+        codecs = ()  # the server's profile sizes it already
     kept = cache.job(key) if cache is not None else None
     if kept is not None:
         profiles = Profiles(*kept)
@@ -139,10 +151,16 @@ def plan_job(
         profiles = measure_job(
             connection, request, manifest, graph, freeze, transforms,
             samples=samples, batch_size=batch_size, chunk_size=workload.chunk_size, seed=seed,
-            wire_dtype=wire_dtype, profiles=cache,
+            wire_dtype=wire_dtype, profiles=cache, codecs=codecs,
         )  # fmt: skip
         if cache is not None:
-            cache.keep(key, profiles.server, profiles.trainer, profiles.link)
+            cache.keep(key, profiles.server, profiles.trainer, profiles.link, profiles.codecs)
+    if profiles.codecs:
+        # The candidates are what the job allows (lossy ones only when it opted in).
+        return Planned(choose_codec(
+            profiles.codecs, profiles.server, profiles.trainer, profiles.link, workload,
+            freeze=freeze, names=graph.names(), lossy=True, config=config,
+        ).plan, kept is not None)  # fmt: skip
     plan = choose_plan(
         profiles.server,
         profiles.trainer,
@@ -169,6 +187,7 @@ def measure_job(
     seed: int = 0,
     wire_dtype: str = "fp32",
     profiles: ProfileCache | None = None,
+    codecs: Sequence[Codec] = (),
 ) -> Profiles:
     """Measure the server, the link and the trainer for a job (a few seconds).
 
@@ -187,6 +206,8 @@ def measure_job(
         wire_dtype: the dtype features travel in.
         profiles: where the trainer's head and step times are kept between jobs; None
             measures them.
+        codecs: wire codecs to measure on the probe's features (`measure_codecs`), on
+            the trainer while the server profiles itself.
 
     Raises:
         HapiError: the server refused a probe or cannot be reached.
@@ -207,6 +228,9 @@ def measure_job(
                 measured = pool.submit(
                     _measure_trainer, graph, freeze, raw, transforms, seed, batch_size, profiles
                 )
+                coded = pool.submit(
+                    measure_codecs, graph, freeze, raw.blobs, transforms, codecs, seed=seed
+                )
                 try:
                     profiled = _profile_action(connection, session, keys, chunk_size or batch_size)
                     if profiled is not None and profiled.last_cut < freeze:
@@ -216,6 +240,7 @@ def measure_job(
                         at_freeze = _probe(connection, at_cut, keys, labels, chunk_size)
                 finally:
                     trainer_alone = measured.result()
+                    codec_profiles = coded.result()
     link = _link(raw)
     trainer = dataclasses.replace(
         trainer_alone,
@@ -228,7 +253,7 @@ def measure_job(
                                  wire_dtype=wire_dtype)  # fmt: skip
     else:
         server = _calibrated(profiled, raw=raw, at_freeze=at_freeze, freeze=freeze)
-    return Profiles(server=server, trainer=trainer, link=link)
+    return Profiles(server=server, trainer=trainer, link=link, codecs=codec_profiles)
 
 
 def _measure_trainer(

@@ -11,8 +11,9 @@ the plan may send raw fp16 while at 10 Mbit/s it sends int8 + ZSTD.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hapi.errors import InvalidRequest
 from hapi.plan.cost import Workload
@@ -59,6 +60,30 @@ class CodecProfile:
             )
         if min(self.out_bytes) < 0 or min(self.encode_s) < 0 or min(self.decode_s) < 0:
             raise InvalidRequest("codec sizes and times must be >= 0")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe form (kept with a job's profiles)."""
+        return {**dataclasses.asdict(self), **{
+            k: list(getattr(self, k)) for k in ("out_bytes", "encode_s", "decode_s")}}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CodecProfile:
+        """Read `to_dict` output.
+
+        Raises:
+            InvalidRequest: a missing or bad field.
+        """
+        try:
+            return cls(
+                wire_dtype=str(data["wire_dtype"]),
+                compression=str(data["compression"]),
+                out_bytes=tuple(int(b) for b in data["out_bytes"]),
+                encode_s=tuple(float(t) for t in data["encode_s"]),
+                decode_s=tuple(float(t) for t in data["decode_s"]),
+                lossy=bool(data["lossy"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidRequest(f"a codec profile is missing or has a bad field: {exc}") from exc
 
     @property
     def label(self) -> str:
@@ -149,4 +174,5 @@ def choose_codec(
     if others:
         alt = ", ".join(f"{c.label} {p.epoch_s:.2f} s" for c, p in others)
         reason += f"; with {alt}"
-    return CodecChoice(dataclasses.replace(best, reason=reason), codec, tuple(plans))
+    plan = dataclasses.replace(best, reason=reason, compression=codec.compression)
+    return CodecChoice(plan, codec, tuple(plans))

@@ -39,6 +39,20 @@ class Plan:
     """The freeze point: no cut past it was weighed."""
     names: tuple[str, ...] = ()
     """Cut points' names, cut k at position k-1 (for tables)."""
+    compression: str = "none"
+    """The feature streams' buffer compression (none, lz4, zstd); the wire dtype is the
+    server profile's. Chosen with the cut by `choose_codec`, kept by re-plans."""
+
+    @property
+    def wire_dtype(self) -> str:
+        """The dtype features travel in (the server profile's sizes are in it)."""
+        return self.server.wire_dtype
+
+    @property
+    def codec(self) -> str:
+        """`int8+zstd`, `fp32`: the features' codec on the wire, as tables name it."""
+        dtype = self.wire_dtype
+        return dtype if self.compression == "none" else f"{dtype}+{self.compression}"
 
     @property
     def cut(self) -> int:
@@ -125,7 +139,10 @@ class Plan:
         if self.chosen not in shown:
             shown.append(self.chosen)
         header = f"  {'option':<28} {'server':>8} {'link':>8} {'trainer':>8} {'epoch':>8}  bytes"
-        lines = [self.reason, header]
+        lines = [self.reason]
+        if not self.reason.startswith(f"{self.codec} features"):
+            lines.append(f"features cross as {self.codec}")
+        lines.append(header)
         for o in shown:
             mark = "*" if o is self.chosen else " "
             lines.append(
@@ -145,6 +162,7 @@ class Plan:
             "epoch_s": self.epoch_s,
             "binding": self.binding,
             "reason": self.reason,
+            "codec": self.codec,
             "options": self.rows(),
         }
 

@@ -106,6 +106,8 @@ def choose_plan(
         workload=workload,
         freeze=freeze,
         names=names,
+        # A re-plan keeps the codec: its profiles' sizes are that codec's.
+        compression=current.compression if current is not None else "none",
     )
 
 

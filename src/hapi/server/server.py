@@ -52,7 +52,7 @@ from hapi.wire import (
 from hapi.wire.codecs import ipc_options, wire_nbytes
 from hapi.wire.heads import head_digest_of
 from hapi.wire.messages import HasHeadRequest, KeepaliveRequest, ProfileRequest
-from hapi.wire.replies import HasHeadReply, ProfileReply
+from hapi.wire.replies import ChunkReport, HasHeadReply, ProfileReply
 
 if TYPE_CHECKING:
     from hapi.repo import ModelRepo
@@ -347,6 +347,8 @@ class HapiServer(flight.FlightServerBase):
                     if session.request.cut != RAW and batch.num_rows:
                         # A feature session sends each batch its head ran as one wire batch.
                         self.metrics.observe_batch(batch.num_rows)
+                    if report is not None:  # the chunk's last batch: its bytes are all counted
+                        report = ChunkReport.with_sent_bytes(report, sent)
                     yield batch, (pa.py_buffer(report) if report is not None else None)
                     ended = report is not None
                 if ended:

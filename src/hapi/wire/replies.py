@@ -210,6 +210,18 @@ class ChunkReport(_Reply):
     cached: int = Field(
         default=0, ge=0, description="Keys whose features came from the server's feature cache."
     )
+    sent_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="Bytes of the chunk's batches as they crossed the wire (compressed, when "
+        "the stream is): a trainer counts them after decompression. None from an older server.",
+    )
+
+    @staticmethod
+    def with_sent_bytes(report: bytes, sent: int) -> bytes:
+        """`report` (a chunk thread's, as bytes) with the bytes its stream sent."""
+        parsed = ChunkReport.model_validate_json(report)
+        return parsed.model_copy(update={"sent_bytes": sent}).to_bytes()
 
 
 class ProfileKeyInfo(_Reply):
