@@ -1,0 +1,239 @@
+"""Wire codecs measured: real epochs through a shaped link, with codecs off and with the
+planner choosing them.
+
+`hapi serve` (a local store of photo-like JPEGs) runs in one network namespace on core 0,
+the trainer in another on core 1, one torch thread each, joined by a veth shaped with
+`tc tbf` (root only). Each run is its own trainer process: a `TransferJob` with
+`cut="auto"`, `fit(epochs)`; its last epoch is reported (the first pays for the
+sessions' opening). Options, interleaved in each repeat in a rotated order:
+- `codecs off`: `wire_compression="none"` - the planner chooses the cut alone;
+- `auto`: the default - the planner chooses a lossless compression with the cut;
+- `auto + lossy`: `lossy_wire=True` - fp16 and int8 weighed too.
+
+    python benchmarks/wire_epochs.py            # writes benchmarks/out/wire_epochs.{json,png}
+    python benchmarks/wire_epochs.py --results  # ... and its section of benchmarks/RESULTS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _host import machine, pin
+from _results import write_section
+from plan import Stage
+
+HERE = Path(__file__).resolve().parent
+OPTIONS = {
+    "codecs off": {"wire_compression": "none"},
+    "auto": {},
+    "auto + lossy": {"lossy_wire": True},
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rates", default="10mbit,1gbit")
+    parser.add_argument("--images", type=int, default=160)
+    parser.add_argument("--classes", type=int, default=4)
+    parser.add_argument("--stored-size", type=int, default=420, help="side of the stored JPEGs")
+    parser.add_argument("--image-size", type=int, default=112)
+    parser.add_argument("--freeze", default="layer3")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=HERE / "out")
+    parser.add_argument("--results", action="store_true", help="write benchmarks/RESULTS.md")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one trainer
+    args = parser.parse_args()
+    if args.worker:
+        _worker(json.loads(args.worker))
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="hapi-wire-epochs-") as root:
+        jpeg = _make_dataset(root, args)
+        rates = args.rates.split(",")
+        with Stage(root, rates[0], argparse.Namespace(shaping="netns")) as stage:
+            for rate in rates:
+                stage.set_rate(rate)
+                rows.append(_rate(stage, rate, args))
+                print(json.dumps(_summary(rows[-1])), flush=True)
+    result = {
+        "machine": machine(),
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "mean_object_bytes": jpeg,
+        "minutes": (time.time() - started) / 60,
+        "rates": rows,
+    }
+    (args.out / "wire_epochs.json").write_text(json.dumps(result, indent=2))
+    _plot(rows, args.out / "wire_epochs.png")
+    text = _report(result, args)
+    print(text)
+    if args.results:
+        write_section("wire-epochs", text)
+
+
+def _rate(stage: Stage, rate: str, args: argparse.Namespace) -> dict:
+    job = {
+        "freeze": args.freeze, "image_size": args.image_size, "classes": args.classes,
+        "epochs": args.epochs,
+    }  # fmt: skip
+    names = list(OPTIONS)
+    runs: dict[str, list[dict]] = {name: [] for name in names}
+    for r in range(args.repeats):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            runs[name].append(_run(stage, {**job, "options": OPTIONS[name]}))
+    return {"rate": rate, "runs": runs}
+
+
+def _run(stage: Stage, job: dict) -> dict:
+    """One trainer process in the trainer's namespace, on the trainer's core."""
+    assert stage.link is not None
+    cmd = stage.link.trainer_cmd(
+        [sys.executable, __file__, "--worker", json.dumps({**job, "address": stage.address})]
+    )
+    with tempfile.TemporaryDirectory(prefix="hapi-cache-") as cache:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "HAPI_CACHE_DIR": cache}
+        done = subprocess.run(
+            cmd, capture_output=True, text=True, env=env, preexec_fn=lambda: pin(1), check=False
+        )
+    if done.returncode != 0:
+        raise RuntimeError(f"the trainer failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _worker(spec: dict) -> None:
+    import torch
+
+    from hapi import TransferJob
+
+    torch.set_num_threads(1)
+    job = TransferJob(
+        {"name": "resnet18", "num_classes": spec["classes"]},
+        "train",
+        spec["address"],
+        freeze=spec["freeze"],
+        image_size=spec["image_size"],
+        batch_size=32,
+        reuse_profiles=False,
+        **spec["options"],
+    )
+    plan = job.plan
+    assert plan is not None
+    job.fit(spec["epochs"], lr=0.01)
+    last = job.history.epochs[-1]
+    print(
+        json.dumps(
+            {
+                "epoch_s": last.seconds,
+                "bytes": last.bytes_received,
+                "samples": last.samples,
+                "codec": plan.codec,
+                "option": plan.chosen.label,
+                "predicted_s": plan.epoch_s,
+                "cut": last.cut,
+                "share": last.share,
+                "replans": len(job.history.plan_changes),
+            }
+        )
+    )
+
+
+def _median(runs: list[dict], field: str) -> float:
+    return statistics.median(r[field] for r in runs)
+
+
+def _summary(row: dict) -> dict:
+    return {
+        "rate": row["rate"],
+        "epoch_s": {k: round(_median(v, "epoch_s"), 2) for k, v in row["runs"].items()},
+        "MB": {k: round(_median(v, "bytes") / 1e6, 2) for k, v in row["runs"].items()},
+    }
+
+
+def _report(result: dict, args: argparse.Namespace) -> str:
+    names = list(OPTIONS)
+    lines = [
+        "## Wire codecs measured: epochs through a shaped link (`benchmarks/wire_epochs.py`)",
+        "",
+        f"`python benchmarks/wire_epochs.py{' --results' if args.results else ''}` on "
+        f"{result['machine']} ({result['minutes']:.0f} min): ResNet-18 at {args.image_size} px "
+        f"frozen to `{args.freeze}`, {args.images} photos of "
+        f"{result['mean_object_bytes'] / 1e3:.0f} KB, `cut=\"auto\"`; server and trainer "
+        "pinned to a core each (one torch thread) across a `tc tbf` veth; each run a new "
+        f"trainer process, epoch {args.epochs} of {args.epochs} reported (bytes as they "
+        f"crossed); medians of {args.repeats} repeats, options interleaved. Plot: "
+        "`out/wire_epochs.png`.",
+        "",
+        "| link | " + " | ".join(f"{n}: epoch, MB" for n in names)
+        + " | auto / off | auto + lossy / off |",
+        "|---|" + "---|" * (len(names) + 2),
+    ]  # fmt: skip
+    for row in result["rates"]:
+        runs = row["runs"]
+        cells = [
+            f"{_median(runs[n], 'epoch_s'):.1f} s, {_median(runs[n], 'bytes') / 1e6:.1f}"
+            for n in names
+        ]
+        off = runs["codecs off"]
+        ratios = [
+            statistics.median(
+                a["epoch_s"] / b["epoch_s"] for a, b in zip(runs[n], off, strict=True)
+            )
+            for n in ("auto", "auto + lossy")
+        ]
+        lines.append(
+            f"| {row['rate']} | " + " | ".join(cells)
+            + " | " + " | ".join(f"{r:.2f}x" for r in ratios) + " |"
+        )  # fmt: skip
+    lines += ["", "The plans chosen (codec, option; per run):", ""]
+    for row in result["rates"]:
+        for n in names:
+            chosen = "; ".join(f"{r['codec']}, {r['option']}" for r in row["runs"][n])
+            lines.append(f"- {row['rate']}, {n}: {chosen}")
+    return "\n".join(lines)
+
+
+def _plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    width = 0.25
+    for i, name in enumerate(OPTIONS):
+        xs = [j + (i - 1) * width for j in range(len(rows))]
+        axes[0].bar(xs, [_median(r["runs"][name], "epoch_s") for r in rows], width, label=name)
+        axes[1].bar(xs, [_median(r["runs"][name], "bytes") / 1e6 for r in rows], width)
+    for ax, label in zip(axes, ("epoch, s (median)", "MB on the wire per epoch"), strict=True):
+        ax.set_xticks(range(len(rows)), [r["rate"] for r in rows])
+        ax.set_ylabel(label)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("ResNet-18, cut='auto', codecs off vs chosen by the planner", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _make_dataset(root: str, args: argparse.Namespace) -> float:
+    """The photo-like JPEGs; their mean size in bytes."""
+    from hapi.data import open_store, synth_dataset
+
+    synth_dataset(
+        open_store(root), "train", classes=args.classes,
+        per_class=max(1, args.images // args.classes), size=args.stored_size, seed=0, quality=90,
+    )  # fmt: skip
+    sizes = [p.stat().st_size for p in Path(root, "train").rglob("*.jpg")]
+    return statistics.mean(sizes)
+
+
+if __name__ == "__main__":
+    main()
