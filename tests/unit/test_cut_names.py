@@ -97,6 +97,7 @@ def _hf_vit() -> nn.Module:
     return transformers.ViTForImageClassification(config)
 
 
+@pytest.mark.slow
 def test_a_name_of_no_module_says_so_and_suggests_the_real_ones() -> None:
     model = _hf_vit()
     modules = {name for name, _ in model.named_modules()}

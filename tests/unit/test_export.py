@@ -70,6 +70,7 @@ def test_a_loaded_head_equals_the_in_memory_head(
         head(torch.randn(1, 3, 16, 16))
 
 
+@pytest.mark.slow
 def test_a_user_module_and_a_hugging_face_vit_export_at_a_mid_cut() -> None:
     torch.manual_seed(0)
     graph = trace(SkipNet().eval(), (3, 16, 16))
@@ -96,6 +97,7 @@ def test_a_user_module_and_a_hugging_face_vit_export_at_a_mid_cut() -> None:
         assert torch.equal(load_head(export_head(graph, cut))(x), graph.head(cut)(x))
 
 
+@pytest.mark.slow
 def test_the_digest_names_the_content(resnet18: ModelGraph, artifact: HeadArtifact) -> None:
     assert export_head(resnet18, "layer2").digest == artifact.digest
     torch.manual_seed(0)

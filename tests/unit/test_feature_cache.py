@@ -72,6 +72,7 @@ def _write_forever(root: str, ready: multiprocessing.synchronize.Event) -> None:
         i += 1
 
 
+@pytest.mark.slow
 def test_a_writer_killed_mid_write_leaves_no_partial_entry(tmp_path: Path) -> None:
     ctx = multiprocessing.get_context("spawn")
     ready = ctx.Event()

@@ -48,6 +48,7 @@ def _roundtrip(model: nn.Module, graph: ModelGraph, cuts: list[int] | None = Non
     return graph.num_cuts
 
 
+@pytest.mark.slow
 def test_resnet18_every_cut_is_exact_and_named_by_block(zoo: Zoo) -> None:
     model, graph = zoo("resnet18")
     assert _roundtrip(model, graph) == 15

@@ -86,6 +86,7 @@ def test_profile_rows_add_parameters_and_flops_per_cut() -> None:
     assert "flops" not in profile_rows(graph, flops=False)[3]
 
 
+@pytest.mark.slow
 def test_profile_rows_of_a_model_traced_by_torch_export() -> None:
     pytest.importorskip("transformers")
     graph = trace(build_model(ModelSpec(name="hf:ViTConfig", config=SMALL_VIT)), (3, 32, 32))

@@ -345,6 +345,7 @@ _cost = st.floats(0.0, 0.01)
     prefetch=st.integers(1, 4),
     receive=st.floats(0.0, 1e-7),
 )
+@pytest.mark.slow
 def test_best_share_is_the_best_whole_chunk_share(
     costs: list[float],
     sizes: list[int],

@@ -174,6 +174,7 @@ def test_a_push_paused_past_the_lock_ttl_rechecks_its_blobs() -> None:
     assert torch.equal(repo.pull("new")["a"], POOL[1])
 
 
+@pytest.mark.slow
 def test_gc_and_pushes_in_threads_lose_nothing(tmp_path: Any) -> None:
     repo = ModelRepo.open(
         tmp_path / "repo", catalog=tmp_path / "c.sqlite", config=RepoConfig(lock_wait_s=30)

@@ -229,6 +229,7 @@ def test_a_root_branch_after_the_last_module_runs_in_the_tail() -> None:
             assert torch.equal(graph.tail(cut).eval()(given), model.eval()(x))
 
 
+@pytest.mark.slow
 def test_an_exported_tail_moved_with_to_updates_the_models_own_statistics() -> None:
     transformers = pytest.importorskip("transformers")
     config = transformers.ResNetConfig(
