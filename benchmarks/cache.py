@@ -49,7 +49,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="fine-tune,sweep,views,accuracy")
     parser.add_argument("--rates", default="10mbit,1gbit")
-    parser.add_argument("--images", type=int, default=160)
+    parser.add_argument("--images", type=int, default=128)
     parser.add_argument("--classes", type=int, default=4)
     parser.add_argument("--stored-size", type=int, default=420, help="side of the stored JPEGs")
     parser.add_argument("--image-size", type=int, default=112)
@@ -637,7 +637,7 @@ def _report_accuracy(acc: dict, args: argparse.Namespace) -> list[str]:
 def _command(args: argparse.Namespace) -> str:
     parts = ["python benchmarks/cache.py --results"]
     defaults = {
-        "parts": "fine-tune,sweep,views,accuracy", "rates": "10mbit,1gbit", "images": 160,
+        "parts": "fine-tune,sweep,views,accuracy", "rates": "10mbit,1gbit", "images": 128,
         "repeats": 3, "epochs": 5, "accuracy_epochs": 8, "accuracy_seeds": 2,
     }  # fmt: skip
     for name, default in defaults.items():
