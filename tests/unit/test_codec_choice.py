@@ -70,7 +70,7 @@ def test_the_config_defaults_to_auto_and_refuses_lossy_with_exact() -> None:
     assert _config(exact=True).wire_compression == "auto"  # lossless: allowed
     with pytest.raises(InvalidRequest, match="exact=True refuses lossy_wire=True"):
         _config(exact=True, lossy_wire=True)
-    with pytest.raises(InvalidRequest, match="unknown wire compression 'gzip'"):
+    with pytest.raises(InvalidRequest, match="unknown wire_compression 'gzip': use auto"):
         _config(wire_compression="gzip")
 
 

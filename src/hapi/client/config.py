@@ -13,7 +13,7 @@ from hapi.errors import InvalidRequest, shorten
 from hapi.graph import RAW, ModelSpec
 from hapi.plan.replan import ReplanConfig
 from hapi.wire import MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, OnError, WireDtype, check_wire_dtype
-from hapi.wire.codecs import Compression, check_compression
+from hapi.wire.codecs import COMPRESSIONS, Compression
 
 __all__ = ["JobConfig"]
 
@@ -194,8 +194,11 @@ class JobConfig:
                 "features rounded on the wire differ from the trainer's own; "
                 "wire_compression='zstd' or 'lz4' saves bytes losslessly"
             )
-        if self.wire_compression != "auto":
-            check_compression(self.wire_compression)
+        if self.wire_compression not in ("auto", *COMPRESSIONS):
+            raise InvalidRequest(
+                f"unknown wire_compression {shorten(repr(self.wire_compression))}: use auto "
+                "(the planner chooses), none, lz4 or zstd"
+            )
         if self.exact and self.lossy_wire:
             raise InvalidRequest(
                 "exact=True refuses lossy_wire=True: fp16 and int8 features differ from the "
