@@ -75,6 +75,21 @@ def test_a_job_file_with_the_command_line_over_it(server: str, tmp_path: Path) -
     assert out.exists()
 
 
+def test_no_augment_trains_later_epochs_from_the_trainers_cache(
+    server: str, tmp_path: Path
+) -> None:
+    done = hapi(
+        "train", "resnet18", "--dataset", "train", "--server", server, "--epochs", "2",
+        *SMALL, "--cut", "freeze", "--no-augment", "--cache-dir", str(tmp_path / "cache"),
+    )  # fmt: skip
+    assert done.code == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    assert "cacheable: the transforms are deterministic" in text
+    assert (
+        "epoch 2:" in text and "8 from the trainer's cache, 0 from the server's, 0 computed" in text
+    )
+
+
 def test_push_to_a_repository(server: str, images: Path, tmp_path: Path) -> None:
     from hapi.repo import ModelRepo
 

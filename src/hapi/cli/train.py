@@ -51,6 +51,12 @@ def train(
     eval_dataset: str = typer.Option(None, help="An evaluation set's prefix."),
     wire_dtype: str = typer.Option(None, help="Features on the wire: fp32, fp16, bf16, int8."),
     seed: int = typer.Option(None, help="Seeds the classifier, the order, the augmentations."),
+    augment: bool = typer.Option(
+        None, help="Random crop and flip every epoch; --no-augment caches every feature."
+    ),
+    views: int = typer.Option(None, help="Seeded augmentation views per sample (cached)."),
+    cache: bool = typer.Option(None, help="Keep repeating features in the trainer's cache."),
+    cache_dir: str = typer.Option(None, help="The trainer's feature cache directory."),
     token: str = typer.Option(None, envvar="HAPI_TOKEN", help="The server's bearer token."),
     out: str = typer.Option(None, help="Write the fine-tuned model here (.safetensors)."),
     push: str = typer.Option(None, help="Push the fine-tuned model to --repo under this name."),
@@ -106,8 +112,18 @@ class _Report(TrainHooks):
             f"epoch {stats.epoch + 1}: loss {stats.loss:.4f}, accuracy {stats.accuracy:.1%}, "
             f"{stats.samples} samples in {stats.seconds:.1f}s "
             f"({stats.samples / max(stats.seconds, 1e-9):.0f}/s), "
-            f"{stats.bytes_received / 1e6:.2f} MB received, {where}"
+            f"{stats.bytes_received / 1e6:.2f} MB received, {where}{_cached(stats)}"
         )
+
+
+def _cached(stats: EpochStats) -> str:
+    """Where the epoch's features came from, when a cache gave some."""
+    if not (stats.cached or stats.server_cached):
+        return ""
+    return (
+        f"; {stats.cached} from the trainer's cache, {stats.server_cached} from the "
+        f"server's, {stats.computed} computed"
+    )
 
 
 def _summary(result: TrainResult) -> str:

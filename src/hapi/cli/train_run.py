@@ -60,6 +60,15 @@ class TrainConfig:
     """Feature dtype on the wire: fp32, fp16, bf16, int8."""
     seed: int = 0
     """Seeds the classifier, the epoch order and the augmentations."""
+    augment: bool = True
+    """Random crop and flip every epoch; false trains on the eval transforms, whose
+    features the trainer caches after epoch 1."""
+    views: int | None = None
+    """Draw each sample's augmentation from this many seeded views: cached from epoch K on."""
+    cache: bool = True
+    """Keep repeating features in the trainer's feature cache."""
+    cache_dir: str | None = None
+    """The trainer's feature cache; default `$HAPI_CACHE_DIR/features`."""
     token: str | None = None
     """The server's bearer token (best from HAPI_TOKEN)."""
     out: str | None = None
@@ -221,6 +230,10 @@ def _job_options(config: TrainConfig) -> dict[str, Any]:
         "eval_dataset": config.eval_dataset,
         "wire_dtype": config.wire_dtype,
         "seed": config.seed,
+        "augment": config.augment,
+        "views": config.views,
+        "cache": config.cache,
+        "cache_dir": config.cache_dir,
         "token": config.token,
         "repo": config.repo,
     }
