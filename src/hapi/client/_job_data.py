@@ -187,7 +187,11 @@ class JobData:
             sessions,
             self.manifest(prefix),
             cache=self.trainer_cache(transforms, codec[0]),
-            relist=functools.partial(self.list, prefix),
+            # Listed again each epoch only where a feature may be cached: a rewritten
+            # object is then a miss, never a stale hit.
+            relist=(
+                functools.partial(self.list, prefix) if cacheability(transforms).cacheable else None
+            ),
             batch_size=config.batch_size,
             chunk_size=config.chunk_size,
             prefetch=config.prefetch,
