@@ -321,7 +321,9 @@ def _section(out: dict) -> str:
             )
         lines.append("")
     lines += [
-        "Plan for ResNet-18 at 224 px frozen to layer3 (predicted epoch of 10,000 samples):",
+        "Plan for ResNet-18 at 224 px frozen to layer3 (*predicted* epoch of 10,000 samples; "
+        "the same choices measured on real epochs through a shaped link: [Wire codecs "
+        "measured](#wire-codecs-measured-epochs-through-a-shaped-link-benchmarkswire_epochspy)):",
         "",
         "| link | trainer | fp32 only | lossless codecs | all codecs |",
         "|---|---|---|---|---|",
