@@ -114,6 +114,20 @@ def test_a_change_of_plan_applies_to_chunks_not_yet_issued() -> None:
     assert event.data["to"] == {"cut": 6, "share": 0.5}
 
 
+def test_a_change_made_after_the_last_chunk_is_recorded_for_the_next_loop() -> None:
+    events = []
+    router = Router(9, 0.0, record=events.append)
+    router.start(epoch=1, chunks=2)
+    [router.route(i) for i in range(2)]
+    router.set(6, 0.0, reason="test")
+    assert router.applied == (9, 0.0) and router.in_force == (6, 0.0)
+    assert not events
+    router.settle()
+    (event,) = events
+    assert event.kind == "replan" and event.message.startswith("for the next loop")
+    assert router.applied == router.in_force == (6, 0.0)
+
+
 def test_a_chunk_routed_but_not_yet_issued_takes_a_change_made_meanwhile() -> None:
     # The loader routes chunk 2 when chunk 1 is issued, and issues it when its window has
     # room; a re-plan in between applies from chunk 2, not from chunk 3.

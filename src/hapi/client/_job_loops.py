@@ -123,7 +123,7 @@ def fit(
                 state.step = step
                 if progress is not None:
                     progress(step, len(loader))
-            cut, share = job._plans.in_force()
+            cut, share = loader.router.applied  # a re-plan pending is the next epoch's
             job.history.epochs.append(
                 accounts.close(
                     epoch,

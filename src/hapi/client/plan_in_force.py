@@ -154,6 +154,7 @@ class PlanInForce:
             with self._deferred(router, config) if deferred else contextlib.nullcontext():
                 yield router
         finally:
+            router.settle()
             self._router = None
             self._choice = router.in_force
             if router.replanner is not None:

@@ -105,6 +105,12 @@ class Router:
         return self.replanner.plan if self.replanner is not None else None
 
     @property
+    def applied(self) -> tuple[int, float]:
+        """(cut, share) of the last chunk issued: a change not yet applied left out."""
+        with self._lock:
+            return self.cut, self.share
+
+    @property
     def in_force(self) -> tuple[int, float]:
         """(cut, share) for the next chunk issued: a change not yet applied included."""
         with self._lock:
@@ -225,7 +231,14 @@ class Router:
             plan = change.plan
             self.set(plan.cut, plan.share, reason=change.reason, plan=plan)
 
-    def _apply(self, chunk: int) -> None:
+    def settle(self) -> None:
+        """At the loop's end: a change no chunk was issued under yet is the next loop's,
+        and is recorded now (or the history would show an epoch's cut with no re-plan)."""
+        with self._lock:
+            if self._pending is not None:
+                self._apply(self._issued, at_end=True)
+
+    def _apply(self, chunk: int, *, at_end: bool = False) -> None:
         assert self._pending is not None  # the caller checks
         cut, share, reason, plan = self._pending
         self._pending = None
@@ -246,7 +259,8 @@ class Router:
                     "replan",
                     self._epoch,
                     chunk,
-                    f"from chunk {chunk}: {_label(*before)} -> {_label(cut, share)} ({reason})",
+                    f"{'for the next loop' if at_end else f'from chunk {chunk}'}: "
+                    f"{_label(*before)} -> {_label(cut, share)} ({reason})",
                     data,
                 )
             )
