@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from _host import machine, pin
-from _results import write_section
+from _results import DETAILS, write_section
 from PIL import Image
 
 from hapi.data import Transforms, load_sample, sample_seed, synth_image
@@ -141,6 +141,8 @@ def _report(rows: list[dict], args: argparse.Namespace) -> str:  # type: ignore[
         "PSNR: the reduced sample against the full decode's, on [0, 1] pixels "
         f"(mean {IMAGENET_MEAN} undone). Reduced: the share of samples the decoder scaled.",
         "",
+        "![decode](out/decode.png)",
+        DETAILS,
         "| images | pipeline | size | full ms | reduced ms | speed-up | PSNR dB | reduced |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -151,7 +153,6 @@ def _report(rows: list[dict], args: argparse.Namespace) -> str:  # type: ignore[
             f"{r['size']} | {r['full_ms']:.2f} | {r['reduced_ms']:.2f} | {r['speedup']:.2f}x | "
             f"{psnr} | {r['reduced_share']:.0%} |"
         )
-    lines += ["", "![decode](out/decode.png)"]
     return "\n".join(lines)
 
 

@@ -241,7 +241,8 @@ def _report(result: dict[str, Any], args: argparse.Namespace) -> str:
     lines = [
         "## Dataset formats (`benchmarks/formats.py`)",
         "",
-        f"{args.images} JPEGs of {result['mean_image_bytes'] / 1e3:.0f} KB on average, on "
+        f"`python benchmarks/formats.py --results`: {args.images} JPEGs of "
+        f"{result['mean_image_bytes'] / 1e3:.0f} KB on average, on "
         f"SeaweedFS on loopback; one `hapi serve` on one core; chunks of {args.chunk_size}, "
         f"{args.prefetch} in flight, in the loader's order; shards of {args.shard_size}. "
         f"Medians of {args.repeats} interleaved repeats. Machine: {result['machine']}.",
@@ -256,7 +257,7 @@ def _report(result: dict[str, Any], args: argparse.Namespace) -> str:
             f"| {med[f]['cut']:.0f} | {med[f]['cut'] / med['objects']['cut']:.2f}x "
             f"| {req[f]} | {result['index_requests'][f]} |"
         )
-    lines += ["", "    python benchmarks/formats.py --results", ""]
+    lines += ["", "![samples per second and requests per format](out/formats.png)"]
     return "\n".join(lines)
 
 

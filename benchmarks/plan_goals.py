@@ -19,7 +19,7 @@ import math
 import statistics
 from pathlib import Path
 
-from _results import write_section
+from _results import DETAILS, write_section
 from plan import bound_ratio, ends_bound_ratio, median_epoch
 
 HERE = Path(__file__).resolve().parent
@@ -394,6 +394,8 @@ def report(
         "|---|---|---|---|",
         *(f"| {' | '.join(row)} |" for row in rows),
     ]
+    if changes:
+        lines += ["", DETAILS]
     for change, how in changes:
         labels = [k for k in next(iter(change["each"].values())) if "changes" not in k]
         lines += [

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _results import write_section  # benchmarks/, the script's own directory
+from _results import DETAILS, write_section  # benchmarks/, the script's own directory
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # tests.seaweed starts SeaweedFS as the tests do
@@ -340,25 +340,25 @@ def _markdown(result: dict[str, Any]) -> str:
             f"| {h['full_pull_s']:.2f} | {h['head_plan_s']:.2f} | {h['head_load_s']:.2f} "
             f"| {h['full_load_s']:.2f} |"
         )
-    lines += [
+    throughput = [
         "",
         "| store | repo push MB/s | safetensors put MB/s | repo pull MB/s | safetensors get MB/s |",
         "|---|---|---|---|---|",
     ]
     for r in runs:
         t = r["throughput"]
-        lines.append(
+        throughput.append(
             f"| {r['store']} | {t['push_mb_s']:.0f} | {t['file_put_mb_s']:.0f} | "
             f"{t['pull_mb_s']:.0f} | {t['file_get_mb_s']:.0f} |"
         )
     counts = [p["readers"] for p in runs[0]["readers"]] if runs else []
-    lines += [
+    throughput += [
         "",
         "| store | " + " | ".join(f"{n} readers MB/s" for n in counts) + " |",
         "|---|" + "---|" * len(counts),
     ]
     for r in runs:
-        lines.append(
+        throughput.append(
             f"| {r['store']} | "
             + " | ".join(f"{p['aggregate_mb_s']:.0f}" for p in r["readers"])
             + " |"
@@ -375,6 +375,8 @@ def _markdown(result: dict[str, Any]) -> str:
         "each pull the whole layer4+fc fine-tune once (aggregate = readers x model MB / wall).",
         "",
         "![storage, loads and throughput per store](out/repo.png)",
+        DETAILS,
+        *throughput,
     ]
     return "\n".join(lines)
 

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from _host import machine, pin
-from _results import write_section
+from _results import DETAILS, write_section
 from plan import Stage
 
 HERE = Path(__file__).resolve().parent
@@ -198,7 +198,8 @@ def _report(rows: list[dict], args: argparse.Namespace, object_bytes: float) -> 
             f"| {_median(runs['auto cold'], 'before_epochs_s'):.1f} s "
             f"| {_median(runs['auto warm'], 'before_epochs_s'):.1f} s |"
         )
-    lines += ["", "The plans `auto` ran (last epoch's cut and share, per run):", ""]
+    lines += ["", "![whole run per option and link](out/startup.png)", DETAILS]
+    lines += ["The plans `auto` ran (last epoch's cut and share, per run):", ""]
     for row in rows:
         for name in OPTIONS[:2]:
             chosen = ", ".join(_choice(r) for r in row["runs"][name])

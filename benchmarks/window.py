@@ -36,7 +36,7 @@ from pathlib import Path
 
 from _host import end, machine, pin
 from _netns import ShapedLink
-from _results import write_section
+from _results import DETAILS, write_section
 
 HERE = Path(__file__).resolve().parent
 PORT = 8815
@@ -239,11 +239,13 @@ def _report(rows: list[dict], jobs: list[dict], args: argparse.Namespace) -> str
     ratios = [j["auto_s"] / j["grpc_s"] for j in jobs]
     lines += [
         "",
+        "![window](out/window.png)",
+        "",
         "hapi's jobs under both, side by side (ResNet-18, 256 images at 64 px, epoch 2 of "
         f"3, median of {args.repeats}; a fixed option's label is cut:share): "
         f"held / probe {min(ratios):.2f}-{max(ratios):.2f}x, median "
         f"{statistics.median(ratios):.2f}x.",
-        "",
+        DETAILS,
         "| link | freeze | option | gRPC probe s | held (`auto`) s | ratio |",
         "|---|---|---|---|---|---|",
     ]
@@ -253,7 +255,6 @@ def _report(rows: list[dict], jobs: list[dict], args: argparse.Namespace) -> str
             f"{j['grpc_s']:.3f} | "
             f"{j['auto_s']:.3f} | {j['auto_s'] / j['grpc_s']:.2f}x |"
         )
-    lines += ["", "![window](out/window.png)"]
     return "\n".join(lines)
 
 

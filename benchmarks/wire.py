@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from _host import machine
-from _results import write_section
+from _results import DETAILS, write_section
 
 from hapi.client import TransferJob
 from hapi.data import Transforms, load_sample, open_store, synth_dataset, synth_image
@@ -321,6 +321,7 @@ def _section(out: dict) -> str:
             )
         lines.append("")
     lines += [
+        DETAILS,
         "Plan for ResNet-18 at 224 px frozen to layer3 (*predicted* epoch of 10,000 samples; "
         "the same choices measured on real epochs through a shaped link: [Wire codecs "
         "measured](#wire-codecs-measured-epochs-through-a-shaped-link-benchmarkswire_epochspy)):",
