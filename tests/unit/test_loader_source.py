@@ -230,3 +230,27 @@ def test_two_writers_of_the_same_entries_leave_whole_ones(tmp_path: Path) -> Non
     got = reader.get_many(space, names)
     assert all(g is not None and torch.equal(r, g) for r, g in zip(rows, got, strict=True))
     assert reader.stats.corrupt == 0
+
+
+def test_the_cache_fills_through_failover_and_recall(tmp_path: Path) -> None:
+    a = MemorySource(address="memory://a", batch_size=2)
+    b = MemorySource(address="memory://b", batch_size=2)
+    b.fail_next(ServerUnavailable("memory://b went away"), after=1)
+    transforms = Transforms.eval(64)
+    space = FeatureSpace("head", 1, transforms.to_dict(), "fp32", False)
+    cache = TrainerCache(FeatureCache(tmp_path, memory_bytes=0), space, transforms, "fp32")
+    loader = _loader(a, b, cache=cache)
+    recalled = threading.Event()
+
+    def recall_once(ticket: ChunkTicket, part: int) -> None:
+        if ticket.chunk == 3 and part == 1 and not recalled.is_set():
+            recalled.set()
+            loader.recall()
+
+    a.on_part = b.on_part = recall_once
+    with loader.servers:
+        assert _epoch(loader, 0, then=1) == _in_order(loader, 0)
+        assert loader.stats.failovers >= 1 and recalled.is_set()
+        asked = len(a.tickets) + len(b.tickets)
+        assert _epoch(loader, 1) == _in_order(loader, 1)
+    assert loader.stats.cached == 23 and len(a.tickets) + len(b.tickets) == asked
