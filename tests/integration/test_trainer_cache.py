@@ -15,6 +15,7 @@ from hapi.data import (
     HorizontalFlip,
     Normalize,
     RandomResizedCrop,
+    StoreOptions,
     Transforms,
     open_store,
     synth_dataset,
@@ -169,3 +170,22 @@ def test_a_job_whose_features_are_all_cached_measures_no_plan(
     (plan,) = history.of_kind("plan")
     assert plan.data["cached"] and "no plan measured" in plan.message
     assert history.epochs[0].cached == 12 and plan.data["cut"] == job.freeze
+
+
+@pytest.mark.s3
+def test_an_object_rewritten_in_seaweedfs_is_a_miss(
+    s3_bucket: tuple[str, StoreOptions], tmp_path: Path
+) -> None:
+    uri, options = s3_bucket
+    store = open_store(uri, options)
+    synth_dataset(store, "train", classes=2, per_class=6, size=72, seed=5)
+    with serve(store=uri, store_options=options, batch_size=4) as running:
+        job = _job(running, tmp_path / "c")
+        assert job.fit(epochs=2).epochs[-1].cached == 12
+        victim = sorted(store.list("train"))[0]
+        image = Image.new("RGB", (72, 72), (10, 200, 10))
+        buffer = io.BytesIO()
+        image.save(buffer, "JPEG")
+        store.put(victim, buffer.getvalue())
+        third = job.fit(epochs=1).epochs[-1]
+    assert third.cached == 11 and third.computed == 1
