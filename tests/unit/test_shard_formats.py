@@ -240,3 +240,30 @@ def test_the_shard_order_is_every_index_once_seeded_and_read_in_runs() -> None:
     first = {keys[i].split("#")[0] for i in orders[0][: 4 * 32]}
     assert len(first) == 4
     assert shard_order(["a/1.jpg", "a/2.jpg"], seed=0, epoch=0, block=8) is None
+
+
+def test_each_chunk_of_the_shard_order_costs_at_most_two_ranged_requests(
+    tmp_path: Path,
+) -> None:
+    # Shards whose sizes are no multiple of the chunk: a shard's short last block must not
+    # push later chunks astride two shuffled blocks (a scattered read of each).
+    store = open_store(tmp_path)
+    sizes = [37, 50, 23, 41, 29, 64, 30]
+    first = 0
+    for s, n in enumerate(sizes):
+        store.put(f"shards/{s:02d}.tar", _tar(_samples(n, first)))
+        first += n
+    manifest = DatasetManifest.from_store(store, "shards")
+    assert [k.split("#")[1] for k in manifest.keys] == [f"s{i:04d}" for i in range(first)]
+    counting = Counting(store)
+    # Neighbours' gap (headers, a label) is read through; a skipped image is not.
+    members = MemberStore(counting, max_gap=2048)
+    for epoch in range(3):
+        order = shard_order(manifest.keys, seed=5, epoch=epoch, block=16)
+        assert order is not None and sorted(order.tolist()) == list(range(first))
+        for start in range(0, first, 16):
+            keys = [manifest.keys[j] for j in order[start : start + 16]]
+            before = counting.ranged
+            assert all(isinstance(b, bytes) for b in members.read(keys))
+            assert counting.ranged - before <= 2, keys
+    assert counting.whole == 0

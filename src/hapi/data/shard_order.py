@@ -3,9 +3,11 @@
 WebDataset shuffles shards, then samples within a bounded buffer across a few shards.
 hapi's loader owns the order as a permutation of manifest indices, seeded by (seed,
 epoch) so that resume and exactly-once hold; for shards it is this one: shards permuted,
-taken a few at a time, each one's samples cut into blocks of consecutive members (a
-chunk's worth), the blocks of the group shuffled and the samples within each block. A
-chunk is then (mostly) one block: a run of one shard, read with one ranged request.
+their members laid end to end in stored order and cut into blocks of a chunk's size, the
+blocks of each few shards shuffled and the samples within each block. Every block but
+the epoch's last is full and that one comes last, so each chunk is exactly one block: a
+run of consecutive members of one shard (or the end of one and the start of the next),
+read with one ranged request per shard.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ def shard_order(
         keys: the manifest's keys, each shard's members in their stored order.
         seed: the job seed.
         epoch: the epoch; each gives its own order.
-        block: consecutive members kept together (the loader's chunk size).
+        block: consecutive members kept together (the loader's chunk size: its chunks
+            then fall on blocks).
         group: shards shuffled together.
     """
     shards: dict[str, list[int]] = {}
@@ -45,14 +48,23 @@ def shard_order(
         return None
     rng = np.random.default_rng([seed, epoch])
     runs = list(shards.values())
-    picked = [runs[i] for i in rng.permutation(len(runs))]
+    picked = [np.asarray(runs[i], dtype=np.int64) for i in rng.permutation(len(runs))]
+    stream = np.concatenate(picked)
+    # Blocks are cut from the shards laid end to end, not shard by shard: a shard's short
+    # last block would shift every chunk after it off its block, and a chunk astride two
+    # shuffled blocks reads a scattered part of each (a request per few members).
+    shard_of = np.repeat(np.arange(len(picked)), [len(r) for r in picked])
+    starts = np.arange(0, len(stream), block)
+    groups: dict[int, list[int]] = {}
+    for b, at in enumerate(starts):
+        groups.setdefault(int(shard_of[at]) // group, []).append(b)
     out: list[np.ndarray] = []
-    for start in range(0, len(picked), group):
-        blocks = [
-            run[b : b + block]
-            for run in picked[start : start + group]
-            for b in range(0, len(run), block)
-        ]
-        for b in rng.permutation(len(blocks)):
-            out.append(rng.permutation(np.asarray(blocks[b], dtype=np.int64)))
-    return np.concatenate(out) if out else np.arange(0)
+    short = len(stream) % block != 0
+    for g in sorted(groups):
+        blocks = groups[g]
+        # The one short block (the epoch's last) stays last, so no chunk boundary moves.
+        last = blocks.pop() if short and blocks[-1] == len(starts) - 1 else None
+        shuffled = [blocks[i] for i in rng.permutation(len(blocks))]
+        for b in shuffled + ([last] if last is not None else []):
+            out.append(rng.permutation(stream[starts[b] : starts[b] + block]))
+    return np.concatenate(out)
