@@ -132,6 +132,7 @@ def test_followed_gauges_are_read_at_each_scrape(metrics: Metrics) -> None:
         assert (value(first, name), value(second, name)) == (before, after), name
 
 
+@pytest.mark.slow
 def test_servers_in_one_process_count_apart() -> None:
     with Metrics() as one, Metrics() as two:
         one.chunk_done("a", "s", samples=1, nbytes=11, seconds=0.1)

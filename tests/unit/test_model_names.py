@@ -36,8 +36,11 @@ def _same_state(a: torch.nn.Module, b: torch.nn.Module) -> bool:
             num_classes=3,
         ),
         ModelSpec(name="hf:ViTConfig", config=SMALL_VIT, num_classes=3),
-        ModelSpec(name="hf:ViTForImageClassification", config=SMALL_VIT, seed=2),
-        ModelSpec(name="hf:vit", config=SMALL_VIT),
+        pytest.param(
+            ModelSpec(name="hf:ViTForImageClassification", config=SMALL_VIT, seed=2),
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(ModelSpec(name="hf:vit", config=SMALL_VIT), marks=pytest.mark.slow),
     ],
     ids=["timm", "hf-config", "hf-class", "hf-type"],
 )

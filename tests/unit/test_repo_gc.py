@@ -106,6 +106,7 @@ class RepoVsDict(RuleBasedStateMachine):
 
 
 TestRepoVsDict = RepoVsDict.TestCase
+TestRepoVsDict.pytestmark = [pytest.mark.slow]  # 30 stateful examples: seconds of CPU
 TestRepoVsDict.settings = settings(
     max_examples=30,
     stateful_step_count=25,
