@@ -12,7 +12,15 @@ from hypothesis import given, settings
 from safetensors import safe_open
 
 from hapi.errors import IntegrityError, UnknownCodec
-from hapi.repo.codec import DELTA, PLAIN, ZSTD, decode, encode_compressed, read_info
+from hapi.repo.codec import (
+    DELTA,
+    PLAIN,
+    ZSTD,
+    decode,
+    decode_planes,
+    encode_compressed,
+    read_info,
+)
 from hapi.repo.tensors import decode_blob, encode_blob, tensor_hash
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.uint8]
@@ -51,6 +59,17 @@ def test_compressed_and_delta_blobs_decode_bit_exact(
     assert (info.codec, info.base, info.depth) == (DELTA, tensor_hash(parent), 3)
     back = decode_blob(delta, tensor_hash(tensor), "t", base=parent)
     assert torch.equal(bits(back), bits(tensor))
+
+    # Over the base's byte planes, as a pull reads a base it was not asked for; and a
+    # chain of two deltas, undone plane by plane.
+    parent_blob = encode_compressed(parent)
+    parent_planes = decode_planes(parent_blob, read_info(parent_blob))
+    assert torch.equal(bits(decode(delta, info, parent_planes)), bits(tensor))
+    later = sample(dtype, shape, seed + 2)
+    second = encode_compressed(later, (tensor_hash(tensor), tensor, 3))
+    tensor_planes = decode_planes(delta, info, parent_planes)
+    back = decode_blob(second, tensor_hash(later), "t", base=tensor_planes)
+    assert torch.equal(bits(back), bits(later))
 
 
 def test_a_small_change_deltas_to_a_fraction_of_the_tensor() -> None:

@@ -3,7 +3,8 @@
 A delta blob (see `codec.py`) decodes only with its base tensor, which may itself be a
 delta. The blobs asked for are fetched in one batch, then each level of bases the batch
 lacks in another, so a chain of depth N costs N + 1 round trips whatever the number of
-tensors. Bases are decoded before the deltas on them and dropped once used; only the
+tensors. Bases are decoded before the deltas on them, each once, and dropped once used;
+a compressed base stays in byte planes (a delta is undone plane by plane). Only the
 tensors asked for are re-hashed, since a delta whose base was wrong cannot hash right.
 """
 
@@ -12,14 +13,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
 from hapi.data.store import ObjectStore
 from hapi.errors import IntegrityError, ObjectNotFound, UnknownCodec
-from hapi.repo.codec import BlobInfo, read_info
+from hapi.repo.codec import Base, BlobInfo, read_info
 from hapi.repo.layout import tensor_key
-from hapi.repo.tensors import decode_blob
+from hapi.repo.tensors import decode_base, decode_blob
 
 __all__ = ["MAX_CHAIN", "Decoded", "read_blobs"]
 
@@ -109,7 +111,7 @@ def _decode(
     verify: bool,
     concurrency: int,
 ) -> dict[str, Decoded]:
-    done: dict[str, Decoded] = {}
+    done: dict[str, _Held] = {}
     uses = {d: 0 for d in data}
     for info in infos.values():
         if info.base is not None:
@@ -118,17 +120,15 @@ def _decode(
     workers = 1 if concurrency == 1 or total < _INLINE_BYTES else min(concurrency, len(data))
     pool = ThreadPoolExecutor(workers, "hapi-repo-decode") if workers > 1 else None
 
-    def one(digest: str) -> Decoded:
+    def one(digest: str) -> _Held:
         info = infos[digest]
         base = done[info.base] if info.base is not None else None
-        tensor = decode_blob(
-            data[digest],
-            digest,
-            _name(digest, user, what),
-            verify=verify and digest in wanted,
-            base=None if base is None else base.tensor,
-        )
-        return Decoded(tensor, 0 if base is None else base.depth + 1)
+        below = None if base is None else base.value
+        depth = 0 if base is None else base.depth + 1
+        name = _name(digest, user, what)
+        if digest not in wanted:
+            return _Held(decode_base(data[digest], digest, name, base=below), depth)
+        return _Held(decode_blob(data[digest], digest, name, verify=verify, base=below), depth)
 
     finished: set[str] = set()
     pending = list(data)
@@ -156,7 +156,16 @@ def _decode(
     finally:
         if pool is not None:
             pool.shutdown()
-    return {d: done[d] for d in wanted}
+    # A blob asked for is decoded by decode_blob, into a tensor.
+    return {d: Decoded(cast(torch.Tensor, done[d].value), done[d].depth) for d in wanted}
+
+
+@dataclass(frozen=True)
+class _Held:
+    """A blob decoded in this read: a tensor asked for, or a base's tensor or planes."""
+
+    value: Base
+    depth: int
 
 
 def _name(digest: str, user: dict[str, str], what: Callable[[str], str]) -> str:

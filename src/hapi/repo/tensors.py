@@ -8,14 +8,20 @@ whether or not they were frozen - sharing by content, not by a flag.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 
 from hapi.errors import IntegrityError, UnknownCodec
 
-__all__ = ["decode_blob", "dtype_name", "encode_blob", "tensor_bytes", "tensor_hash"]
+if TYPE_CHECKING:
+    from hapi.repo.codec import Base
+
+__all__ = ["decode_base", "decode_blob", "dtype_name", "encode_blob", "tensor_bytes", "tensor_hash"]
 
 # Bumping this prefix changes every hash: only for a change of the hashed encoding.
 _DOMAIN = b"hapi.tensor/1\0"
@@ -57,7 +63,7 @@ def decode_blob(
     what: str,
     *,
     verify: bool = True,
-    base: torch.Tensor | None = None,
+    base: Base | None = None,
 ) -> torch.Tensor:
     """Read a blob, plain or compressed (see `codec.py`), and check it against its hash.
 
@@ -66,7 +72,7 @@ def decode_blob(
         digest: the content hash the blob is stored under.
         what: names the tensor in errors (`'layer4.0.conv1.weight' of resnet50@3'`).
         verify: re-hash the tensor; without it only the blob's structure is checked.
-        base: for a delta blob, the decoded tensor it is a delta against.
+        base: for a delta blob, the decoded tensor (or byte planes) it is a delta against.
 
     Raises:
         IntegrityError: the blob cannot be parsed (truncated) or its content hash differs.
@@ -74,21 +80,10 @@ def decode_blob(
     """
     from hapi.repo import codec
 
-    try:
+    with _reading(data, digest, what):
         info = codec.read_info(data)
-        if info.codec == codec.PLAIN:
-            from safetensors.torch import load
-
-            tensor = load(data)[_BLOB_NAME]
-        else:
-            tensor = codec.decode(data, info, base)
-    except UnknownCodec as exc:
-        raise UnknownCodec(f"tensor {what} (blob {digest[:12]}): {exc}") from None
-    except Exception as exc:  # safetensors raises several types for bad headers
-        raise IntegrityError(
-            f"tensor {what} (blob {digest[:12]}, {len(data)} bytes) is corrupt: "
-            f"{type(exc).__name__}: {exc}. {_REPAIR}"
-        ) from exc
+        plain = info.codec == codec.PLAIN
+        tensor = _load_plain(data) if plain else codec.decode(data, info, base)
     if not verify:
         return tensor
     actual = tensor_hash(tensor)
@@ -99,3 +94,41 @@ def decode_blob(
             f"{actual[:12]}. " + _REPAIR
         )
     return tensor
+
+
+def decode_base(data: bytes, digest: str, what: str, *, base: Base | None = None) -> Base:
+    """A blob read only as the base of deltas: a plain blob's tensor, a compressed blob's
+    byte planes (never interleaved: the deltas on it undo themselves plane by plane).
+
+    Not re-hashed: a delta over a wrong base cannot hash right, and it is.
+
+    Raises:
+        IntegrityError: the blob cannot be parsed (truncated).
+        UnknownCodec: the blob is compressed with a codec this hapi cannot read.
+    """
+    from hapi.repo import codec
+
+    with _reading(data, digest, what):
+        info = codec.read_info(data)
+        if info.codec == codec.PLAIN:
+            return _load_plain(data)
+        return codec.decode_planes(data, info, base)
+
+
+def _load_plain(data: bytes) -> torch.Tensor:
+    from safetensors.torch import load
+
+    return load(data)[_BLOB_NAME]
+
+
+@contextlib.contextmanager
+def _reading(data: bytes, digest: str, what: str) -> Iterator[None]:
+    try:
+        yield
+    except UnknownCodec as exc:
+        raise UnknownCodec(f"tensor {what} (blob {digest[:12]}): {exc}") from None
+    except Exception as exc:  # safetensors raises several types for bad headers
+        raise IntegrityError(
+            f"tensor {what} (blob {digest[:12]}, {len(data)} bytes) is corrupt: "
+            f"{type(exc).__name__}: {exc}. {_REPAIR}"
+        ) from exc
