@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from hapi._sizes import parse_bytes
@@ -15,7 +15,7 @@ from hapi.client._decode import RawDecoder
 from hapi.client._job_model import JobModel
 from hapi.client._trainer_cache import TrainerCache, loop_space
 from hapi.client.config import JobConfig
-from hapi.client.connection import Connection
+from hapi.client.connection import Connection, connect
 from hapi.client.history import Event
 from hapi.client.loader import FeatureLoader
 from hapi.client.local import LocalCompute
@@ -27,7 +27,24 @@ from hapi.errors import ServerUnavailable
 from hapi.graph import RAW
 from hapi.wire import SessionRequest, WireDtype
 
-__all__ = ["JobData"]
+__all__ = ["JobData", "connect_all"]
+
+
+def connect_all(config: JobConfig, given: str | Connection | Sequence[str]) -> list[Connection]:
+    """One connection per server of `config`, in its order: `given` itself when the user
+    passed a `Connection`."""
+    if isinstance(given, Connection):
+        return [given]
+    return [
+        connect(
+            address,
+            token=config.token,
+            tls_ca=config.tls_ca,
+            tls_cert=config.tls_cert,
+            tls_key=config.tls_key,
+        )
+        for address in config.servers
+    ]
 
 
 class JobData:

@@ -18,13 +18,13 @@ from torch import nn
 
 from hapi.cache import Cacheability, cacheability
 from hapi.client import _job_loops as loops
-from hapi.client._job_data import JobData
+from hapi.client._job_data import JobData, connect_all
 from hapi.client._job_loops import EvalResult, Progress
 from hapi.client._job_model import JobModel
 from hapi.client._job_plan import measure_plan
 from hapi.client._resume import read_state
 from hapi.client.config import JobConfig
-from hapi.client.connection import Connection, connect
+from hapi.client.connection import Connection
 from hapi.client.distributed import DataParallel
 from hapi.client.history import EpochStats, Event, History
 from hapi.client.plan_in_force import PlanInForce
@@ -99,23 +99,24 @@ class TransferJob:
             from hapi.repo import ModelRepo
 
             self.repo = ModelRepo.open(config.repo, config.repo_store_options)
-        self.connections: list[Connection] = [
-            server
-            if isinstance(server, Connection)
-            else connect(
-                one,
-                token=config.token,
-                tls_ca=config.tls_ca,
-                tls_cert=config.tls_cert,
-                tls_key=config.tls_key,
-            )
-            for one in config.servers
-        ]
+        self.connections = connect_all(config, server)
         """One connection per server, in the order given (connected on first use)."""
         self.connection = self.connections[0]
         """The first server's: it lists datasets and is measured for the plan."""
         dp = DataParallel.start(config.device, config.distributed)
-        self._model = JobModel(model, config, self.repo, dp)
+        self._model = parts = JobModel(model, config, self.repo, dp)
+        self.model: nn.Module = parts.model
+        """The model being fine-tuned (its tail trains in place)."""
+        self.spec: ModelSpec | None = parts.spec
+        """The model's spec; None for a module of the user's own."""
+        self.base: ModelVersion | None = parts.base
+        """The repository version the job started from, when it did."""
+        self.graph: ModelGraph = parts.graph
+        """The model, traced into its cut points."""
+        self.freeze, self.freeze_reason = parts.freeze, parts.freeze_reason
+        """The last frozen cut point, and why (the job's summary says it)."""
+        self.device: torch.device = parts.device
+        """Where the tail trains."""
         self.history = History()
         self._progress = Progress()
         self._data = JobData(
@@ -136,43 +137,6 @@ class TransferJob:
         if config.mode != "local":
             fixed = self._plans.fixed
             self._model.check_exportable(fixed[0] if fixed is not None else self.freeze)
-
-    # The model ------------------------------------------------------------------------------
-
-    @property
-    def model(self) -> nn.Module:
-        """The model being fine-tuned (its tail trains in place)."""
-        return self._model.model
-
-    @property
-    def spec(self) -> ModelSpec | None:
-        """The model's spec; None for a module of the user's own."""
-        return self._model.spec
-
-    @property
-    def base(self) -> ModelVersion | None:
-        """The repository version the job started from, when it did."""
-        return self._model.base
-
-    @property
-    def graph(self) -> ModelGraph:
-        """The model, traced into its cut points."""
-        return self._model.graph
-
-    @property
-    def freeze(self) -> int:
-        """The last frozen cut point."""
-        return self._model.freeze
-
-    @property
-    def freeze_reason(self) -> str:
-        """Why this freeze point (the job's summary says it)."""
-        return self._model.freeze_reason
-
-    @property
-    def device(self) -> torch.device:
-        """Where the tail trains."""
-        return self._model.device
 
     @property
     def trainable_parameters(self) -> list[nn.Parameter]:
