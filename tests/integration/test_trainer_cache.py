@@ -65,6 +65,9 @@ def test_later_epochs_come_from_the_cache_bit_for_bit(server: HapiServer, tmp_pa
         assert epoch.cached == epoch.samples == 12
         assert epoch.bytes_received == 0
     assert "cacheable: the transforms are deterministic" in cached.summary()
+    first_line, second_line, _ = history.explain().splitlines()
+    assert first_line.startswith("epoch 1:") and "12 samples: 12 computed" in first_line
+    assert "0 computed, 12 from the trainer's cache" in second_line
     plain = _job(server, tmp_path / "unused", exact=True, cache=False).fit(epochs=3, lr=0.05)
     assert [e.loss for e in plain.epochs] == [e.loss for e in history.epochs]
     assert not (tmp_path / "unused").exists()

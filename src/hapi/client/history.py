@@ -166,3 +166,23 @@ class History:
     def plan_changes(self) -> list[Event]:
         """Every change of plan while training."""
         return self.of_kind("replan")
+
+    def explain(self) -> str:
+        """One line per epoch for a person: its time, loss, bytes, cut, and where its
+        features came from (computed, or which tier's cache)."""
+        lines = []
+        for e in self.epochs:
+            where = "raw bytes" if e.cut == -1 else f"cut {e.cut}"
+            if e.share and e.cut != -1:
+                where += f" + {e.share:.0%} local"
+            sources = [f"{e.computed} computed"]
+            if e.cached:
+                sources.append(f"{e.cached} from the trainer's cache")
+            if e.server_cached:
+                sources.append(f"{e.server_cached} from the server's")
+            lines.append(
+                f"epoch {e.epoch + 1}: {e.seconds:.1f} s, loss {e.loss:.4f}, "
+                f"{e.bytes_received / 1e6:.2f} MB, {where}; {e.samples} samples: "
+                f"{', '.join(sources)}"
+            )
+        return "\n".join(lines)
