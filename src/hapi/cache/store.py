@@ -287,7 +287,8 @@ class FeatureCache:
         size = _nbytes(tensor)
         if size > self.memory_bytes or (sid, name) in self._memory:
             return
-        self._memory[(sid, name)] = tensor
+        # A copy: the row may be a view of its whole batch, which it would keep alive.
+        self._memory[(sid, name)] = tensor.clone()
         self._memory_held += size
         while self._memory_held > self.memory_bytes:
             _, old = self._memory.popitem(last=False)

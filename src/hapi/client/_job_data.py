@@ -13,7 +13,7 @@ from hapi.cache import FeatureCache, cacheability
 from hapi.client._codec_choice import Codec, loop_codec
 from hapi.client._decode import RawDecoder
 from hapi.client._job_model import JobModel
-from hapi.client._trainer_cache import TrainerCache, loop_space
+from hapi.client._trainer_cache import TrainerCache, head_content_digest, loop_space
 from hapi.client.config import JobConfig
 from hapi.client.connection import Connection, connect
 from hapi.client.history import Event
@@ -76,6 +76,7 @@ class JobData:
         )
         """The store, read directly while no server answers (`JobConfig.store`)."""
         self._manifests: dict[str, DatasetManifest] = {}
+        self._head_digest: str | None = None
         self._features: FeatureCache | None = None
         """The trainer's feature cache, opened by the first loop that uses it."""
 
@@ -149,8 +150,11 @@ class JobData:
             size = parse_bytes(config.cache_size)
             self._features = FeatureCache(config.cache_dir, max_bytes=size)
         model = self.model
+        if self._head_digest is None:
+            # Once: the head is frozen, and hashing a large one's weights takes a while.
+            self._head_digest = head_content_digest(model.graph.head(model.freeze))
         space = loop_space(
-            model.graph.head(model.freeze),
+            self._head_digest,
             model.freeze,
             transforms,
             wire_dtype=dtype,

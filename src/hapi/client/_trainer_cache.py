@@ -38,7 +38,7 @@ def head_content_digest(head: nn.Module) -> str:
 
 
 def loop_space(
-    head: nn.Module,
+    head: nn.Module | str,
     freeze: int,
     transforms: Transforms,
     *,
@@ -46,9 +46,10 @@ def loop_space(
     exact: bool,
     seed: int,
 ) -> FeatureSpace:
-    """The feature space of a loop over a dataset with `transforms`."""
+    """The feature space of a loop over a dataset with `transforms`; `head` is the frozen
+    head or its content digest (`head_content_digest`)."""
     return FeatureSpace(
-        head=head_content_digest(head),
+        head=head if isinstance(head, str) else head_content_digest(head),
         cut=freeze,
         transforms=transforms.to_dict(),
         wire_dtype=wire_dtype,
