@@ -63,7 +63,9 @@ def test_queries_agree_with_a_list_of_the_pushes(pushes) -> None:
         assert ids(repo.find(name=glob)) == ids(expect)
     assert ids(repo.find(tag="y")) == ids([v for v in newest if "y" in v.tags])
     convs = [v for v, kind, _ in pushed if kind == 0]
-    assert set(ids(repo.find(contains=["Conv2d", "BatchNorm2d"]))) == set(ids(convs))
+    assert ids(repo.find(contains=["Conv2d", "BatchNorm2d"])) == ids(
+        [v for v in newest if v in convs]
+    )
     assert repo.find(contains=["BatchNorm2d", "Conv2d"]) == []  # the order of layers counts
     latest = {v.name: v for v in sorted(versions, key=lambda v: v.version)}
     assert ids(repo.ls()) == ids([latest[n] for n in sorted(latest)])
@@ -75,11 +77,26 @@ def test_queries_agree_with_a_list_of_the_pushes(pushes) -> None:
             grown, below = bool(more), below | more
         assert set(ids(repo.descendants(v.ref))) == below
         # The same architecture and head shares every layer; another head all but the last.
-        matches = {m.version.id: m.layers for m in repo.prefix_matches(net(kind, classes))}
+        found = repo.prefix_matches(net(kind, classes))
+        matches = {m.version.id: m.layers for m in found}
+        # Most shared layers first, newest first among equals.
+        rank = {v.id: i for i, v in enumerate(newest)}
+        order = sorted(found, key=lambda m: (-m.layers, rank[m.version.id]))
+        assert ids(m.version for m in found) == ids(m.version for m in order)
         layers = 4 if kind == 0 else 3  # leaves are layers, ReLU too
         for other, okind, oclasses in pushed:
             if okind == kind:
                 assert matches[other.id] == layers - (oclasses != classes)
+
+
+def test_versions_of_trees_sharing_as_many_layers_come_newest_first_across_trees() -> None:
+    repo = ModelRepo.open(f"memory://{uuid.uuid4().hex}", catalog=":memory:")
+    short = net(1, 2)
+    longer = nn.Sequential(*net(1, 2), nn.Linear(2, 2))  # the same three layers, and one
+    pushed = [repo.push(m, f"m{i}") for i, m in enumerate([short, longer, short, longer])]
+    found = repo.prefix_matches(short)
+    assert [m.layers for m in found] == [3, 3, 3, 3]
+    assert [m.version.id for m in found] == [v.id for v in reversed(pushed)]
 
 
 def test_another_repositorys_push_is_seen_by_the_next_query(tmp_path: Path) -> None:

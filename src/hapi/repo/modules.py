@@ -100,10 +100,10 @@ def module_config(module: nn.Module) -> dict[str, Any]:
     tensors, submodules and private state are not settings.
     """
     config: dict[str, Any] = {}
-    for key, value in sorted(vars(module).items()):
-        if key.startswith("_") or key == "training":
-            continue
-        jsonable = _jsonable(value)
+    attrs = vars(module)
+    # Most of a module's attributes are torch's private state: drop them before sorting.
+    for key in sorted(k for k in attrs if not k.startswith("_") and k != "training"):
+        jsonable = _jsonable(attrs[key])
         if jsonable is not _SKIP:
             config[key] = jsonable
     if "bias" in module._parameters:
@@ -124,6 +124,7 @@ def describe_modules(model: nn.Module) -> tuple[ModuleEntry, ...]:
             if v is not None and k not in module._non_persistent_buffers_set
         )
         config = module_config(module)
+        cls = class_name(module)
         layer = None
         if not module._modules or params or buffers:
             shapes = [
@@ -131,13 +132,13 @@ def describe_modules(model: nn.Module) -> tuple[ModuleEntry, ...]:
                 for k, t in [*module._parameters.items(), *module._buffers.items()]
                 if t is not None
             ]
-            body = json.dumps([previous, class_name(module), config, shapes], sort_keys=True)
+            body = json.dumps([previous, cls, config, shapes], sort_keys=True)
             layer = hashlib.sha256(body.encode()).hexdigest()[:32]
             previous = layer
         entries.append(
             ModuleEntry(
                 name=name,
-                cls=class_name(module),
+                cls=cls,
                 config=config,
                 params=params,
                 buffers=buffers,

@@ -49,6 +49,7 @@ def find_versions(
     """Versions matching every condition given (see `ModelRepo.find`): by shared prefix
     (most shared first) when `layer_ids` is given, else newest first."""
     snap = catalog.snapshot()
+    archs = _archs_containing(catalog, list(contains)) if contains else None
     # Start from the narrowest index at hand, then filter by the other conditions.
     if layer_ids is not None:
         found = [m.version for m in prefix_matches(catalog, layer_ids, min_layers)]
@@ -56,10 +57,11 @@ def find_versions(
         found = snap.tagged.get(tag, [])
     elif name is not None:
         found = snap.named(_literal_prefix(name))
+    elif archs is not None:
+        found, archs = snap.of_trees(archs), None  # nothing left to filter by
     else:
         found = snap.versions
-    if contains:
-        archs = _archs_containing(catalog, list(contains))
+    if archs is not None:
         found = [v for v in found if snap.arch.get(v.id) in archs]
     if tag is not None:
         found = [v for v in found if tag in v.tags]
@@ -88,14 +90,16 @@ def prefix_matches(
         for arch, layer in rows:
             depth[arch] = max(depth.get(arch, 0), int(layer))
     snap = catalog.snapshot()
-    matches = [
-        PrefixMatch(v, depth[arch], len(layer_ids))
-        for v in snap.versions
-        if (arch := snap.arch.get(v.id)) in depth and depth[arch] >= min_layers
+    by_depth: dict[int, list[str]] = {}
+    for arch, layers in depth.items():
+        if layers >= min_layers:
+            by_depth.setdefault(layers, []).append(arch)
+    # The versions of the matching trees only, never a scan of every version.
+    return [
+        PrefixMatch(v, layers, len(layer_ids))
+        for layers in sorted(by_depth, reverse=True)
+        for v in snap.of_trees(by_depth[layers])
     ]
-    # Stable: newest first within each number of shared layers.
-    matches.sort(key=lambda m: m.layers, reverse=True)
-    return matches
 
 
 def containing(catalog: Catalog, classes: list[str]) -> list[ModelVersion]:
@@ -105,7 +109,7 @@ def containing(catalog: Catalog, classes: list[str]) -> list[ModelVersion]:
     return find_versions(catalog, contains=classes)
 
 
-def _archs_containing(catalog: Catalog, classes: list[str]) -> set[str | None]:
+def _archs_containing(catalog: Catalog, classes: list[str]) -> set[str]:
     first = classes[0]
     archs = [
         r[0]

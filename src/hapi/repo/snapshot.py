@@ -10,7 +10,8 @@ at this scale. SQL still narrows what is small and indexed there (module trees).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterable, Sequence
 
 from hapi.repo.version import ModelVersion
 
@@ -29,21 +30,27 @@ class Snapshot:
         self.children: dict[str, list[ModelVersion]] = {}
         """Parent id -> the versions derived from it, oldest first."""
         self.tagged: dict[str, list[ModelVersion]] = {}
-        self.by_arch: dict[str, list[ModelVersion]] = {}
         newest: dict[str, ModelVersion] = {}
         for v in reversed(self.versions):
             if v.parent is not None:
                 self.children.setdefault(v.parent, []).append(v)
             if v.name not in newest or v.version > newest[v.name].version:
                 newest[v.name] = v
-        for v, arch in rows:
+        self._places: dict[str, list[int]] = {}
+        for i, (v, arch) in enumerate(rows):
             for tag in v.tags:
                 self.tagged.setdefault(tag, []).append(v)
             if arch is not None:
-                self.by_arch.setdefault(arch, []).append(v)
+                self._places.setdefault(arch, []).append(i)
         self.latest = [newest[n] for n in sorted(newest)]
         """The newest version of every name, by name."""
         self._names = sorted((v.name, i) for i, v in enumerate(self.versions))
+
+    def of_trees(self, archs: Iterable[str]) -> list[ModelVersion]:
+        """The versions whose module trees are `archs`, newest first."""
+        places = [self._places[a] for a in archs if a in self._places]
+        merged = places[0] if len(places) == 1 else sorted(itertools.chain(*places))
+        return [self.versions[i] for i in merged]
 
     def named(self, prefix: str) -> list[ModelVersion]:
         """Versions whose name starts with `prefix`, newest first."""
