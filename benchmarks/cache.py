@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from _host import machine, pin
 from _results import write_section
@@ -178,7 +179,7 @@ class CacheStage(Stage):
         return self.run({"kind": "stats"})
 
 
-def _job(args: argparse.Namespace, **options: object) -> dict:
+def _job(args: argparse.Namespace, **options: Any) -> dict:
     return {
         "kind": "hapi", "classes": args.classes, "image_size": args.image_size,
         "epochs": args.epochs, "augment": False, "lr": 0.01, **options,
@@ -263,6 +264,7 @@ def _accuracy(args: argparse.Namespace) -> dict:
     from hapi.data import open_store, synth_dataset
     from hapi.graph import ModelSpec, build_model, trace
     from hapi.server import ServerConfig, serve
+    from hapi.wire import check_wire_dtype
 
     torch.set_num_threads(1)
     demo = DemoConfig(epochs=args.accuracy_epochs)
@@ -277,7 +279,7 @@ def _accuracy(args: argparse.Namespace) -> dict:
                           size=demo.stored_size, seed=seed)  # fmt: skip
         spec = ModelSpec(name=demo.model, weights=demo.weights, num_classes=demo.classes)
         freeze = trace(build_model(spec), (3, demo.image_size, demo.image_size)).num_cuts - 1
-        options: dict[str, dict[str, object]] = {
+        options: dict[str, dict[str, Any]] = {
             "augment=False": {"augment": False},
             "views=2": {"views": 2},
             "views=4": {"views": 4},
@@ -293,7 +295,8 @@ def _accuracy(args: argparse.Namespace) -> dict:
                                       num_classes=demo.classes, seed=seed),
                             "train", server.address, eval_dataset="val", freeze=freeze,
                             cut=None, image_size=demo.image_size, batch_size=demo.batch_size,
-                            wire_dtype=demo.wire_dtype, seed=seed, cache_dir=features,
+                            wire_dtype=check_wire_dtype(demo.wire_dtype), seed=seed,
+                            cache_dir=features,
                             **options[name],
                         )  # fmt: skip
                         optimizer = torch.optim.SGD(

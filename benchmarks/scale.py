@@ -135,7 +135,7 @@ class _Servers:
             server.stop()
 
 
-def _job(addresses: list[str], args: argparse.Namespace, **options: object):
+def _job(addresses: list[str], args: argparse.Namespace, **options: Any):
     from hapi.client import TransferJob
 
     return TransferJob(

@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from _host import machine, pin
 from _results import DETAILS, write_section
@@ -126,7 +127,7 @@ def _script(spec: dict) -> None:
 
     torch.set_num_threads(1)
     option = spec["option"]
-    fixed: dict[str, object] = {}
+    fixed: dict[str, Any] = {}
     if option == "freeze cut":
         fixed = {"cut": None}
     elif option == "RAW":

@@ -13,6 +13,7 @@ import functools
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -22,6 +23,7 @@ from hapi.errors import InvalidRequest
 from hapi.graph import ModelSpec, build_model, trace
 from hapi.server import ServerConfig, serve
 from hapi.server.shaping import parse_rate
+from hapi.wire import check_wire_dtype
 
 __all__ = ["DemoConfig", "DemoRun", "run_demo"]
 
@@ -121,7 +123,9 @@ def _count(report: Progress, phase: str, total: int, done: int) -> None:
     report(phase, done, total)
 
 
-def _run(config: DemoConfig, address: str, mode: str, report: Progress) -> DemoRun:
+def _run(
+    config: DemoConfig, address: str, mode: Literal["local", "pushdown"], report: Progress
+) -> DemoRun:
     spec = ModelSpec(
         name=config.model, weights=config.weights, num_classes=config.classes, seed=config.seed
     )
@@ -141,7 +145,7 @@ def _run(config: DemoConfig, address: str, mode: str, report: Progress) -> DemoR
         image_size=config.image_size,
         transforms=Transforms.train(config.image_size),
         batch_size=config.batch_size,
-        wire_dtype=config.wire_dtype,
+        wire_dtype=check_wire_dtype(config.wire_dtype),
         seed=config.seed,
     )
     label = "baseline" if mode == "local" else "pushdown"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -48,14 +48,15 @@ def plan(
     from hapi.graph import ModelSpec
     from hapi.plan import LinkProfile, choose_plan
     from hapi.server import parse_rate
+    from hapi.wire import check_wire_dtype
 
-    options = {
+    options: dict[str, Any] = {
         "freeze": freeze,
         "image_size": image_size,
         "batch_size": batch_size,
         "chunk_size": chunk_size,
         "prefetch": prefetch,
-        "wire_dtype": wire_dtype,
+        "wire_dtype": check_wire_dtype(wire_dtype),
         "token": token,
     }
     spec = ModelSpec(name=model, num_classes=num_classes)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, TypedDict
 
 from torch import nn
 
@@ -15,7 +15,7 @@ from hapi.plan.replan import ReplanConfig
 from hapi.wire import MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, OnError, WireDtype, check_wire_dtype
 from hapi.wire.codecs import COMPRESSIONS, Compression
 
-__all__ = ["JobConfig"]
+__all__ = ["JobConfig", "JobOptions"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -259,3 +259,46 @@ class JobConfig:
     @property
     def test_transforms(self) -> Transforms:
         return self.eval_transforms or Transforms.eval(self.image_size)
+
+
+class JobOptions(TypedDict, total=False):
+    """`TransferJob`'s keyword options: every field of `JobConfig` but the three it takes
+    by position, so editors and type checkers know each name and type."""
+
+    store: str | None
+    store_options: StoreOptions | None
+    repo: str | None
+    repo_store_options: StoreOptions | None
+    num_classes: int | None
+    eval_dataset: str | None
+    freeze: int | str | None
+    cut: int | str | None
+    local_share: float
+    replan: bool | ReplanConfig
+    probe_samples: int
+    reuse_profiles: bool
+    retry_budget_s: float
+    mode: Literal["pushdown", "local"]
+    image_size: int
+    transforms: Transforms | None
+    augment: bool
+    views: int | None
+    cache: bool
+    cache_dir: str | None
+    cache_size: int | str
+    eval_transforms: Transforms | None
+    batch_size: int
+    chunk_size: int
+    prefetch: int
+    wire_dtype: WireDtype
+    wire_compression: Compression | Literal["auto"]
+    lossy_wire: bool
+    device: str
+    distributed: bool | None
+    seed: int
+    on_error: OnError
+    exact: bool
+    token: str | None
+    tls_ca: str | None
+    tls_cert: str | None
+    tls_key: str | None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import torch
 from torch import nn
@@ -23,7 +23,7 @@ from hapi.client._job_loops import EvalResult, Progress
 from hapi.client._job_model import JobModel
 from hapi.client._job_plan import measure_plan
 from hapi.client._resume import read_state
-from hapi.client.config import JobConfig
+from hapi.client.config import JobConfig, JobOptions
 from hapi.client.connection import Connection
 from hapi.client.distributed import DataParallel
 from hapi.client.history import EpochStats, Event, History
@@ -84,7 +84,7 @@ class TransferJob:
         model: ModelSpec | str | dict[str, Any] | nn.Module,
         dataset: str,
         server: str | Connection | Sequence[str],
-        **options: Any,
+        **options: Unpack[JobOptions],
     ) -> None:
         if isinstance(model, str) and not is_repo_ref(model):
             model = ModelSpec(name=model)
