@@ -144,3 +144,31 @@ def test_views_repeat_every_k_epochs() -> None:
     assert Transforms.from_dict(views.to_dict()) == views
     with pytest.raises(InvalidRequest, match="views"):
         Transforms(views=0)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"views": 0}, "views must be a whole number"),
+        ({"views": 2, "augment": False}, "augment=False trains without augmentation"),
+        ({"augment": False, "transforms": Transforms.eval(64)}, "pass one of them"),
+        ({"views": 2, "transforms": Transforms(views=3)}, "views is given twice"),
+        ({"cache_size": "lots"}, "cannot read size"),
+    ],
+)
+def test_cache_options_that_contradict_are_refused(
+    options: dict[str, object], message: str
+) -> None:
+    from hapi.client.config import JobConfig
+
+    with pytest.raises(InvalidRequest, match=message):
+        JobConfig(model="m", dataset="d", server="grpc://127.0.0.1:1", repo="r", **options)  # type: ignore[arg-type]
+
+
+def test_views_apply_to_the_default_augmentation() -> None:
+    from hapi.client.config import JobConfig
+
+    config = JobConfig(model="m", dataset="d", server="grpc://127.0.0.1:1", repo="r", views=3)
+    assert config.train_transforms.views == 3 and config.train_transforms.is_random
+    plain = JobConfig(model="m", dataset="d", server="grpc://127.0.0.1:1", repo="r", augment=False)
+    assert plain.train_transforms == plain.test_transforms

@@ -229,6 +229,11 @@ class JobConfig:
             raise InvalidRequest(
                 "views is given twice: in transforms and as views=; pass one of them"
             )
+        if self.views is not None and not self.augment:
+            raise InvalidRequest(
+                "views=K draws each sample's augmentation from K views, but augment=False "
+                "trains without augmentation: pass one of them"
+            )
         if not self.augment and self.transforms is not None:
             raise InvalidRequest(
                 "augment=False trains on the eval transforms, but transforms= gives others: "
