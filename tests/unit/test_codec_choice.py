@@ -161,8 +161,8 @@ def test_codecs_are_measured_at_every_cut_on_the_jobs_features() -> None:
     assert zstd.out_bytes[freeze] < 0.95 * fp32.out_bytes[freeze]
     assert int8.out_bytes[freeze] < 0.3 * fp32.out_bytes[freeze]
     assert not zstd.lossy and int8.lossy
-    assert fp32.encode_s[freeze] == pytest.approx(0.0, abs=1e-3)
-    assert zstd.encode_s[freeze] > 0
+    # CPU times are measured, not asserted against a figure (a loaded machine moves them).
+    assert fp32.encode_s[freeze] >= 0 and zstd.encode_s[freeze] > 0
 
 
 def test_a_chunk_report_carries_the_bytes_its_stream_sent() -> None:
