@@ -42,10 +42,16 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     runs = []
+    load_before = os.getloadavg()[0]
     for n in [int(v) for v in args.versions.split(",")]:
         with tempfile.TemporaryDirectory(prefix="hapi-repo-queries-") as tmp:
             runs.append(_measure(n, Path(tmp)))
-    result = {"machine": _machine(), "command": _command(), "runs": runs}
+    result = {
+        "machine": _machine(),
+        "command": _command(),
+        "load": [load_before, os.getloadavg()[0]],
+        "runs": runs,
+    }
     (args.out / "repo_queries.json").write_text(json.dumps(result, indent=2))
     _plot(runs, args.out / "repo_queries.png")
     table = _markdown(result)
@@ -193,6 +199,14 @@ def _measure(count: int, tmp: Path) -> dict[str, Any]:
         "ls": lambda r: r.ls(),
     }
     row: dict[str, Any] = {"versions": built, "catalog_build_s": build_s, "queries": {}}
+    from hapi.repo.matching import layer_ids
+
+    times = []
+    for _ in range(WARM_CALLS + 1):
+        start = time.perf_counter()
+        layer_ids(probe)
+        times.append(time.perf_counter() - start)
+    row["describe_ms"] = statistics.median(times[1:]) * 1e3
     for label, query in queries.items():
         repo = ModelRepo.open(uri, catalog=catalog)  # a new process's first call: cold
         start = time.perf_counter()
@@ -252,6 +266,7 @@ def _plot(runs: list[dict[str, Any]], path: Path) -> None:
 
 def _markdown(result: dict[str, Any]) -> str:
     runs = result["runs"]
+    load = result.get("load", [float("nan")] * 2)
     head = " | ".join(f"{r['versions']:,} cold / warm ms" for r in runs)
     lines = [
         "## Model repository queries at scale",
@@ -261,8 +276,10 @@ def _markdown(result: dict[str, Any]) -> str:
         "derived names of up to 8 fine-tunes; local-dir store. Cold = the first call of a "
         "newly opened `ModelRepo` on a built catalog; warm = median of "
         f"{WARM_CALLS} calls after it. Prefix matches of a ref read its manifest; of an "
-        "`nn.Module` describe the module first (about 8 ms for a ResNet-18 here, whatever "
-        "the repository's size). Data: `out/repo_queries.json`.",
+        f"`nn.Module` describe the module first ({runs[-1]['describe_ms']:.1f} ms for a "
+        "ResNet-18 here, whatever the repository's size). Load average (1 min) "
+        f"{load[0]:.1f} at the start, {load[1]:.1f} at the end, on shared cores. Data: "
+        "`out/repo_queries.json`.",
         "",
         f"| query | {head} | results at {runs[-1]['versions']:,} |",
         "|---|" + "---|" * (len(runs) + 1),
@@ -274,9 +291,21 @@ def _markdown(result: dict[str, Any]) -> str:
         )
         lines.append(f"| {label} | {cells} | {runs[-1]['queries'][label]['results']} |")
     builds = ", ".join(f"{r['catalog_build_s']:.1f} s at {r['versions']:,}" for r in runs)
+    last = runs[-1]
+    slow = [
+        f"{k} ({q['warm_ms']:.1f} ms)" for k, q in last["queries"].items() if q["warm_ms"] >= 10
+    ]
+    worst = max(q["warm_ms"] for q in last["queries"].values())
+    verdict = "met" if not slow else "not met: " + ", ".join(slow)
     lines += [
         "",
         f"Catalog built from the store (`reindex`): {builds}.",
+        "",
+        f"Goal of issue 42, every query under 10 ms warm at {last['versions']:,} versions: "
+        f"{verdict} (slowest {worst:.1f} ms). Warm queries answer from the catalog's "
+        "in-memory snapshot after one read of the store's change token; prefix matches and "
+        "`find(contains=)` take the versions of the matching module trees from it, never "
+        "scanning every version. Cold includes opening SQLite and building the snapshot.",
         "",
         "![warm query time against versions](out/repo_queries.png)",
     ]
