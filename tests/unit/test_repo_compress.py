@@ -67,6 +67,14 @@ def test_a_fine_tune_is_stored_as_deltas_and_pulls_bit_exact() -> None:
     assert repo.store.exists(marker)
 
 
+def test_tensors_under_16_kib_stay_plain_however_well_they_compress() -> None:
+    repo = new_repo()
+    small, large = torch.ones(4095), torch.ones(4096)  # float32: just under and at 16 KiB
+    repo.push({"bn.running_var": small, "big": large}, "m")
+    assert codec_of(repo, small).codec == PLAIN
+    assert codec_of(repo, large).codec == ZSTD
+
+
 def test_delta_chains_stop_at_max_delta_depth() -> None:
     repo = new_repo(RepoConfig(compress=True, deltas=True, max_delta_depth=2))
     state = base_state()
