@@ -125,23 +125,26 @@ def _measure(dtype: str, mode: str, tmp: Path, repeat: int) -> dict[str, Any]:
         "repo_mb": usage.stored_bytes / MB,
         "push_layer4_s": statistics.median(s for _, s in pushes[5:]),
         "push_fc_s": statistics.median(s for _, s in pushes[:5]),
-        "pull_head_s": _median(repeat, lambda: repo.pull(ref, keys=keys)),
-        "pull_whole_s": _median(repeat, lambda: repo.pull(ref)),
     }
+    # CPU seconds too (all threads): on shared cores they move far less with the load.
+    row["pull_head_s"], row["pull_head_cpu_s"] = _median(repeat, lambda: repo.pull(ref, keys=keys))
+    row["pull_whole_s"], row["pull_whole_cpu_s"] = _median(repeat, lambda: repo.pull(ref))
     row["changed_ratio"] = row["changed_stored_mb"] / row["changed_raw_mb"]
     row["repo_ratio"] = row["repo_mb"] / (row["base_raw_mb"] + row["changed_raw_mb"])
     print(json.dumps(row), flush=True)
     return row
 
 
-def _median(repeat: int, fn: Callable[[], Any]) -> float:
+def _median(repeat: int, fn: Callable[[], Any]) -> tuple[float, float]:
+    """Median wall and CPU seconds of `fn` after a warm-up."""
     fn()  # warm up: page cache, imports
-    times = []
+    walls, cpus = [], []
     for _ in range(repeat):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        walls.append(time.perf_counter() - start)
+        cpus.append(time.process_time() - cpu)
+    return statistics.median(walls), statistics.median(cpus)
 
 
 def _command() -> str:
@@ -184,7 +187,7 @@ def _markdown(result: dict[str, Any]) -> str:
         "shared cores. Data: `out/repo_compress.json`.",
         "",
         "| dtype | blobs | repo MB | / (base + changed) | base MB stored / raw "
-        "| changed MB stored / raw | push fc / layer4+fc s | head / whole pull s |",
+        "| changed MB stored / raw | push fc / layer4+fc s | head / whole pull s (CPU s) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in result["runs"]:
@@ -193,7 +196,7 @@ def _markdown(result: dict[str, Any]) -> str:
             f"{r['base_stored_mb']:.1f} / {r['base_raw_mb']:.1f} | "
             f"{r['changed_stored_mb']:.1f} / {r['changed_raw_mb']:.1f} "
             f"({r['changed_ratio']:.2f}x) | {r['push_fc_s']:.2f} / {r['push_layer4_s']:.2f} | "
-            f"{r['pull_head_s']:.2f} / {r['pull_whole_s']:.2f} |"
+            f"{r['pull_head_s']:.2f} / {r['pull_whole_s']:.2f}{_cpu(r)} |"
         )
     lines += [
         "",
@@ -202,6 +205,12 @@ def _markdown(result: dict[str, Any]) -> str:
         "![bytes stored and pull times](out/repo_compress.png)",
     ]
     return "\n".join(lines)
+
+
+def _cpu(row: dict[str, Any]) -> str:
+    if "pull_head_cpu_s" not in row:
+        return ""  # measured before CPU seconds were
+    return f" ({row['pull_head_cpu_s']:.2f} / {row['pull_whole_cpu_s']:.2f} CPU)"
 
 
 def _goals(runs: list[dict[str, Any]]) -> list[str]:
