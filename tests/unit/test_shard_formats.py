@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import tarfile
 from pathlib import Path
@@ -13,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from hapi.client.distributed import Shard
 from hapi.data import DatasetManifest, open_store
 from hapi.data.formats import expand_braces
 from hapi.data.members import MemberStore, split_member
@@ -267,3 +269,26 @@ def test_each_chunk_of_the_shard_order_costs_at_most_two_ranged_requests(
             assert all(isinstance(b, bytes) for b in members.read(keys))
             assert counting.ranged - before <= 2, keys
     assert counting.whole == 0
+
+
+def _runs(indices: list[int]) -> int:
+    """How many runs of consecutive numbers `indices` make once sorted."""
+    ordered = sorted(indices)
+    return 1 + sum(b != a + 1 for a, b in itertools.pairwise(ordered))
+
+
+@pytest.mark.parametrize(("world", "batch"), [(2, 16), (4, 8)])
+def test_each_ranks_chunk_of_the_shard_order_is_one_block(world: int, batch: int) -> None:
+    # Data-parallel ranks each take a batch of every global batch: without interleaving,
+    # a rank's chunk would be a scattered part of several shuffled blocks.
+    sizes = [37, 50, 23, 41, 29, 64, 30, 45]
+    keys = [f"s/{s:02d}.tar#{m:03d}" for s, n in enumerate(sizes) for m in range(n)]
+    order = shard_order(keys, seed=2, epoch=1, block=32, ranks=world, batch=batch)
+    assert order is not None and sorted(order.tolist()) == list(range(len(keys)))
+    whole = len(keys) // (32 * world) * 32  # each rank's part before the tail
+    for rank in range(world):
+        mine = Shard(rank=rank, world=world).take(order, batch).tolist()
+        for start in range(0, whole, 32):
+            # One block: consecutive members of one shard, or the end of one and the
+            # start of the next (two runs of manifest indices).
+            assert _runs(mine[start : start + 32]) <= 2

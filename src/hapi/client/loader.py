@@ -172,7 +172,12 @@ class FeatureLoader:
             order = np.arange(n)
         else:
             sharded = shard_order(
-                self.manifest.keys, seed=self.seed, epoch=epoch, block=self.chunk_size
+                self.manifest.keys,
+                seed=self.seed,
+                epoch=epoch,
+                block=self.chunk_size,
+                ranks=self.shard.world if self.shard is not None else 1,
+                batch=self.batch_size,
             )
             order = (
                 sharded

@@ -25,7 +25,14 @@ SHARDS_MIXED = 4
 
 
 def shard_order(
-    keys: Sequence[str], *, seed: int, epoch: int, block: int, group: int = SHARDS_MIXED
+    keys: Sequence[str],
+    *,
+    seed: int,
+    epoch: int,
+    block: int,
+    group: int = SHARDS_MIXED,
+    ranks: int = 1,
+    batch: int = 0,
 ) -> np.ndarray | None:
     """The epoch's order of the indices of `keys`, or None when no key names a shard's
     member (then any permutation reads as well as another).
@@ -37,6 +44,10 @@ def shard_order(
         block: consecutive members kept together (the loader's chunk size: its chunks
             then fall on blocks).
         group: shards shuffled together.
+        ranks: data-parallel ranks, each taking its `batch` of every global batch of
+            `batch` x `ranks` (`Shard.take`): with `batch` dividing `block`, the blocks are
+            interleaved so that each rank's part of the order is whole blocks.
+        batch: the per-rank batch size (with `ranks`).
     """
     shards: dict[str, list[int]] = {}
     members = 0
@@ -67,4 +78,19 @@ def shard_order(
         shuffled = [blocks[i] for i in rng.permutation(len(blocks))]
         for b in shuffled + ([last] if last is not None else []):
             out.append(rng.permutation(stream[starts[b] : starts[b] + block]))
+    if ranks > 1 and batch > 0 and block % batch == 0:
+        out = _interleave(out, block, ranks, batch)
     return np.concatenate(out)
+
+
+def _interleave(blocks: list[np.ndarray], block: int, ranks: int, batch: int) -> list[np.ndarray]:
+    # Rank r takes the r-th `batch` of each global batch: a round of `ranks` blocks laid
+    # out batch by batch gives rank r all of the round's r-th block (else a rank's chunk is
+    # a scattered part of several blocks, a request per few members). A tail of fewer
+    # than `ranks` full blocks stays as it is.
+    out: list[np.ndarray] = []
+    full = sum(len(b) == block for b in blocks) // ranks * ranks
+    for first in range(0, full, ranks):
+        round_ = blocks[first : first + ranks]
+        out += [b[s : s + batch] for s in range(0, block, batch) for b in round_]
+    return out + blocks[full:]
