@@ -254,3 +254,11 @@ def test_the_cache_fills_through_failover_and_recall(tmp_path: Path) -> None:
         asked = len(a.tickets) + len(b.tickets)
         assert _epoch(loader, 1) == _in_order(loader, 1)
     assert loader.stats.cached == 23 and len(a.tickets) + len(b.tickets) == asked
+
+
+def test_a_resumed_epochs_chunks_keep_the_epochs_boundaries(source: MemorySource) -> None:
+    loader = _loader(source)
+    whole = [keys for keys, _ in loader.chunks(0)]
+    resumed = [keys for keys, _ in loader.chunks(0, start=7)]
+    # The rest of the chunk it stopped in, then the epoch's own chunks from there on.
+    assert resumed[0] == whole[1][3:] and resumed[1:] == whole[2:]

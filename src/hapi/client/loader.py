@@ -9,6 +9,7 @@ works the way it does - windows, reading in order, epochs back to back, the feat
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Iterator, Sequence
 
@@ -188,15 +189,17 @@ class FeatureLoader:
 
     def chunks(self, epoch: int, *, start: int = 0) -> list[tuple[list[str], list[int]]]:
         """The epoch's chunks in order, each as (keys, labels), from place `start` of its
-        order on."""
-        order = self.order(epoch)[start:]
+        order on. Chunks keep the epoch's boundaries (multiples of `chunk_size`): a resumed
+        epoch's first chunk is the rest of the one it stopped in, so a sharded dataset's
+        chunks stay one block of one shard each (`hapi.data.shard_order`)."""
+        order = self.order(epoch)
         keys, labels = self.manifest.keys, self.manifest.labels
+        size = self.chunk_size
+        bounds = [start, *range(-(-start // size) * size, len(order), size), len(order)]
         return [
-            (
-                [keys[j] for j in order[start : start + self.chunk_size]],
-                [labels[j] for j in order[start : start + self.chunk_size]],
-            )
-            for start in range(0, len(order), self.chunk_size)
+            ([keys[j] for j in order[a:b]], [labels[j] for j in order[a:b]])
+            for a, b in itertools.pairwise(bounds)
+            if b > a
         ]
 
     def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
