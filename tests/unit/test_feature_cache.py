@@ -6,7 +6,9 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -172,3 +174,25 @@ def test_views_apply_to_the_default_augmentation() -> None:
     assert config.train_transforms.views == 3 and config.train_transforms.is_random
     plain = JobConfig(model="m", dataset="d", server="grpc://127.0.0.1:1", repo="r", augment=False)
     assert plain.train_transforms == plain.test_transforms
+
+
+def test_the_server_writer_drops_what_would_wait_past_its_bound(tmp_path: Path) -> None:
+    from hapi.server._write_behind import WriteBehind
+
+    class SlowCache(FeatureCache):
+        def __init__(self, root: Path, gate: threading.Event) -> None:
+            super().__init__(root)
+            self.gate = gate
+
+        def put_many(self, *args: Any, **kwargs: Any) -> None:
+            self.gate.wait(10)
+            super().put_many(*args, **kwargs)
+
+    gate = threading.Event()
+    writer = WriteBehind(SlowCache(tmp_path, gate), max_bytes=3 * 4000)
+    row = torch.zeros(1000)  # 4,000 bytes
+    kept = [writer.offer(SPACE, [n], [row]) for n in _names(5)]
+    assert kept == [True, True, True, False, False] and writer.dropped == 2
+    gate.set()
+    writer.close()
+    assert sum(FeatureCache(tmp_path).get(SPACE, n) is not None for n in _names(5)) == 3

@@ -257,6 +257,7 @@ class ServerFeatureCache:
             writes=s.writes,
             evictions=s.evictions,
             corrupt=s.corrupt,
+            dropped=self.writer.dropped,
         )
 
     def flush(self) -> None:

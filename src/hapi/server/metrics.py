@@ -302,6 +302,9 @@ class _FeatureCacheCollector:
         yield CounterMetricFamily(
             f"{prefix}_corrupt", "Entries that failed their checksum (removed).", s.corrupt
         )
+        yield CounterMetricFamily(
+            f"{prefix}_dropped", "Computed features not kept: the writer was behind.", s.dropped
+        )
         yield GaugeMetricFamily(f"{prefix}_bytes", "Entries' bytes on disk.", s.bytes_held)
         yield GaugeMetricFamily(f"{prefix}_max_bytes", "The cache's size bound.", s.max_bytes)
 

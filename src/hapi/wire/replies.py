@@ -127,6 +127,9 @@ class FeatureCacheStats(_Reply):
     evictions: int = 0
     corrupt: int = 0
     """Entries that failed their checksum: misses, and removed."""
+    dropped: int = 0
+    """Computed features not kept: the writer had too much waiting (the disk is slower
+    than the server computes), so a later job computes them again."""
 
 
 class ServerStats(_Reply):
