@@ -292,3 +292,34 @@ def test_each_ranks_chunk_of_the_shard_order_is_one_block(world: int, batch: int
             # One block: consecutive members of one shard, or the end of one and the
             # start of the next (two runs of manifest indices).
             assert _runs(mine[start : start + 32]) <= 2
+
+
+def test_the_servers_feature_cache_reads_a_chunks_members_in_one_request(
+    tmp_path: Path,
+) -> None:
+    from hapi.data import read_objects
+    from hapi.server.feature_cache import _VersionedReader
+
+    store = open_store(tmp_path)
+    store.put("shards/a.tar", _tar(_samples(64)))
+    counting = Counting(store)
+    members = MemberStore(counting)
+
+    class Served:
+        """The server's store as the feature cache reads it: members, with versions."""
+
+        def __init__(self) -> None:
+            self.members = members
+
+        def get_versioned(self, key: str) -> tuple[bytes, str]:
+            return members.get_versioned(key)
+
+    reader = _VersionedReader(Served())
+    keys = [f"shards/a.tar#s{i:04d}" for i in (7, 3, 5, 4, 6, 8)]
+    members.indexes.get("shards/a.tar")
+    before = counting.ranged
+    got = list(read_objects(reader, keys))  # type: ignore[arg-type]
+    assert counting.ranged - before == 1 and counting.whole == 0
+    assert got == [_image(i) for i in (7, 3, 5, 4, 6, 8)]
+    # Each member's version is its shard's, so the entry it fills is a hit next time.
+    assert reader.versions == dict.fromkeys(keys, members.indexes.version("shards/a.tar"))

@@ -12,12 +12,13 @@ from collections import deque
 from collections.abc import Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Protocol, cast
 
 import torch
 
 from hapi.data.images import load_sample
 from hapi.data.members import MemberStore, split_member
-from hapi.data.store import ObjectStore, Store
+from hapi.data.store import ObjectStore
 from hapi.data.transforms import Transforms
 from hapi.errors import HapiError
 
@@ -150,12 +151,23 @@ def load_samples(
         yield load_one(key, label, data, transforms, seed=seed, epoch=epoch, skip=skip)
 
 
-def _members(store: ObjectStore, keys: Sequence[str]) -> MemberStore | None:
+class MemberReader(Protocol):
+    """Reads shard members, those close together in one request (`MemberStore.read`)."""
+
+    def read(
+        self, keys: Sequence[str], *, ahead: int = 16, max_bytes: int | None = None
+    ) -> Iterator[bytes | BaseException]: ...
+
+
+def _members(store: ObjectStore, keys: Sequence[str]) -> MemberReader | None:
     if not any(split_member(k) is not None for k in keys):
         return None
     if isinstance(store, MemberStore):
         return store
-    return store.members if isinstance(store, Store) else None
+    # A `Store`, or a wrapper that reads members as one does (the server's feature cache
+    # reads them noting their versions).
+    members = getattr(store, "members", None)
+    return cast(MemberReader, members) if members is not None else None
 
 
 def _read(store: ObjectStore, key: str) -> bytes | BaseException:

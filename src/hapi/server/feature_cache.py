@@ -23,14 +23,15 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 import pyarrow as pa
 import torch
 from torch import nn
 
 from hapi.cache import FeatureCache, FeatureSpace, entry_name
+from hapi.data.members import split_member
 from hapi.data.samples import read_objects
 from hapi.graph import INPUT, RAW
 from hapi.graph.content import module_digest
@@ -280,6 +281,32 @@ class _VersionedReader:
         data, version = self.store.get_versioned(key)
         self.versions[key] = version
         return data
+
+    @property
+    def members(self) -> _VersionedMembers | None:
+        """Shard members read as the store reads them - those close together in one
+        request - noting their versions (`read_objects` reads members through it)."""
+        members = getattr(self.store, "members", None)
+        return None if members is None else _VersionedMembers(members, self.versions)
+
+
+class _VersionedMembers:
+    """A `MemberStore`'s batched reads, each member's version noted: its shard's, as the
+    shard's index holds it once the read checked it (`MemberStore.get_versioned`'s rule)."""
+
+    def __init__(self, members: Any, versions: dict[str, str]) -> None:
+        self.members, self.versions = members, versions
+
+    def read(
+        self, keys: Sequence[str], *, ahead: int = 16, max_bytes: int | None = None
+    ) -> Iterator[bytes | BaseException]:
+        reads = self.members.read(keys, ahead=ahead, max_bytes=max_bytes)
+        for key, data in zip(keys, reads, strict=True):
+            parts = split_member(key)
+            if parts is not None and not isinstance(data, BaseException):
+                # A whole object among members has no version here: it is not kept.
+                self.versions[key] = self.members.indexes.version(parts[0])
+            yield data
 
 
 class _CachedChunk:
