@@ -24,7 +24,7 @@ from hapi.client import _fetch_events as events
 from hapi.client._flow import DONE, Flow, Stopped, busy_clock
 from hapi.client._merge import ChunkMerge
 from hapi.client._trainer_cache import TrainerCache
-from hapi.client.history import Event
+from hapi.client.history import Event, ignore_event
 from hapi.client.local import LocalCompute
 from hapi.client.rebatch import Convert, Piece
 from hapi.client.retry import RetryPolicy
@@ -44,10 +44,6 @@ from hapi.errors import (
 from hapi.wire import ChunkTicket, FeatureBatch
 
 __all__ = ["DONE", "FetchContext", "Fetcher", "Flow", "busy_clock"]
-
-
-def _ignore(event: Event) -> None:
-    pass
 
 
 @dataclass(frozen=True)
@@ -73,7 +69,7 @@ class FetchContext:
     convert: Convert | None = None
     cache: TrainerCache | None = None
     fallback: ObjectStore | None = None
-    record: Callable[[Event], None] = _ignore
+    record: Callable[[Event], None] = ignore_event
     on_part: Callable[[int, list[str]], None] | None = None
 
 

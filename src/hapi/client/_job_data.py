@@ -169,9 +169,10 @@ class JobData:
         if cache is None:
             return False
         manifest = self.manifest(self.config.dataset)
-        if not manifest.versions:
+        versions = manifest.version_map()
+        if versions is None:
             return False
-        cache.set_versions(epoch, dict(zip(manifest.keys, manifest.versions, strict=True)))
+        cache.set_versions(epoch, versions)
         return cache.holds(epoch, manifest.keys)
 
     @contextlib.contextmanager

@@ -20,7 +20,7 @@ from hapi.client._epoch_run import EpochRun, LoaderStats, Windows
 from hapi.client._fetch import FetchContext
 from hapi.client._trainer_cache import TrainerCache
 from hapi.client.distributed import Shard
-from hapi.client.history import Event
+from hapi.client.history import Event, ignore_event
 from hapi.client.local import LocalCompute
 from hapi.client.rebatch import Batch, Convert
 from hapi.client.retry import RetryPolicy
@@ -143,7 +143,7 @@ class FeatureLoader:
             convert=convert,
             cache=cache,
             fallback=fallback,
-            record=record if record is not None else _ignore,
+            record=record if record is not None else ignore_event,
             on_part=on_part,
         )
         """What fetching needs of this loader, fixed for its life."""
@@ -271,9 +271,9 @@ class FeatureLoader:
         """The objects' versions, listed now (None: not listed - no `relist`, or the
         listing failed, and the epoch is then neither looked up in the cache nor kept)."""
         if self.relist is None:
-            return _versions(self.manifest)
+            return self.manifest.version_map()
         try:
-            return _versions(self.relist())
+            return self.relist().version_map()
         except HapiError as exc:
             log.warning(
                 "listing the dataset's versions failed (%s): this epoch does not use the "
@@ -292,13 +292,3 @@ class FeatureLoader:
             self, epoch, chunks, windows=windows, before=before, versions=versions
         )
         return self._ahead
-
-
-def _ignore(event: Event) -> None:
-    pass
-
-
-def _versions(manifest: DatasetManifest) -> dict[str, str] | None:
-    if not manifest.versions:
-        return None  # an older server lists no versions: nothing is cached
-    return dict(zip(manifest.keys, manifest.versions, strict=True))

@@ -128,6 +128,12 @@ class DatasetManifest:
             tuple(self.versions[i] for i in indices) if self.versions else (),
         )
 
+    def version_map(self) -> dict[str, str] | None:
+        """Each key's version, or None where the listing gave none (an older server)."""
+        if not self.versions:
+            return None
+        return dict(zip(self.keys, self.versions, strict=True))
+
     def counts(self) -> dict[str, int]:
         """The number of samples of each class, in class order."""
         tally = [0] * len(self.classes)
