@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hapi.client._codec_choice import codec_candidates, job_codecs, loop_codec, measure_codecs
-from hapi.client.config import JobConfig
+from hapi.client.job_config import JobConfig
 from hapi.data import Transforms, synth_image
 from hapi.errors import InvalidRequest
 from hapi.graph import ModelSpec, build_model, trace

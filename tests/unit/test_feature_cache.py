@@ -161,14 +161,14 @@ def test_views_repeat_every_k_epochs() -> None:
 def test_cache_options_that_contradict_are_refused(
     options: dict[str, object], message: str
 ) -> None:
-    from hapi.client.config import JobConfig
+    from hapi.client.job_config import JobConfig
 
     with pytest.raises(InvalidRequest, match=message):
         JobConfig(model="m", dataset="d", server="grpc://127.0.0.1:1", repo="r", **options)  # type: ignore[arg-type]
 
 
 def test_views_apply_to_the_default_augmentation() -> None:
-    from hapi.client.config import JobConfig
+    from hapi.client.job_config import JobConfig
 
     config = JobConfig(model="m", dataset="d", server="grpc://127.0.0.1:1", repo="r", views=3)
     assert config.train_transforms.views == 3 and config.train_transforms.is_random

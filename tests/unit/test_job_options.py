@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 
-from hapi.client.config import JobConfig, JobOptions
+from hapi.client.job_config import JobConfig, JobOptions
 
 
 def test_every_option_is_a_config_field_of_the_same_type() -> None:

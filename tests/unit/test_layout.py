@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hapi.graph import ModelSpec, build_model, standard_layout, trace
-from hapi.graph.layout import is_standard_layout
+from hapi.graph.strides import is_standard_layout
 from hapi.wire import decode_batch, encode_batch, feature_schema
 
 

@@ -8,8 +8,8 @@ processes. `cacheability` says whether a job's features repeat between epochs at
 
 from __future__ import annotations
 
+from hapi.cache.feature_dir import CacheStats, FeatureCache, SpaceUsage, default_cache_root
 from hapi.cache.space import Cacheability, FeatureSpace, cacheability, entry_name
-from hapi.cache.store import CacheStats, FeatureCache, SpaceUsage, default_cache_root
 
 __all__ = [
     "CacheStats",

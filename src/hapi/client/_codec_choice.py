@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from hapi.cache import cacheability
-from hapi.client.config import JobConfig
+from hapi.client.job_config import JobConfig
 from hapi.data import Transforms, load_sample
 from hapi.graph import ModelGraph
 from hapi.plan import Plan

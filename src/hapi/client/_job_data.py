@@ -14,9 +14,9 @@ from hapi.client._codec_choice import Codec, loop_codec
 from hapi.client._decode import RawDecoder
 from hapi.client._job_model import JobModel
 from hapi.client._trainer_cache import TrainerCache, head_content_digest, loop_space
-from hapi.client.config import JobConfig
 from hapi.client.connection import Connection, connect
 from hapi.client.history import Event
+from hapi.client.job_config import JobConfig
 from hapi.client.loader import FeatureLoader
 from hapi.client.local import LocalCompute
 from hapi.client.retry import RETRYABLE, RetryPolicy

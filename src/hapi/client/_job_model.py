@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from hapi._tracing import TRACING
+from hapi._fx_lock import TRACING
 from hapi.client._from_repo import build_from_repo
 from hapi.client._parts import ModelParts
-from hapi.client.config import JobConfig
 from hapi.client.connection import Connection
 from hapi.client.distributed import DataParallel
 from hapi.client.export import UploadedHeads
+from hapi.client.job_config import JobConfig
 from hapi.client.rebatch import Batch
 from hapi.graph import INPUT, RAW, ModelGraph, ModelSpec, build_model, trace
 from hapi.plan import choose_freeze

@@ -1,4 +1,4 @@
-"""Measuring a job's plan on one server: the job's side of `hapi.client.planning`."""
+"""Measuring a job's plan on one server: the job's side of `hapi.client.measuring`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hapi.client._codec_choice import job_codecs
 from hapi.client._profile_cache import ProfileCache
 from hapi.client.connection import Connection
 from hapi.client.history import Event
-from hapi.client.planning import plan_job
+from hapi.client.measuring import plan_job
 from hapi.plan import Plan, Workload
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hapi._tracing import TRACING
+from hapi._fx_lock import TRACING
 from hapi.graph import INPUT, ModelGraph
 
 __all__ = ["ModelParts"]

@@ -10,7 +10,7 @@ Heads are exported when a cut is first used, not for every cut up front: a plan 
 or two cuts, and exporting each of a deep model's cut points costs seconds apiece. For
 `cut="auto"` the planner's server probe is a chunk at the freeze cut (the server can time
 only a head it holds), and the other cuts' server times are the trainer's own per-cut
-times scaled by the server/trainer ratio measured there (`hapi.client.planning`): the
+times scaled by the server/trainer ratio measured there (`hapi.client.measuring`): the
 layers' relative costs are the model's, the ratio is the machines'. That is a measured
 estimate; FLOPs would be a second-hand one (they miss memory-bound layers).
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 
-from hapi._tracing import TRACING
+from hapi._fx_lock import TRACING
 from hapi.client.connection import Connection
 from hapi.graph import INPUT, ModelGraph, export_head
 from hapi.graph.export import HeadArtifact

@@ -23,10 +23,10 @@ from hapi.client._job_loops import EvalResult, Progress
 from hapi.client._job_model import JobModel
 from hapi.client._job_plan import measure_plan
 from hapi.client._resume import read_state
-from hapi.client.config import JobConfig, JobOptions
 from hapi.client.connection import Connection
 from hapi.client.distributed import DataParallel
 from hapi.client.history import EpochStats, Event, History
+from hapi.client.job_config import JobConfig, JobOptions
 from hapi.client.plan_in_force import PlanInForce
 from hapi.client.retry import RetryPolicy
 from hapi.data import DatasetManifest

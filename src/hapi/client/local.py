@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from hapi._tracing import TRACING
+from hapi._fx_lock import TRACING
 from hapi.client._decode import RawDecoder
 from hapi.graph import INPUT
 from hapi.wire import FeatureBatch, SkippedKey

@@ -42,9 +42,9 @@ __all__ = [
 ]
 
 _WHERE = {
-    "IMAGE_EXTENSIONS": ".manifest",
+    "IMAGE_EXTENSIONS": ".dataset_manifest",
     "CenterCrop": ".ops",
-    "DatasetManifest": ".manifest",
+    "DatasetManifest": ".dataset_manifest",
     "DatasetSummary": ".dataset",
     "HorizontalFlip": ".ops",
     "Normalize": ".ops",
@@ -74,9 +74,9 @@ _WHERE = {
 
 if TYPE_CHECKING:
     from hapi.data.dataset import DatasetSummary, open_dataset, summarize
+    from hapi.data.dataset_manifest import IMAGE_EXTENSIONS, DatasetManifest
     from hapi.data.folder import import_folder, local_images
     from hapi.data.images import decode_image, decoded_size, load_sample
-    from hapi.data.manifest import IMAGE_EXTENSIONS, DatasetManifest
     from hapi.data.ops import CenterCrop, HorizontalFlip, Normalize, RandomResizedCrop, Resize
     from hapi.data.samples import Sample, Skipped, load_samples, read_objects, skip_or_raise
     from hapi.data.store import ObjectStore, Store, StoreOptions, open_store

@@ -6,7 +6,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from hapi.data.manifest import DatasetManifest
+from hapi.data.dataset_manifest import DatasetManifest
 from hapi.data.members import split_member
 from hapi.data.store import ObjectStore, Store, StoreOptions, open_store
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hapi.data._upload import Progress, put_all
-from hapi.data.manifest import IMAGE_EXTENSIONS, DatasetManifest
+from hapi.data.dataset_manifest import IMAGE_EXTENSIONS, DatasetManifest
 from hapi.data.store import ObjectStore
 from hapi.errors import ObjectNotFound
 

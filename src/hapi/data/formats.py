@@ -25,7 +25,7 @@ from hapi.data.tar_index import TarIndex
 from hapi.errors import CorruptObject, InvalidRequest, ObjectNotFound, shorten
 
 if TYPE_CHECKING:
-    from hapi.data.manifest import DatasetManifest
+    from hapi.data.dataset_manifest import DatasetManifest
 
 __all__ = ["SHARD_EXTENSIONS", "expand_braces", "layout_manifest", "parquet_manifest"]
 
@@ -116,7 +116,7 @@ def parquet_manifest(
             by name (`IMAGE_COLUMNS`) when None. Keys then say it (`#row=N&image=COL`).
         label_column: the label column; found by name (`LABEL_COLUMNS`) when None.
     """
-    from hapi.data.manifest import DatasetManifest
+    from hapi.data.dataset_manifest import DatasetManifest
     from hapi.data.members import member_store
 
     indexes = member_store(store).indexes  # type: ignore[attr-defined]
@@ -150,7 +150,7 @@ def _shards_manifest(
         )
     if kinds == {"parquet"}:
         return parquet_manifest(store, prefix, files)
-    from hapi.data.manifest import DatasetManifest
+    from hapi.data.dataset_manifest import DatasetManifest
     from hapi.data.members import member_store
 
     indexes = member_store(store).indexes  # type: ignore[attr-defined]
@@ -176,7 +176,7 @@ def _shards_manifest(
 def key_list_manifest(store: ObjectStore, name: str) -> DatasetManifest:
     """A CSV (`key,label`, a header optional) or JSONL (`{"key": .., "label": ..}`) list;
     keys are relative to the list's folder and may name shard members."""
-    from hapi.data.manifest import DatasetManifest
+    from hapi.data.dataset_manifest import DatasetManifest
 
     text = store.get(name).decode("utf-8-sig")
     rows: list[tuple[str, Any]] = []

@@ -16,8 +16,8 @@ from typing import Literal
 
 import numpy as np
 
+from hapi.data.dataset_manifest import DatasetManifest
 from hapi.data.folder import local_images
-from hapi.data.manifest import DatasetManifest
 from hapi.data.store import ObjectStore
 from hapi.errors import InvalidRequest
 

@@ -17,7 +17,7 @@ import numpy as np
 from PIL import Image
 
 from hapi.data._upload import Progress, put_all
-from hapi.data.manifest import DatasetManifest
+from hapi.data.dataset_manifest import DatasetManifest
 from hapi.data.store import ObjectStore
 from hapi.errors import InvalidRequest
 

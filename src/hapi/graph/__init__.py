@@ -2,10 +2,10 @@
 
 from hapi.graph._exported import model_output
 from hapi.graph.cut_point import INPUT, RAW, CutPoint
+from hapi.graph.cut_rows import profile_rows
 from hapi.graph.export import HeadArtifact, export_head, load_head
-from hapi.graph.layout import standard_layout
 from hapi.graph.model_graph import ModelGraph
-from hapi.graph.profile import profile_rows
+from hapi.graph.strides import standard_layout
 from hapi.graph.tracing import trace
 from hapi.graph.zoo import ModelSpec, build_model, known_models
 

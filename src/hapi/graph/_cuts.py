@@ -37,8 +37,8 @@ import torch
 from torch import fx, nn
 from torch.fx.passes.shape_prop import TensorMetadata
 
+from hapi.graph._module_tracer import is_container
 from hapi.graph.cut_point import CutPoint
-from hapi.graph.tracer import is_container
 
 __all__ = [
     "Cuts",

@@ -8,7 +8,7 @@ import torch
 from torch import fx
 
 from hapi.graph._cuts import is_batch_size, sample_shape, sample_strides, shared_values
-from hapi.graph.layout import (
+from hapi.graph.strides import (
     dense_sample_strides,
     standard_layout,
     standard_strides,
@@ -22,7 +22,7 @@ def split(gm: fx.GraphModule, at: fx.Node, *, head: bool) -> fx.GraphModule:
     """A GraphModule with the nodes up to `at` (head) or the ones after it (tail).
 
     The head returns its activation in standard layout; the tail lays it out again as the
-    model had it (`hapi.graph.layout`), and copies it first if it would write into it.
+    model had it (`hapi.graph.strides`), and copies it first if it would write into it.
 
     Both share `gm`'s submodules, parameters and buffers, which are the model's own. The
     tail computes again what the head computed from the batch size and constants alone

@@ -22,9 +22,9 @@ from hapi.graph._cuts import find_cuts
 from hapi.graph._exported import export_scoped, model_output
 from hapi.graph._fx_modes import FxSource
 from hapi.graph._modal import ExportSource
+from hapi.graph._module_tracer import trace_in_mode, trace_scoped
 from hapi.graph.cut_point import CutPoint
 from hapi.graph.model_graph import ModelGraph
-from hapi.graph.tracer import trace_in_mode, trace_scoped
 
 __all__ = ["probe", "trace"]
 

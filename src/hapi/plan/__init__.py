@@ -57,7 +57,7 @@ _WHERE = {
     "LinkProfile": ".profiles",
     "Plan": ".plan",
     "PlanChange": ".replan",
-    "PlannerConfig": ".planner",
+    "PlannerConfig": ".choose",
     "ProfileKey": ".profiles",
     "ReplanConfig": ".replan_config",
     "Replanner": ".replan",
@@ -69,7 +69,7 @@ _WHERE = {
     "check_trainable": ".defaults",
     "choose_codec": ".codecs",
     "choose_freeze": ".defaults",
-    "choose_plan": ".planner",
+    "choose_plan": ".choose",
     "default_freeze": ".defaults",
     "estimate": ".cost",
     "head_segments": ".measure",
@@ -86,6 +86,7 @@ _WHERE = {
 
 if TYPE_CHECKING:
     from hapi.plan.assign import assign
+    from hapi.plan.choose import PlannerConfig, choose_plan
     from hapi.plan.chunk_measurement import ChunkMeasurement
     from hapi.plan.codecs import CodecChoice, CodecProfile, choose_codec
     from hapi.plan.cost import Estimate, Workload, best_share, estimate
@@ -103,7 +104,6 @@ if TYPE_CHECKING:
         wire_bytes,
     )
     from hapi.plan.plan import Plan
-    from hapi.plan.planner import PlannerConfig, choose_plan
     from hapi.plan.profiles import LinkProfile, ProfileKey, ServerProfile, TrainerProfile
     from hapi.plan.replan import PlanChange, Replanner
     from hapi.plan.replan_config import ReplanConfig

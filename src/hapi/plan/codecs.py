@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from hapi.errors import InvalidRequest
+from hapi.plan.choose import PlannerConfig, choose_plan
 from hapi.plan.cost import Workload
 from hapi.plan.plan import Plan
-from hapi.plan.planner import PlannerConfig, choose_plan
 from hapi.plan.profiles import WIRE_ITEMSIZE, LinkProfile, ServerProfile, TrainerProfile
 
 __all__ = ["CodecChoice", "CodecProfile", "choose_codec"]

@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hapi.graph.cut_point import INPUT, RAW
+from hapi.plan.choose import choose_plan
 from hapi.plan.chunk_measurement import ChunkMeasurement
 from hapi.plan.cost import estimate
 from hapi.plan.drift import DriftWatch, settled
 from hapi.plan.plan import Plan
-from hapi.plan.planner import choose_plan
 from hapi.plan.profiles import LinkProfile, ServerProfile, TrainerProfile
 from hapi.plan.rates import StageRates
 from hapi.plan.replan_config import ReplanConfig

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hapi.plan.planner import PlannerConfig
+from hapi.plan.choose import PlannerConfig
 
 __all__ = ["ReplanConfig"]
 

@@ -6,7 +6,6 @@ indexes them for lineage and architecture queries and is rebuilt from the store 
 """
 
 from hapi.repo.catalog_path import default_catalog_path
-from hapi.repo.config import RepoConfig
 from hapi.repo.diff import ModelDiff
 from hapi.repo.fsck import FsckReport
 from hapi.repo.gc import GcReport
@@ -18,6 +17,7 @@ from hapi.repo.push import PushTransaction
 from hapi.repo.queries import PrefixMatch
 from hapi.repo.refs import parse_ref
 from hapi.repo.repo import ModelRepo
+from hapi.repo.repo_config import RepoConfig
 from hapi.repo.tensors import tensor_hash
 from hapi.repo.usage import RepoUsage
 from hapi.repo.version import ModelVersion, PushedVersion

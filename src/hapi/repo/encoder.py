@@ -21,8 +21,8 @@ from hapi.data.store import ObjectStore
 from hapi.errors import IntegrityError, UnknownCodec
 from hapi.repo.blobs import read_blobs
 from hapi.repo.codec import encode_compressed
-from hapi.repo.config import RepoConfig
 from hapi.repo.manifest import VersionManifest
+from hapi.repo.repo_config import RepoConfig
 from hapi.repo.tensors import encode_blob
 
 __all__ = [

@@ -13,7 +13,6 @@ from hapi.data.store import ObjectStore, StoreOptions, open_store
 from hapi.errors import InvalidRequest, ObjectNotFound, RefNotFound
 from hapi.repo.catalog import Catalog
 from hapi.repo.catalog_path import default_catalog_path
-from hapi.repo.config import RepoConfig
 from hapi.repo.diff import ModelDiff, diff_manifests
 from hapi.repo.encoder import encoder_for
 from hapi.repo.epoch import mark_changed
@@ -29,6 +28,7 @@ from hapi.repo.matching import check_matches, few, layer_ids
 from hapi.repo.push import PushTransaction, build_manifest
 from hapi.repo.queries import PrefixMatch, find_versions, prefix_matches
 from hapi.repo.refs import check_name
+from hapi.repo.repo_config import RepoConfig
 from hapi.repo.resolve import lookup, not_found
 from hapi.repo.sync import forget_manifest, sync_all, sync_changed, sync_name
 from hapi.repo.usage import RepoUsage, measure_usage

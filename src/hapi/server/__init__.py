@@ -14,15 +14,15 @@ __all__ = ["HapiServer", "ServerConfig", "TokenBucket", "parse_rate", "serve"]
 
 _WHERE = {
     "HapiServer": ".server",
-    "ServerConfig": ".config",
+    "ServerConfig": ".server_config",
     "TokenBucket": ".shaping",
     "parse_rate": ".shaping",
     "serve": ".server",
 }
 
 if TYPE_CHECKING:
-    from hapi.server.config import ServerConfig
     from hapi.server.server import HapiServer, serve
+    from hapi.server.server_config import ServerConfig
     from hapi.server.shaping import TokenBucket, parse_rate
 
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _WHERE)

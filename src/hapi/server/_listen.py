@@ -12,8 +12,8 @@ import pyarrow.flight as flight
 from hapi.errors import Unauthenticated
 from hapi.server._guard import UnusedCallsRefusal
 from hapi.server.auth import TENANT_MIDDLEWARE, TenantMiddlewareFactory
-from hapi.server.config import ServerConfig
 from hapi.server.metrics import Metrics
+from hapi.server.server_config import ServerConfig
 from hapi.server.tenants import Tenants
 from hapi.server.tls import ServerTls, check_exposure, flight_location, is_loopback
 

@@ -44,7 +44,7 @@ from hapi.wire.replies import FeatureCacheStats
 if TYPE_CHECKING:
     from hapi.data import ObjectStore
     from hapi.server._outbox import Outbox
-    from hapi.server.config import ServerConfig
+    from hapi.server.server_config import ServerConfig
     from hapi.server.session import Session
     from hapi.wire import ChunkTicket
 

@@ -19,7 +19,7 @@ another head needs their memory or when there are more than `idle` of them.
 
 Concurrency: each model or head is built once, under a lock of its own key (sessions
 opening the same model wait for the first; different models build side by side), and
-tracing holds the process's `TRACING` lock alone (`hapi._tracing`: torch.fx patches
+tracing holds the process's `TRACING` lock alone (`hapi._fx_lock`: torch.fx patches
 `nn.Module` for every thread while it traces). A build that fails caches nothing.
 """
 
@@ -37,10 +37,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from hapi._tracing import TRACING
+from hapi._fx_lock import TRACING
 from hapi.errors import HapiError, InvalidRequest, UnknownModel
 from hapi.graph import ModelGraph, ModelSpec, build_model, trace
-from hapi.server.memory import static_bytes
+from hapi.server.batch_memory import static_bytes
 
 if TYPE_CHECKING:
     from hapi.repo import ModelRepo

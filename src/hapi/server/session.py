@@ -13,7 +13,7 @@ import pyarrow as pa
 import torch
 from torch import nn
 
-from hapi._tracing import TRACING
+from hapi._fx_lock import TRACING
 from hapi.data import ObjectStore, Transforms
 from hapi.data.samples import (
     Sample,
@@ -26,9 +26,9 @@ from hapi.errors import InvalidRequest, OverBudget, shorten
 from hapi.graph import RAW
 from hapi.server._counters import SessionCounters, TimedReads
 from hapi.server._outbox import Outbox
+from hapi.server.batch_memory import decoding, object_decode_bytes
 from hapi.server.budget import MemoryModel
 from hapi.server.feature_cache import NO_FEATURE_CACHE, FeatureTier, Sent
-from hapi.server.memory import decoding, object_decode_bytes
 from hapi.server.scheduler import Demand, Grant, Place, Scheduler
 from hapi.wire import (
     ChunkReport,
@@ -350,7 +350,7 @@ class Session:
         t0 = time.perf_counter()
         x = torch.stack([s.tensor for s in samples]).to(self.device)
         if self.head is not None:
-            # Shared with other heads, exclusive of tracing (see `hapi._tracing`).
+            # Shared with other heads, exclusive of tracing (see `hapi._fx_lock`).
             with TRACING.shared(), torch.inference_mode():
                 if self.request.exact:
                     # Per sample: kernels' results depend on the batch size, and the trainer

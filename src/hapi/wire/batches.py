@@ -17,7 +17,7 @@ import pyarrow as pa
 import torch
 
 from hapi.errors import InvalidRequest
-from hapi.graph.layout import standard_layout
+from hapi.graph.strides import standard_layout
 from hapi.wire.codecs import Quantized, dequantize, int8_groups, quantize
 from hapi.wire.dtypes import WireDtype, arrow_type, check_wire_dtype, torch_dtype
 

@@ -38,7 +38,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from hapi._tracing import TRACING
+from hapi._fx_lock import TRACING
 from hapi.data import Transforms, decoded_size
 from hapi.data.ops import CenterCrop, HorizontalFlip, Normalize, RandomResizedCrop, Resize
 from hapi.errors import OverBudget, shorten

@@ -40,16 +40,16 @@ from typing import TypeVar
 
 import torch
 
-from hapi._tracing import TRACING
+from hapi._fx_lock import TRACING
 from hapi.data import ObjectStore
 from hapi.data.samples import Sample, load_one
 from hapi.errors import InvalidCut, shorten
 from hapi.graph import INPUT
 from hapi.plan import head_segments, time_segments
 from hapi.plan.profiles import ProfileKey
+from hapi.server.batch_memory import decoding, object_decode_bytes, session_memory, session_name
 from hapi.server.budget import MemoryModel
 from hapi.server.head_cache import HeadCache, LoadedModel
-from hapi.server.memory import decoding, object_decode_bytes, session_memory, session_name
 from hapi.server.scheduler import Demand, Scheduler, never
 from hapi.server.session import Session
 from hapi.server.uploads import head_graph
@@ -175,7 +175,7 @@ class Profiler:
             return self.heads.model(model, size), request
         # The server holds an uploaded model's head for one cut at most, so it times
         # reading and decoding (cut 0); the trainer estimates the cuts from a chunk at
-        # its freeze cut and its own per-cut times (`hapi.client.planning`).
+        # its freeze cut and its own per-cut times (`hapi.client.measuring`).
         if any(cut > INPUT for cut in request.cuts or ()):
             raise InvalidCut(
                 "a session of an uploaded head is profiled at the input (cut 0) only: "
