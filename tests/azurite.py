@@ -14,18 +14,14 @@ import hashlib
 import hmac
 import os
 import shutil
-import subprocess
-import time
-import urllib.error
 import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 from hapi.data import StoreOptions
 
-from .seaweed import free_port
+from .launcher import Launched, free_port
 
 __all__ = ["ACCOUNT", "ACCOUNT_KEY", "AZURITE_VERSION", "Azurite", "azurite_binary"]
 
@@ -55,17 +51,17 @@ def azurite_binary() -> str:
 
 
 @dataclass
-class Azurite:
+class Azurite(Launched):
     """One `azurite-blob` on 127.0.0.1. Use as a context manager, or `start()`/`stop()`.
 
     Interface for tests: `endpoint`, `options` (a `StoreOptions` with the endpoint and the
     account's key), `client_env` (the same as environment variables) and `new_container()`.
     """
 
-    data_dir: Path
     port: int = 0
-    proc: subprocess.Popen[bytes] | None = None
-    _log: IO[bytes] | None = None
+
+    name = "Azurite"
+    log_name = "azurite.log"
 
     @property
     def endpoint(self) -> str:
@@ -85,11 +81,6 @@ class Azurite:
             "AZURE_STORAGE_ACCOUNT_NAME": ACCOUNT,
             "AZURE_STORAGE_ACCOUNT_KEY": ACCOUNT_KEY,
         }
-
-    @property
-    def log_path(self) -> Path:
-        """Where Azurite's output goes: look here when a test fails."""
-        return self.data_dir / "azurite.log"
 
     def new_container(self, prefix: str = "hapi") -> str:
         """Create a fresh, empty container and return its URI (`az://<prefix>-<random>`)."""
@@ -120,47 +111,9 @@ class Azurite:
         """
         binary = azurite_binary()
         self.port = self.port or free_port()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
         cmd = [
             binary, "--blobHost", "127.0.0.1", "--blobPort", str(self.port),
             "--location", str(self.data_dir / "data"), "--disableTelemetry", "--silent",
             "--skipApiVersionCheck",
         ]  # fmt: skip
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        last: Exception | None = None
-        try:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"Azurite exited early; see {self.log_path}")
-                try:
-                    self.new_container("ready")
-                    return self
-                except (OSError, urllib.error.URLError) as exc:
-                    last = exc
-                time.sleep(0.2)
-            raise RuntimeError(f"Azurite not ready in {timeout}s ({last}); see {self.log_path}")
-        except BaseException:
-            self.stop()
-            raise
-
-    def stop(self, grace: float = 3.0) -> None:
-        """Stop the emulator this object started, by its pid; then close its log."""
-        if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            self.proc = None
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-    def __enter__(self) -> Azurite:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        return self._launch(cmd, lambda: self.new_container("ready"), timeout)

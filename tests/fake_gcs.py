@@ -12,19 +12,15 @@ emulator's JSON API (`upload`), and read, list, size and delete them through hap
 from __future__ import annotations
 
 import json
-import subprocess
-import time
-import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 from hapi.data import StoreOptions
 
-from .seaweed import free_port
+from .launcher import Launched, free_port
 
 __all__ = ["FakeGCS", "fake_gcs_binary"]
 
@@ -46,17 +42,17 @@ def fake_gcs_binary() -> str:
 
 
 @dataclass
-class FakeGCS:
+class FakeGCS(Launched):
     """One fake-gcs-server on 127.0.0.1 (in memory). A context manager, or `start()`/`stop()`.
 
     Interface for tests: `url`, `options` (a `StoreOptions` naming the service account file),
     `client_env`, `new_bucket()` and `upload(uri, key, data)`.
     """
 
-    data_dir: Path
     port: int = 0
-    proc: subprocess.Popen[bytes] | None = None
-    _log: IO[bytes] | None = None
+
+    name = "fake-gcs-server"
+    log_name = "fake-gcs.log"
 
     @property
     def url(self) -> str:
@@ -76,10 +72,6 @@ class FakeGCS:
     def client_env(self) -> dict[str, str]:
         """Environment variables that point a process (`hapi serve`) at this emulator."""
         return {"GOOGLE_SERVICE_ACCOUNT": str(self.service_account)}
-
-    @property
-    def log_path(self) -> Path:
-        return self.data_dir / "fake-gcs.log"
 
     def new_bucket(self, prefix: str = "hapi") -> str:
         """Create a fresh, empty bucket and return its URI (`gs://<prefix>-<random>`)."""
@@ -127,41 +119,4 @@ class FakeGCS:
             "-public-host", f"127.0.0.1:{self.port}", "-backend", "memory",
             "-log-level", "warn",
         ]  # fmt: skip
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        last: Exception | None = None
-        try:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"fake-gcs-server exited early; see {self.log_path}")
-                try:
-                    self.new_bucket("ready")
-                    return self
-                except (OSError, urllib.error.URLError) as exc:
-                    last = exc
-                time.sleep(0.1)
-            raise RuntimeError(f"fake-gcs-server not ready in {timeout}s ({last})")
-        except BaseException:
-            self.stop()
-            raise
-
-    def stop(self, grace: float = 3.0) -> None:
-        """Stop the emulator this object started, by its pid; then close its log."""
-        if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            self.proc = None
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-    def __enter__(self) -> FakeGCS:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        return self._launch(cmd, lambda: self.new_bucket("ready"), timeout, interval=0.1)

@@ -10,24 +10,20 @@ and checks every request's signature.
 
 from __future__ import annotations
 
-import os
 import shutil
-import socket
-import subprocess
 import sys
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 from hapi.data import StoreOptions, open_store
+
+from .launcher import Launched, free_port
 
 __all__ = ["ACCESS_KEY", "SECRET_KEY", "SeaweedS3", "free_port", "weed_binary"]
 
 ACCESS_KEY = "hapi-test-key"
 SECRET_KEY = "hapi-test-secret"
-_GRPC_OFFSET = 10000  # SeaweedFS serves gRPC on each HTTP port + 10000
 
 
 def weed_binary() -> str:
@@ -45,32 +41,8 @@ def weed_binary() -> str:
     return found
 
 
-def free_port(taken: set[int] | None = None) -> int:
-    """A TCP port free on loopback whose gRPC twin (port + 10000) is free too.
-
-    Args:
-        taken: ports already handed out (added to), so one start never gets a port twice.
-    """
-    taken = set() if taken is None else taken
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        twin = port + _GRPC_OFFSET
-        if twin >= 65535 or {port, twin} & taken:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", twin))
-            except OSError:
-                continue
-        taken.update((port, twin))
-        return port
-    raise RuntimeError("no free port pair on 127.0.0.1")
-
-
 @dataclass
-class SeaweedS3:
+class SeaweedS3(Launched):
     """One `weed mini` with its S3 gateway on 127.0.0.1 and signature checks on.
 
     Use it as a context manager, or `start()` and `stop()`. Interface for tests:
@@ -78,10 +50,10 @@ class SeaweedS3:
     `new_bucket()` (the URI of a fresh, existing, empty bucket).
     """
 
-    data_dir: Path
     ports: dict[str, int] = field(default_factory=dict)
-    proc: subprocess.Popen[bytes] | None = None
-    _log: IO[bytes] | None = None
+
+    name = "SeaweedFS"
+    log_name = "weed.log"
 
     @property
     def endpoint(self) -> str:
@@ -103,11 +75,6 @@ class SeaweedS3:
             "AWS_ACCESS_KEY_ID": ACCESS_KEY,
             "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
         }
-
-    @property
-    def log_path(self) -> Path:
-        """Where weed's output goes: look here when a test fails."""
-        return self.data_dir / "weed.log"
 
     def new_bucket(self, prefix: str = "hapi") -> str:
         """Create a fresh, empty bucket and return its URI (`s3://<prefix>-<random>`)."""
@@ -153,57 +120,6 @@ class SeaweedS3:
             f"-filer.localSocket={self.data_dir / 'filer.sock'}",
         ]  # fmt: skip
         # TMPDIR keeps the gRPC sockets weed makes in the temp directory out of /tmp.
-        env = {
-            **os.environ,
-            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-            "TMPDIR": str(self.data_dir),
-        }
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        try:
-            self._wait_ready(timeout)
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def _wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        last: Exception | None = None
-        while time.monotonic() < deadline:
-            if self.proc is None or self.proc.poll() is not None:
-                raise RuntimeError(f"weed exited early; see {self.log_path}")
-            try:
-                self.new_bucket("ready")
-                return
-            except Exception as exc:
-                last = exc
-            time.sleep(0.3)
-        raise RuntimeError(f"SeaweedFS not ready in {timeout}s ({last}); see {self.log_path}")
-
-    def stop(self, grace: float = 3.0) -> None:
-        """Stop the server this object started, by its pid; then close its log.
-
-        Args:
-            grace: seconds weed gets to exit after SIGTERM before SIGKILL. Its graceful
-                stop can wait long on open client connections, and a test server's data
-                is thrown away anyway.
-        """
-        if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            self.proc = None
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-    def __enter__(self) -> SeaweedS3:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        env = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
+        env["TMPDIR"] = str(self.data_dir)
+        return self._launch(cmd, lambda: self.new_bucket("ready"), timeout, env=env, interval=0.3)
