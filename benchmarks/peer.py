@@ -36,8 +36,10 @@ from urllib.parse import quote, urlsplit
 
 import torch
 from _host import end, machine, pin
+from _plan_report import _label, _spread, median_epoch
+from _plan_worker import measured_epoch
 from _results import write_section
-from plan import Stage, _label, _spread, measured_epoch, median_epoch
+from plan import Stage
 
 HERE = Path(__file__).resolve().parent
 FILE_PORT = 18816

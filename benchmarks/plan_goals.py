@@ -19,8 +19,8 @@ import math
 import statistics
 from pathlib import Path
 
+from _plan_report import bound_ratio, ends_bound_ratio, median_epoch
 from _results import DETAILS, write_section
-from plan import bound_ratio, ends_bound_ratio, median_epoch
 
 HERE = Path(__file__).resolve().parent
 SOURCES = (

@@ -42,10 +42,11 @@ from pathlib import Path
 from typing import Any
 
 from _results import write_section  # benchmarks/, the script's own directory
+from _tenants_jobs import _cores, _job, _job_spec, _run_jobs
+from _tenants_report import MiB, _jain, _median_row, _plot, _table
 
 HERE = Path(__file__).resolve().parent
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
-MiB = 1 << 20
 
 
 def main() -> None:
@@ -371,118 +372,6 @@ def _run(
     }
 
 
-def _job_spec(
-    args: argparse.Namespace,
-    address: str,
-    token: str,
-    tenant: str,
-    start: float,
-    seconds: float,
-    warmup: float,
-) -> dict[str, Any]:
-    return {
-        "address": address,
-        "token": token,
-        "tenant": tenant,
-        "model": args.model,
-        "freeze": args.freeze,
-        "image_size": args.image_size,
-        "chunk": args.chunk,
-        "in_flight": args.in_flight,
-        "start": start,
-        "warmup": warmup,
-        "seconds": seconds,
-    }
-
-
-def _run_jobs(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    cores = _cores()
-    procs = [
-        subprocess.Popen(
-            ["taskset", "-c", str(cores[-1]), sys.executable, __file__, "--job", json.dumps(job)],
-            stdout=subprocess.PIPE,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
-        )
-        for job in jobs
-    ]
-    results = []
-    for proc in procs:
-        out, _ = proc.communicate(timeout=600)
-        results.append(json.loads(out.decode().strip().splitlines()[-1]))
-    return results
-
-
-def _job(spec: dict[str, Any]) -> None:
-    """One job: open a session, stream chunks `in_flight` at a time, count what arrives."""
-    from hapi.client import connect
-    from hapi.data import Transforms
-    from hapi.graph import ModelSpec
-    from hapi.wire import ChunkTicket, SessionRequest
-
-    counted = [0]
-    batches: list[int] = []
-    errors: list[str] = []
-    lock = threading.Lock()
-    conn = connect(spec["address"], token=spec["token"], timeout=120)
-    keys = list(conn.manifest("train").keys)
-    request = SessionRequest(
-        model=ModelSpec(name=spec["model"], num_classes=4).to_dict(),
-        cut=0,
-        freeze=spec["freeze"],
-        transforms=Transforms.eval(spec["image_size"]).to_dict(),
-        image_size=spec["image_size"],
-    )
-    info = conn.open_session(request)
-    info = conn.open_session(request.model_copy(update={"cut": info.freeze}))
-    time.sleep(max(spec["start"] - time.time(), 0))
-    begin = time.time() + spec["warmup"]
-    end = begin + spec["seconds"]
-    chunks = iter(range(1 << 30))
-
-    def worker() -> None:
-        while time.time() < end:
-            with lock:
-                n = next(chunks)
-            start = (n * spec["chunk"]) % len(keys)
-            part = (keys + keys)[start : start + spec["chunk"]]
-            ticket = ChunkTicket(
-                session=info.session, chunk=n, epoch=0, keys=part, labels=[0] * len(part)
-            )
-            try:
-                for piece in conn.stream(ticket):
-                    now = time.time()
-                    if piece.batch is not None and begin <= now < end:
-                        with lock:
-                            counted[0] += len(piece.batch.keys)
-                            batches.append(len(piece.batch.keys))
-            except Exception as exc:
-                with lock:
-                    errors.append(type(exc).__name__)
-                time.sleep(0.5)
-
-    threads = [threading.Thread(target=worker) for _ in range(spec["in_flight"])]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    with contextlib.suppress(Exception):
-        conn.close_session(info.session)
-    print(
-        json.dumps(
-            {
-                "tenant": spec["tenant"],
-                "samples_per_s": counted[0] / spec["seconds"],
-                "errors": len(errors),
-                "error_kinds": sorted(set(errors)),
-                "batches": len(batches),
-                "memory_per_sample": info.memory_per_sample,
-                "memory_fixed": info.memory_fixed,
-            }
-        ),
-        flush=True,
-    )
-
-
 # Helpers ---------------------------------------------------------------------------------------
 
 
@@ -507,39 +396,11 @@ def _tenants_file(root: str) -> dict[str, Any]:
     return {"path": str(path), "tokens": tokens, "env": env, "weights": weights}
 
 
-def _median_row(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """The round of median throughput, with failures and peaks over every round."""
-    ordered = sorted(rounds, key=lambda r: r["samples_per_s"])
-    row = dict(ordered[len(ordered) // 2])
-    row["rounds"] = len(rounds)
-    row["spread"] = (ordered[-1]["samples_per_s"] - ordered[0]["samples_per_s"]) / max(
-        row["samples_per_s"], 1e-9
-    )
-    row["errors"] = sum(r["errors"] for r in rounds)
-    row["oom_kills"] = sum(r["oom_kills"] or 0 for r in rounds)
-    row["killed"] = sum(1 for r in rounds if (r["server_exit"] or 0) < 0)
-    for name in ("peak_rss", "peak_charged"):
-        row[name] = max(r[name] for r in rounds)
-    tracked = [r["tracked_peak"] for r in rounds if r["tracked_peak"] is not None]
-    row["tracked_peak"] = max(tracked) if tracked else None
-    return row
-
-
 def _oom_kills(group: Path) -> int | None:
     with contextlib.suppress(OSError, ValueError, IndexError):
         text = (group / "memory.oom_control").read_text()
         return int(text.split("oom_kill ")[1].split()[0])
     return None
-
-
-def _jain(values: list[float]) -> float:
-    total = sum(values)
-    squares = sum(v * v for v in values)
-    return total * total / (len(values) * squares) if squares else 0.0
-
-
-def _cores() -> list[int]:
-    return sorted(os.sched_getaffinity(0))
 
 
 def _free_port() -> int:
@@ -558,88 +419,6 @@ def _machine() -> dict[str, Any]:
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
     return {k: str(v) if isinstance(v, Path) else v for k, v in d.items()}
-
-
-def _mib(n: float | None) -> str:
-    return "-" if n is None else f"{n / MiB:.0f}"
-
-
-def _table(
-    rows: list[dict[str, Any]],
-    sizes: dict[str, Any],
-    cold: dict[str, Any],
-    args: argparse.Namespace,
-) -> str:
-    lines = [
-        "## Many jobs on one server under a memory cap",
-        "",
-        f"`python benchmarks/tenants.py --results` on {platform.machine()}, "
-        f"{len(os.sched_getaffinity(0))} cores, no GPU, Python {platform.python_version()}. "
-        f"{args.model} frozen to `{args.freeze}` at {args.image_size} px, JPEGs stored at "
-        f"{args.stored_size} px; chunks of {args.chunk} keys, {args.in_flight} in flight per "
-        f"job, server batch up to {args.batch_size}; {args.seconds:.0f} s measured after "
-        f"{args.warmup:.0f} s. The server runs in a memory cgroup capped at what one warm "
-        f"job made it use ({_mib(sizes['warm'])} MiB, the cgroup's peak charge) plus two "
-        f"batches of activations = {_mib(sizes['cap'])} MiB, on one core with one torch "
-        f"thread; the budget is the cap less the idle server's charge "
-        f"({_mib(sizes['idle'])} MiB) and 96 MiB: {_mib(sizes['budget'])} MiB. `fixed` = no "
-        "adaptation (unbounded budget, a compute slot per chunk); `adaptive4` = four compute "
-        "slots, so the budget binds and batches shrink. Jain's index over per-job "
-        "samples/s (per weight for `weights`); each run is the median of "
-        f"{args.repeat} interleaved rounds (spread: max - min over median; the machine is "
-        "shared), failures and peaks over all rounds. Peak charged: the cgroup's "
-        "`memory.max_usage_in_bytes`; peak anon RSS: the server's `RssAnon`, sampled every "
-        "0.1 s; a peak charge at the cap without an OOM kill is the kernel reclaiming page "
-        "cache (the dataset's files) to stay under it. Data: `out/tenants.json`.",
-        "",
-        "| run | jobs | samples/s (spread) | vs alone | Jain | 2:1 ratio | mean batch "
-        "| failed requests "
-        "| OOM kills "
-        "| peak charged MiB | peak anon RSS MiB | cap MiB | scheduler's peak MiB | budget MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
-        vs = f"{r['vs_alone']:.2f}x" if r.get("vs_alone") is not None else "-"
-        budget = "unbounded" if r["budget"] >= 1 << 40 else _mib(r["budget"])
-        killed = f"{r['oom_kills']} in {r['rounds']} rounds"
-        lines.append(
-            f"| {r['run']} | {r['jobs']} | {r['samples_per_s']:.1f} ({r['spread']:.0%}) | {vs} "
-            f"| {r['jain']:.3f} | {ratio} | {r['mean_batch']:.1f} | {r['errors']} | {killed} "
-            f"| {_mib(r['peak_charged'])} "
-            f"| {_mib(r['peak_rss'])} | {_mib(r['cap'])} "
-            f"| {_mib(r['tracked_peak'])} | {budget} |"
-        )
-    lines += [
-        "",
-        f"Cold opens: {cold['trials']} rounds of 8 sessions opened at the same moment on "
-        "models the server had not traced (resnet18 and mobilenet_v3_small at a new input "
-        "size each round), while another session streamed: "
-        f"{cold['failures']} failures in {cold['opens']} opens.",
-        "",
-        "![throughput and memory per run](out/tenants.png)",
-    ]
-    return "\n".join(lines)
-
-
-def _plot(rows: list[dict[str, Any]], sizes: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    names = [r["run"] for r in rows]
-    left.bar(names, [r["samples_per_s"] for r in rows], color="tab:blue")
-    left.set_ylabel("aggregate samples/s")
-    left.set_title("throughput")
-    right.bar(names, [r["peak_charged"] / MiB for r in rows], color="tab:orange")
-    right.axhline(sizes["cap"] / MiB, color="red", linestyle="--", label="cgroup cap")
-    right.set_ylabel("server's cgroup, peak charge (MiB)")
-    right.set_title("memory")
-    right.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
 
 
 if __name__ == "__main__":

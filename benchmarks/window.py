@@ -107,11 +107,12 @@ def _jobs(rate: str, args: argparse.Namespace) -> list[dict]:  # type: ignore[ty
     by side."""
     import tempfile
 
+    import _plan_worker
     import plan
 
     stage_args = argparse.Namespace(
         images=256, change_images=0, classes=4, stored_size=440, image_size=64,
-        batch_size=32, chunk_size=16, prefetch=plan.PREFETCH, epochs=3, trace=False,
+        batch_size=32, chunk_size=16, prefetch=_plan_worker.PREFETCH, epochs=3, trace=False,
         shaping="netns", window="grpc",
     )  # fmt: skip
     epochs: dict[tuple[str, str, str], list[float]] = {}
