@@ -1,5 +1,6 @@
-"""Compressed and int8 feature streams from a real server: jobs train on them, every key
-arrives once, compression is bit-exact and int8 is refused where exactness is asked."""
+"""Compressed, int8 and fp8 feature streams from a real server: jobs train on them, every
+key arrives once, compression is bit-exact, and 8-bit features are refused where exactness
+is asked."""
 
 from __future__ import annotations
 
@@ -78,37 +79,62 @@ def test_int8_trains_close_to_fp32_on_a_quarter_of_the_bytes(server: HapiServer)
     assert 0.1 < ratio < 0.24
 
 
-def test_every_key_of_an_int8_zstd_stream_arrives_once(server: HapiServer) -> None:
+def test_fp8_trains_close_to_fp32_on_a_quarter_of_the_bytes(server: HapiServer) -> None:
+    fp32 = _job(server)
+    fp32.fit(1, lr=0.05)
+    fp8 = _job(server, wire_dtype="fp8", wire_compression="zstd")
+    fp8.fit(1, lr=0.05)
+    assert [e.samples for e in fp8.history.epochs] == [KEYS]
+    first_fp8, first_fp32 = fp8.history.losses[0], fp32.history.losses[0]
+    assert first_fp8 != first_fp32  # rounded to 8-bit floats
+    assert abs(first_fp8 - first_fp32) < 0.01 * first_fp32
+    # One byte an element and a scale a sample, which ZSTD squeezes further.
+    ratio = fp8.history.epochs[0].bytes_received / fp32.history.epochs[0].bytes_received
+    assert 0.1 < ratio < 0.26
+
+
+@pytest.mark.parametrize("wire_dtype", ["int8", "fp8"])
+def test_every_key_of_an_8_bit_zstd_stream_arrives_once(
+    server: HapiServer, wire_dtype: str
+) -> None:
     request = SessionRequest(
         model={"name": "resnet18"},
         cut=3,
         freeze=3,
         transforms=_job(server).config.train_transforms.to_dict(),
         image_size=SIZE,
-        wire_dtype="int8",
+        wire_dtype=wire_dtype,
         compression="zstd",
     )
     with connect(server.address) as conn:
         info = conn.open_session(request)
-        assert (info.wire_dtype, info.compression) == ("int8", "zstd")
+        assert (info.wire_dtype, info.compression) == (wire_dtype, "zstd")
         manifest = conn.manifest("train")
         loader = FeatureLoader(conn, info.session, manifest, batch_size=4, chunk_size=5)
         batches = list(loader.batches(0))
         delivered = [k for b in batches for k in b.keys]
         assert sorted(delivered) == sorted(manifest.keys) and len(delivered) == KEYS
         assert all(b.features.dtype == torch.float32 for b in batches)
-        conn.close_session(info.session)
+        # Packed once: what the server counted is what its batches hold compressed.
+        stats = conn.close_session(info.session)
+        assert 0 < stats.bytes_sent < 0.9 * KEYS * info.bytes_per_sample
 
 
-def test_exact_refuses_int8_at_the_job_and_at_the_server(server: HapiServer) -> None:
+@pytest.mark.parametrize("wire_dtype", ["int8", "fp8"])
+def test_exact_refuses_8_bits_at_the_job_and_at_the_server(
+    server: HapiServer, wire_dtype: str
+) -> None:
     with pytest.raises(InvalidRequest, match="exact=True needs wire_dtype='fp32'"):
-        _job(server, exact=True, wire_dtype="int8")
+        _job(server, exact=True, wire_dtype=wire_dtype)
+    with pytest.raises(InvalidRequest, match="exact=True refuses lossy_wire=True"):
+        _job(server, exact=True, lossy_wire=True)
     body = {
         "model": {"name": "resnet18"},
         "cut": 3,
         "transforms": {},
-        "wire_dtype": "int8",
+        "wire_dtype": wire_dtype,
         "exact": True,
     }
-    with connect(server.address) as conn, pytest.raises(InvalidRequest, match="int8 rounds"):
+    rounds = f"{wire_dtype} rounds"
+    with connect(server.address) as conn, pytest.raises(InvalidRequest, match=rounds):
         conn.action(ActionType.OPEN_SESSION, json.dumps(body).encode())

@@ -81,7 +81,7 @@ def test_raw_batch_round_trips() -> None:
 
 
 def test_unknown_wire_dtype_is_refused() -> None:
-    with pytest.raises(InvalidRequest, match="fp32, fp16, bf16 or int8"):
+    with pytest.raises(InvalidRequest, match="fp32, fp16, bf16, int8 or fp8"):
         feature_schema((4,), "int4")
 
 
@@ -147,9 +147,9 @@ def test_errors_pickle() -> None:
 
 
 def test_wire_dtypes_know_their_width() -> None:
-    assert WIRE_DTYPES == ("fp32", "fp16", "bf16", "int8")
-    assert [dtype_width(d) for d in WIRE_DTYPES] == [4, 2, 2, 1]
-    with pytest.raises(InvalidRequest, match="fp32, fp16, bf16 or int8"):
+    assert WIRE_DTYPES == ("fp32", "fp16", "bf16", "int8", "fp8")
+    assert [dtype_width(d) for d in WIRE_DTYPES] == [4, 2, 2, 1, 1]
+    with pytest.raises(InvalidRequest, match="fp32, fp16, bf16, int8 or fp8"):
         check_wire_dtype("fp64")
 
 

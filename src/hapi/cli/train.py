@@ -49,7 +49,7 @@ def train(
     batch_size: int = typer.Option(None, help="Training batch size [default: 32]."),
     lr: float = typer.Option(None, help="Learning rate, SGD with momentum [default: 0.01]."),
     eval_dataset: str = typer.Option(None, help="An evaluation set's prefix."),
-    wire_dtype: str = typer.Option(None, help="Features on the wire: fp32, fp16, bf16, int8."),
+    wire_dtype: str = typer.Option(None, help="Features on the wire: fp32, fp16, bf16, int8, fp8."),
     seed: int = typer.Option(None, help="Seeds the classifier, the order, the augmentations."),
     augment: bool = typer.Option(
         None, help="Random crop and flip every epoch; --no-augment caches every feature."
@@ -97,7 +97,7 @@ class _Report(TrainHooks):
 
     def planned(self, job: TransferJob) -> None:
         self.console.print(f"[bold]hapi train[/]: {job.summary()}")
-        plan = job.plan if job.config.cut == "auto" else None
+        plan = job.plan if job.config.planning.cut == "auto" else None
         if plan is not None:  # its reason is in the summary: the table of options follows
             self.console.print("\n".join(plan.explain(limit=6).splitlines()[1:]))
 

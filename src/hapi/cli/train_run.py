@@ -57,7 +57,7 @@ class TrainConfig:
     eval_dataset: str | None = None
     """An evaluation set's prefix: its accuracy ends the summary."""
     wire_dtype: str = "fp32"
-    """Feature dtype on the wire: fp32, fp16, bf16, int8."""
+    """Feature dtype on the wire: fp32, fp16, bf16, int8, fp8."""
     seed: int = 0
     """Seeds the classifier, the epoch order and the augmentations."""
     augment: bool = True

@@ -42,7 +42,8 @@ class CodecProfile:
     decode_s: tuple[float, ...]
     """Trainer CPU seconds per sample to decode them (decompress, dequantize)."""
     lossy: bool = False
-    """Whether the features arrive other than the head computed them (int8, fp16, bf16)."""
+    """Whether the features arrive other than the head computed them (int8, fp8, fp16,
+    bf16)."""
 
     def __post_init__(self) -> None:
         if self.wire_dtype not in WIRE_ITEMSIZE:

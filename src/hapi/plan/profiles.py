@@ -31,8 +31,8 @@ __all__ = [
     "TrainerProfile",
 ]
 
-WIRE_ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
-"""Bytes per element of each wire dtype (int8's scale and offset per channel aside)."""
+WIRE_ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1, "fp8": 1}
+"""Bytes per element of each wire dtype (int8's and fp8's scales per channel aside)."""
 
 _T = TypeVar("_T")
 
@@ -99,7 +99,7 @@ class ServerProfile:
     raw_bytes: float
     """Mean object size: what RAW and a hybrid's local share carry per sample."""
     wire_dtype: str = "fp32"
-    """Dtype of features in `out_bytes`: fp32, fp16, bf16 or int8."""
+    """Dtype of features in `out_bytes`: fp32, fp16, bf16, int8 or fp8."""
     batch_size: int = 1
     """The head's batch size in the measurement (per-sample cost falls as it grows)."""
     key: ProfileKey | None = None

@@ -185,9 +185,10 @@ class ServerFeatureCache:
 
     def space(self, session: Session) -> FeatureSpace | None:
         """The space of a session's features, or None when they are not cached here: RAW
-        sends objects, not features, and int8's rounding is redone on every encode."""
+        sends objects, not features, and int8's and fp8's rounding is redone on every
+        encode."""
         request = session.request
-        if request.cut == RAW or request.wire_dtype == "int8":
+        if request.cut == RAW or request.wire_dtype in ("int8", "fp8"):
             return None
         if request.cut == INPUT or session.head is None:
             head = "input"

@@ -49,9 +49,9 @@ from hapi.wire import (
     SessionStats,
     parse,
 )
-from hapi.wire.codecs import ipc_options, wire_nbytes
 from hapi.wire.heads import head_digest_of
 from hapi.wire.messages import HasHeadRequest, KeepaliveRequest, ProfileRequest
+from hapi.wire.packed import pack, packed_schema
 from hapi.wire.replies import ChunkReport, HasHeadReply, ProfileReply
 
 if TYPE_CHECKING:
@@ -300,8 +300,8 @@ class HapiServer(flight.FlightServerBase):
             check_keys(self.store, tenant, chunk.keys)
         stream = self._stream(session, chunk, tenant, started, context)
         next(stream)  # the chunk starts now and takes its place in its connection's order
-        options = ipc_options(session.info.compression)
-        return flight.GeneratorStream(session.schema, stream, options=options)
+        schema = packed_schema(session.schema, session.info.compression)
+        return flight.GeneratorStream(schema, stream)
 
     def _stream(
         self,
@@ -332,9 +332,12 @@ class HapiServer(flight.FlightServerBase):
             try:
                 yield None
                 samples = sent = 0
-                for batch, report in out.items(gone=gone):
+                for encoded, report in out.items(gone=gone):
+                    # Compressed once, here, before its turn (so while an earlier stream
+                    # still sends): the bytes counted and shaped are the ones that cross.
+                    batch = pack(encoded, session.info.compression)
+                    nbytes = batch.nbytes
                     send()  # the first waits for the streams before it on the connection
-                    nbytes = wire_nbytes(batch, session.info.compression)
                     if self.shaper is not None:
                         waited = self.shaper.consume(nbytes, gone=gone)
                         session.stats.add(shaping_wait_s=waited)
@@ -343,10 +346,10 @@ class HapiServer(flight.FlightServerBase):
                     session.stats.add(bytes_sent=nbytes)
                     # A chunk streaming longer than the idle time is use, not abandonment.
                     session.last_used = self._clock()
-                    samples, sent = samples + batch.num_rows, sent + nbytes
-                    if session.request.cut != RAW and batch.num_rows:
+                    samples, sent = samples + encoded.num_rows, sent + nbytes
+                    if session.request.cut != RAW and encoded.num_rows:
                         # A feature session sends each batch its head ran as one wire batch.
-                        self.metrics.observe_batch(batch.num_rows)
+                        self.metrics.observe_batch(encoded.num_rows)
                     if report is not None:  # the chunk's last batch: its bytes are all counted
                         report = ChunkReport.with_sent_bytes(report, sent)
                     yield batch, (pa.py_buffer(report) if report is not None else None)

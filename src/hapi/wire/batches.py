@@ -4,8 +4,9 @@ A feature batch has columns `key` (string), `label` (int64) and `features`, a
 `fixed_shape_tensor` column, so the receiver gets a zero-copy numpy view of the batch.
 Arrow has no bfloat16, so bf16 travels as its raw 16 bits (uint16) and the schema's
 metadata says how to read them back. int8 features travel as uint8 with two more columns,
-`scale` and `offset` per sample and channel (`hapi.wire.codecs`), and are decoded to
-float32. A RAW batch carries `data` (binary object bytes).
+`scale` and `offset` per sample and channel (`hapi.wire.codecs`), fp8 features as E4M3's
+bits (uint8) with `scale`; both are decoded to float32. A RAW batch carries `data`
+(binary object bytes).
 """
 
 from __future__ import annotations
@@ -18,8 +19,17 @@ import torch
 
 from hapi.errors import InvalidRequest
 from hapi.graph.strides import standard_layout
-from hapi.wire.codecs import Quantized, dequantize, int8_groups, quantize
+from hapi.wire.codecs import (
+    Fp8,
+    Quantized,
+    dequantize,
+    dequantize_fp8,
+    int8_groups,
+    quantize,
+    quantize_fp8,
+)
 from hapi.wire.dtypes import WireDtype, arrow_type, check_wire_dtype, torch_dtype
+from hapi.wire.packed import unpack
 
 __all__ = ["FeatureBatch", "decode_batch", "encode_batch", "feature_schema", "raw_schema"]
 
@@ -49,9 +59,10 @@ def feature_schema(shape: tuple[int, ...] | list[int], wire_dtype: WireDtype) ->
         ("label", pa.int64()),
         ("features", pa.fixed_shape_tensor(arrow_type(wire_dtype), list(shape))),
     ]
-    if wire_dtype == "int8":
+    if wire_dtype in ("int8", "fp8"):
         groups = [int8_groups(tuple(shape))]
         fields.append(("scale", pa.fixed_shape_tensor(pa.float32(), groups)))
+    if wire_dtype == "int8":
         fields.append(("offset", pa.fixed_shape_tensor(pa.float32(), groups)))
     return pa.schema(fields, metadata={"hapi.wire_dtype": wire_dtype})
 
@@ -76,8 +87,8 @@ def encode_batch(
         if features is None:
             raise InvalidRequest("a feature batch needs features")
         wire_dtype = check_wire_dtype(schema.metadata[b"hapi.wire_dtype"].decode())
-        if wire_dtype == "int8":
-            q = quantize(features)
+        if wire_dtype in ("int8", "fp8"):
+            q = quantize(features) if wire_dtype == "int8" else quantize_fp8(features)
             for t in q:
                 columns.append(pa.FixedShapeTensorArray.from_numpy_ndarray(t.numpy()))
             return pa.record_batch(columns, schema=schema)
@@ -95,8 +106,9 @@ def encode_batch(
 
 
 def decode_batch(batch: pa.RecordBatch) -> FeatureBatch:
-    """Decode a batch from the wire; features come back as a torch tensor in their wire dtype
-    (int8's dequantized, as float32)."""
+    """Decode a batch from the wire (packed or not, `hapi.wire.packed`); features come back
+    as a torch tensor in their wire dtype (int8's dequantized, as float32)."""
+    batch = unpack(batch)
     keys = batch.column("key").to_pylist()
     labels = torch.from_numpy(batch.column("label").to_numpy(zero_copy_only=False).copy())
     if "data" in batch.schema.names:
@@ -109,6 +121,10 @@ def decode_batch(batch: pa.RecordBatch) -> FeatureBatch:
         q = Quantized(*(torch.from_numpy(a.copy()) for a in (array, scale, offset)))
         # Copies: torch wants writable memory, and the buffers belong to the stream.
         return FeatureBatch(keys, labels, features=dequantize(q))
+    if wire_dtype == "fp8":
+        scale = batch.column("scale").to_numpy_ndarray()
+        f8 = Fp8(*(torch.from_numpy(a.copy()) for a in (array, scale)))
+        return FeatureBatch(keys, labels, features=dequantize_fp8(f8))
     if wire_dtype == "bf16":
         features = torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
     else:

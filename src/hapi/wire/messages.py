@@ -133,9 +133,10 @@ class SessionRequest(_Request):
 
     @model_validator(mode="after")
     def _exact_is_lossless(self) -> SessionRequest:
-        if self.exact and self.wire_dtype == "int8":
+        if self.exact and self.wire_dtype in ("int8", "fp8"):
             raise ValueError(
-                "exact=True keeps features bit for bit, and int8 rounds them: send fp32 "
+                f"exact=True keeps features bit for bit, and {self.wire_dtype} rounds them: "
+                "send fp32 "
                 "(compression zstd or lz4 is lossless), or drop exact"
             )
         return self

@@ -1,0 +1,91 @@
+"""Compressed feature batches, encoded once: `pack` on the server, `unpack` on the trainer.
+
+A compressed stream's batch is compressed by the server itself, as one Arrow IPC record
+batch message with ZSTD or LZ4 buffers, and sent as the one value of a binary column; the
+feature schema rides in the packed schema's metadata, so the message carries none. Flight
+used to compress each batch as it wrote it, and the server compressed it a second time only
+to count the bytes that would cross (its shaper and its counters must charge what crosses):
+packing once gives both from one encoding. Any Arrow IPC reader undoes the message.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+
+import numpy as np
+import pyarrow as pa
+
+from hapi.errors import InvalidRequest
+from hapi.wire.codecs import Compression, check_compression, ipc_options
+
+__all__ = ["PACKED", "pack", "packed_schema", "unpack"]
+
+PACKED = b"hapi.packed"
+"""Schema metadata key of a packed stream: its value names the compression."""
+_INNER = b"hapi.schema"
+
+
+def packed_schema(schema: pa.Schema, compression: Compression) -> pa.Schema:
+    """The schema a stream of `schema`'s batches has when packed with `compression` (the
+    schema itself when none)."""
+    if check_compression(compression) == "none":
+        return schema
+    return _packed_schema(schema, compression)
+
+
+@functools.lru_cache(maxsize=64)
+def _packed_schema(schema: pa.Schema, compression: Compression) -> pa.Schema:
+    inner = base64.b64encode(schema.serialize().to_pybytes())
+    return pa.schema(
+        [("packed", pa.binary())],
+        metadata={PACKED: compression.encode(), _INNER: inner},
+    )
+
+
+def pack(batch: pa.RecordBatch, compression: Compression) -> pa.RecordBatch:
+    """`batch` compressed with `compression`, as one row of its packed schema (`batch`
+    itself when none; an empty batch packs to no rows). Its `nbytes` are what crosses."""
+    schema = packed_schema(batch.schema, compression)
+    if schema is batch.schema:
+        return batch
+    if batch.num_rows == 0:
+        return pa.RecordBatch.from_pylist([], schema=schema)
+    sink = pa.BufferOutputStream()
+    writer = pa.ipc.new_stream(sink, batch.schema, options=ipc_options(compression))
+    writer.write_batch(batch)
+    end = sink.tell()
+    stream = sink.getvalue()
+    reader = pa.BufferReader(stream)
+    pa.ipc.read_message(reader)  # the schema's message: the packed schema carries it
+    start = reader.tell()
+    message = stream.slice(start, end - start)
+    offsets = pa.py_buffer(np.array([0, message.size], dtype=np.int32).tobytes())
+    column = pa.Array.from_buffers(pa.binary(), 1, [None, offsets, message])
+    return pa.record_batch([column], schema=schema)
+
+
+def unpack(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """The feature batch a packed `batch` holds (`batch` itself when not packed).
+
+    Raises:
+        InvalidRequest: a packed batch that is not one message of its schema's batches.
+    """
+    meta = batch.schema.metadata or {}
+    if PACKED not in meta:
+        return batch
+    schema = _inner_schema(meta[_INNER])
+    if batch.num_rows == 0:
+        return pa.RecordBatch.from_pylist([], schema=schema)
+    if batch.num_rows != 1:
+        raise InvalidRequest(
+            f"a packed feature batch holds one message, got {batch.num_rows}: the server "
+            "and the trainer disagree on the wire format; upgrade the older one"
+        )
+    message = pa.ipc.read_message(pa.BufferReader(batch.column(0)[0].as_buffer()))
+    return pa.ipc.read_record_batch(message, schema)
+
+
+@functools.lru_cache(maxsize=64)
+def _inner_schema(encoded: bytes) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(encoded)))
