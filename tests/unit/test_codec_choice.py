@@ -43,23 +43,28 @@ def test_auto_weighs_every_lossless_compression_of_the_jobs_dtype() -> None:
     assert codec_candidates("int8", "zstd", lossy=False) == (("int8", "zstd"),)
 
 
-def test_lossy_wire_adds_fp16_and_int8_after_the_jobs_dtype() -> None:
+def test_lossy_wire_adds_fp16_int8_and_fp8_after_the_jobs_dtype() -> None:
     both = codec_candidates("fp32", "zstd", lossy=True)
-    assert both == (("fp32", "zstd"), ("fp16", "zstd"), ("int8", "zstd"))
-    assert [d for d, _ in codec_candidates("int8", "auto", lossy=True)] == ["int8"] * 3 + [
-        "fp16"
-    ] * 3
+    assert both == (("fp32", "zstd"), ("fp16", "zstd"), ("int8", "zstd"), ("fp8", "zstd"))
+    dtypes = [d for d, _ in codec_candidates("int8", "auto", lossy=True)]
+    assert dtypes == ["int8"] * 3 + ["fp16"] * 3 + ["fp8"] * 3
 
 
 def test_a_cached_training_loop_keeps_the_jobs_dtype_under_lossy_wire() -> None:
     # Random augmentation: nothing is cached, so lossy dtypes are weighed.
-    assert {d for d, _ in job_codecs(_config(lossy_wire=True))} == {"fp32", "fp16", "int8"}
+    assert {d for d, _ in job_codecs(_config(lossy_wire=True))} == {
+        "fp32",
+        "fp16",
+        "int8",
+        "fp8",
+    }
     # Deterministic features go to the trainer's cache, whose entries are keyed by dtype.
     assert {d for d, _ in job_codecs(_config(lossy_wire=True, augment=False))} == {"fp32"}
     assert {d for d, _ in job_codecs(_config(lossy_wire=True, augment=False, cache=False))} == {
         "fp32",
         "fp16",
         "int8",
+        "fp8",
     }
     assert {d for d, _ in job_codecs(_config())} == {"fp32"}
 

@@ -30,7 +30,7 @@ __all__ = ["Codec", "codec_candidates", "job_codecs", "loop_codec", "measure_cod
 Codec = tuple[WireDtype, Compression]
 """A wire dtype and a buffer compression."""
 
-LOSSY_DTYPES: tuple[WireDtype, ...] = ("fp16", "int8")
+LOSSY_DTYPES: tuple[WireDtype, ...] = ("fp16", "int8", "fp8")
 """The dtypes `lossy_wire=True` adds to the planner's choice."""
 
 CODEC_SAMPLES = 4
@@ -46,7 +46,7 @@ def codec_candidates(
     Args:
         wire_dtype: the job's dtype: always weighed.
         compression: the user's (fixed), or `auto`: none, lz4 and zstd.
-        lossy: weigh fp16 and int8 too (`lossy_wire=True`, and no trainer cache keyed by
+        lossy: weigh fp16, int8 and fp8 too (`lossy_wire=True`, and no trainer cache keyed by
             the job's dtype).
     """
     dtypes = [wire_dtype]
@@ -126,7 +126,7 @@ def loop_codec(wire_dtype: WireDtype, compression: Compression | str, plan: Plan
 
 
 def job_codecs(config: JobConfig) -> tuple[Codec, ...]:
-    """The codecs a job's planner weighs: its dtype, and with `lossy_wire` fp16 and int8
+    """The codecs a job's planner weighs: its dtype, and with `lossy_wire` fp16, int8 and fp8
     - unless its training features go to the trainer's cache, whose entries are keyed by
     the dtype: it then stays the job's, and the planner chooses the compression alone."""
     cached = config.cache and cacheability(config.train_transforms).cacheable
