@@ -28,12 +28,19 @@ class EpochAccounts:
     Args:
         loader: the loop's loader (its counters are the epoch's).
         totals: sums one rank's figures over every rank (data-parallel), or None.
+        one_core: whether the trainer runs on one core (receiving then competes with
+            training); None: as this process's CPU affinity says.
     """
 
     def __init__(
-        self, loader: FeatureLoader, totals: Callable[[EpochStats], EpochStats] | None = None
+        self,
+        loader: FeatureLoader,
+        totals: Callable[[EpochStats], EpochStats] | None = None,
+        *,
+        one_core: bool | None = None,
     ) -> None:
         self._loader, self._totals = loader, totals
+        self._one_core = _one_core() if one_core is None else one_core
         self._counters: dict[str, float] | None = _server_cpu(loader)
         self._t0, self._cpu0 = time.perf_counter(), time.process_time()
 
@@ -78,7 +85,7 @@ class EpochAccounts:
             decode_s=stats.postprocess_s,
             skipped=tuple(stats.skipped),
             transfer_s=stats.transfer_s,
-            trainer_s=busy + receive if _one_core() else busy,
+            trainer_s=busy + receive if self._one_core else busy,
             receive_s=receive,
             cut=cut,
             share=share,

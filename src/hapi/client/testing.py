@@ -5,24 +5,32 @@ with a report at each chunk's end, as a server does - and fails on request: a st
 after some parts (`ServerUnavailable`), a store away (`StoreUnavailable`), a session lost
 (`SessionNotFound`), a stream recalled (`StreamRecalled`). It records every ticket, so a
 test can assert what was asked of it, when, and how many streams were open at once.
+
+Given a store of objects (an in-memory `ObjectStore` of generated images), its RAW sessions
+send the objects' bytes, so a trainer's local share (hybrid plans, the baseline) runs as
+against a server; given the server's pipeline too (`compute`, a `LocalCompute`), its
+other sessions send the features that pipeline computes, the same as the trainer's own.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 
 from hapi.client.connection import ChunkPart
+from hapi.data import ObjectStore
 from hapi.errors import (
     HapiError,
     ServerUnavailable,
     SessionNotFound,
     StreamRecalled,
 )
+from hapi.graph import RAW
 from hapi.wire import (
     ChunkReport,
     ChunkTicket,
@@ -34,7 +42,10 @@ from hapi.wire import (
     SkippedKey,
 )
 
-__all__ = ["MemorySource", "feature_of"]
+__all__ = ["Compute", "MemorySource", "feature_of"]
+
+Compute = Callable[[FeatureBatch, int, int], tuple[FeatureBatch, list[SkippedKey]]]
+"""A server's pipeline: a raw batch, its epoch and a cut to features (`LocalCompute`)."""
 
 
 def feature_of(key: str, width: int = 4) -> torch.Tensor:
@@ -62,6 +73,13 @@ class MemorySource:
         part_delay_s: seconds before each part (a slow server or link).
         on_part: called with (ticket, part index) before each part, in the reading
             thread (to block, count or recall at a precise moment).
+        store: the objects; RAW sessions send their bytes. None: RAW is not served.
+        compute: with `store`, the features of the other sessions' cuts, computed from
+            the objects' bytes (None: `feature_of(key)` at every cut).
+        open_delay_s: seconds an opening session takes (a server tracing a model).
+        server_s_per_key: the server time each key reports, and adds to its session's
+            CPU counter in `stats`.
+        reports_time: whether chunk reports carry that time (older servers' do not).
     """
 
     address: str = "memory://0"
@@ -69,18 +87,31 @@ class MemorySource:
     cut: int = 1
     part_delay_s: float = 0.0
     on_part: Callable[[ChunkTicket, int], None] | None = None
+    store: ObjectStore | None = None
+    compute: Compute | None = None
+    open_delay_s: float = 0.0
+    server_s_per_key: float = 0.0
+    reports_time: bool = True
     tickets: list[ChunkTicket] = field(default_factory=list)
     """Every ticket streamed, in order."""
+    requested: list[float] = field(default_factory=list)
+    """When each ticket was streamed (`time.perf_counter()`), in the order of `tickets`."""
+    cuts: dict[str, int] = field(default_factory=dict)
+    """Each session's cut."""
+    stats_calls: int = 0
     opened: list[str] = field(default_factory=list)
     closed: list[str] = field(default_factory=list)
     keepalives: int = 0
     max_open: int = 0
     """The most streams open at once."""
+    max_open_raw: int = 0
+    """The most streams of RAW sessions open at once (a trainer's local chunks)."""
     skip: set[str] = field(default_factory=set)
     """Keys it reports skipped (a corrupt object under `on_error="skip"`)."""
     _faults: list[_Fault] = field(default_factory=list)
     _sessions: set[str] = field(default_factory=set)
     _streams: list[_MemoryStream] = field(default_factory=list)
+    _cpu_s: dict[str, float] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _ids: Iterator[int] = field(default_factory=itertools.count)
 
@@ -102,10 +133,14 @@ class MemorySource:
     # ChunkSource -------------------------------------------------------------------------
 
     def open_session(self, request: SessionRequest) -> SessionInfo:
+        if request.cut == RAW and self.store is None:
+            raise ValueError("a MemorySource serves RAW sessions only with a store")
+        time.sleep(self.open_delay_s)
         with self._lock:
             session = f"mem-{next(self._ids)}"
             self._sessions.add(session)
             self.opened.append(session)
+            self.cuts[session] = request.cut
         return SessionInfo(
             session=session,
             cut=request.cut,
@@ -133,10 +168,13 @@ class MemorySource:
             if ticket.session not in self._sessions:
                 raise SessionNotFound(f"no session {ticket.session} on {self.address}")
             self.tickets.append(ticket)
+            self.requested.append(time.perf_counter())
             fault = self._faults.pop(0) if self._faults else None
-            stream = _MemoryStream(self, ticket, fault)
+            stream = _MemoryStream(self, ticket, self.cuts[ticket.session], fault)
             self._streams.append(stream)
             self.max_open = max(self.max_open, len(self._streams))
+            raw = sum(s.cut == RAW for s in self._streams)
+            self.max_open_raw = max(self.max_open_raw, raw)
         if fault is not None and fault.after == 0:
             stream.close()
             raise fault.error
@@ -150,9 +188,40 @@ class MemorySource:
         return bool(streams)
 
     def stats(self) -> ServerStats:
+        with self._lock:
+            self.stats_calls += 1
+            sessions = {s: SessionStats(cpu_s=cpu) for s, cpu in self._cpu_s.items()}
         return ServerStats(
-            store="memory://", heads_cached=0, heads_bytes=0, bytes_sent=0, cpu_s=0.0
+            store="memory://",
+            heads_cached=0,
+            heads_bytes=0,
+            bytes_sent=0,
+            cpu_s=sum(s.cpu_s for s in sessions.values()),
+            sessions=sessions,
         )
+
+    def _served(self, session: str, keys: int) -> float:
+        """Count `keys` served on `session`; the server time they report."""
+        spent = keys * self.server_s_per_key
+        with self._lock:
+            self._cpu_s[session] = self._cpu_s.get(session, 0.0) + spent
+        return spent if self.reports_time else 0.0
+
+    def _part(self, keys: list[str], labels: list[int], epoch: int, cut: int) -> FeatureBatch:
+        """The batch a server sends for `keys` on a session at `cut`."""
+        targets = torch.tensor(labels, dtype=torch.int64)
+        if self.store is None or (cut != RAW and self.compute is None):
+            return FeatureBatch(keys, targets, features=torch.stack([feature_of(k) for k in keys]))
+        blobs = self.store.get_many(keys)
+        for blob in blobs:
+            if isinstance(blob, HapiError):
+                raise blob  # a store away fails the chunk, as a server's read does
+        raw = FeatureBatch(keys, targets, data=blobs)  # type: ignore[arg-type]
+        if cut == RAW:
+            return raw
+        assert self.compute is not None  # checked above
+        features, _ = self.compute(raw, epoch, cut)
+        return features
 
     def _closed(self, stream: _MemoryStream) -> None:
         with self._lock:
@@ -163,8 +232,10 @@ class MemorySource:
 class _MemoryStream:
     """One chunk's parts, computed as they are read."""
 
-    def __init__(self, source: MemorySource, ticket: ChunkTicket, fault: _Fault | None) -> None:
-        self.source, self.ticket, self.fault = source, ticket, fault
+    def __init__(
+        self, source: MemorySource, ticket: ChunkTicket, cut: int, fault: _Fault | None
+    ) -> None:
+        self.source, self.ticket, self.cut, self.fault = source, ticket, cut, fault
         self.cancelled = threading.Event()
         self.recalled = False
 
@@ -172,14 +243,17 @@ class _MemoryStream:
         source, ticket = self.source, self.ticket
         keys = [k for k in ticket.keys if k not in source.skip]
         label = dict(zip(ticket.keys, ticket.labels, strict=True))
+        server_s = 0.0
         try:
             for index, start in enumerate(range(0, max(len(keys), 1), source.batch_size)):
                 self._check(index)
                 part = keys[start : start + source.batch_size]
                 last = start + source.batch_size >= len(keys)
+                server_s += source._served(ticket.session, len(part))
                 report = (
                     ChunkReport(
                         chunk=ticket.chunk,
+                        server_s=server_s,
                         skipped=[
                             SkippedKey(key=k, error="CorruptObject", message="skipped")
                             for k in ticket.keys
@@ -191,10 +265,8 @@ class _MemoryStream:
                 )
                 batch = None
                 if part:
-                    features = torch.stack([feature_of(k) for k in part])
-                    labels = torch.tensor([label[k] for k in part], dtype=torch.int64)
-                    batch = FeatureBatch(part, labels, features=features)
-                yield ChunkPart(batch, 16 * len(part), report)
+                    batch = source._part(part, [label[k] for k in part], ticket.epoch, self.cut)
+                yield ChunkPart(batch, _nbytes(batch), report)
         finally:
             self.close()
 
@@ -216,3 +288,13 @@ class _MemoryStream:
 
     def close(self) -> None:
         self.source._closed(self)
+
+
+def _nbytes(batch: FeatureBatch | None) -> int:
+    """A batch's bytes on the wire: its objects', or its features'."""
+    if batch is None:
+        return 0
+    if batch.data is not None:
+        return sum(len(b) for b in batch.data)
+    assert batch.features is not None  # a batch holds one or the other
+    return batch.features.nbytes
