@@ -28,8 +28,8 @@ MBIT = 1e6 / 8
 
 
 def _config(**options: object) -> JobConfig:
-    return JobConfig(model=ModelSpec(name="resnet18"), dataset="train", server="grpc://h:1",
-                     **options)  # type: ignore[arg-type]  # fmt: skip
+    return JobConfig.from_options(model=ModelSpec(name="resnet18"), dataset="train",
+                                  server="grpc://h:1", **options)  # type: ignore[arg-type]  # fmt: skip
 
 
 def test_auto_weighs_every_lossless_compression_of_the_jobs_dtype() -> None:
@@ -71,8 +71,8 @@ def test_a_cached_training_loop_keeps_the_jobs_dtype_under_lossy_wire() -> None:
 
 def test_the_config_defaults_to_auto_and_refuses_lossy_with_exact() -> None:
     config = _config()
-    assert (config.wire_compression, config.lossy_wire) == ("auto", False)
-    assert _config(exact=True).wire_compression == "auto"  # lossless: allowed
+    assert (config.wire.compression, config.wire.lossy) == ("auto", False)
+    assert _config(exact=True).wire.compression == "auto"  # lossless: allowed
     with pytest.raises(InvalidRequest, match="exact=True refuses lossy_wire=True"):
         _config(exact=True, lossy_wire=True)
     with pytest.raises(InvalidRequest, match="unknown wire_compression 'gzip': use auto"):

@@ -182,7 +182,7 @@ def test_bad_job_settings_are_invalid_requests(options: dict[str, object], needl
     }
     fields.update(options)
     with pytest.raises(InvalidRequest, match=needle):
-        JobConfig(**fields)  # type: ignore[arg-type]
+        JobConfig.from_options(**fields)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

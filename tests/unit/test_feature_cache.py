@@ -164,15 +164,21 @@ def test_cache_options_that_contradict_are_refused(
     from hapi.client.job_config import JobConfig
 
     with pytest.raises(InvalidRequest, match=message):
-        JobConfig(model="m", dataset="d", server="grpc://127.0.0.1:1", repo="r", **options)  # type: ignore[arg-type]
+        JobConfig.from_options(
+            model="m", dataset="d", server="grpc://127.0.0.1:1", repo="r", **options
+        )  # type: ignore[arg-type]
 
 
 def test_views_apply_to_the_default_augmentation() -> None:
     from hapi.client.job_config import JobConfig
 
-    config = JobConfig(model="m", dataset="d", server="grpc://127.0.0.1:1", repo="r", views=3)
+    config = JobConfig.from_options(
+        model="m", dataset="d", server="grpc://127.0.0.1:1", repo="r", views=3
+    )
     assert config.train_transforms.views == 3 and config.train_transforms.is_random
-    plain = JobConfig(model="m", dataset="d", server="grpc://127.0.0.1:1", repo="r", augment=False)
+    plain = JobConfig.from_options(
+        model="m", dataset="d", server="grpc://127.0.0.1:1", repo="r", augment=False
+    )
     assert plain.train_transforms == plain.test_transforms
 
 

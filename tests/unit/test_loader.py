@@ -163,9 +163,13 @@ def test_a_chunk_in_flight_follows_a_change_of_cut_or_a_fall_of_the_share() -> N
 
 
 def test_a_change_of_plan_recalls_the_streams_in_flight_only_when_it_moves_them() -> None:
-    router = Router(9, 0.5)
     recalls: list[tuple[int, float]] = []
-    router.recall = lambda: recalls.append(router.in_force)
+
+    def recall() -> list[str]:
+        recalls.append(router.in_force)
+        return []
+
+    router = Router(9, 0.5, recall=recall)
     router.start(epoch=0, chunks=4)
     router.route(0)
     router.set(9, 0.75, reason="test")  # the share rose: the chunks in flight stay

@@ -129,7 +129,6 @@ def job_codecs(config: JobConfig) -> tuple[Codec, ...]:
     """The codecs a job's planner weighs: its dtype, and with `lossy_wire` fp16, int8 and fp8
     - unless its training features go to the trainer's cache, whose entries are keyed by
     the dtype: it then stays the job's, and the planner chooses the compression alone."""
-    cached = config.cache and cacheability(config.train_transforms).cacheable
-    return codec_candidates(
-        config.wire_dtype, config.wire_compression, lossy=config.lossy_wire and not cached
-    )
+    cached = config.cache.enabled and cacheability(config.train_transforms).cacheable
+    wire = config.wire
+    return codec_candidates(wire.dtype, wire.compression, lossy=wire.lossy and not cached)

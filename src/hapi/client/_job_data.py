@@ -8,8 +8,7 @@ import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from hapi._sizes import parse_bytes
-from hapi.cache import FeatureCache, cacheability
+from hapi.cache import Cacheability, FeatureCache, cacheability
 from hapi.client._codec_choice import Codec, loop_codec
 from hapi.client._decode import RawDecoder
 from hapi.client._job_model import JobModel
@@ -21,7 +20,8 @@ from hapi.client.loader import FeatureLoader
 from hapi.client.local import LocalCompute
 from hapi.client.retry import RETRYABLE, RetryPolicy
 from hapi.client.routing import Router
-from hapi.client.sessions import OnReopen, Sessions
+from hapi.client.sessions import Sessions
+from hapi.client.source import recall_all
 from hapi.data import DatasetManifest, Transforms, open_store
 from hapi.errors import ServerUnavailable
 from hapi.graph import RAW
@@ -35,13 +35,14 @@ def connect_all(config: JobConfig, given: str | Connection | Sequence[str]) -> l
     passed a `Connection`."""
     if isinstance(given, Connection):
         return [given]
+    auth = config.connect
     return [
         connect(
             address,
-            token=config.token,
-            tls_ca=config.tls_ca,
-            tls_cert=config.tls_cert,
-            tls_key=config.tls_key,
+            token=auth.token,
+            tls_ca=auth.tls_ca,
+            tls_cert=auth.tls_cert,
+            tls_key=auth.tls_key,
         )
         for address in config.servers
     ]
@@ -54,8 +55,7 @@ class JobData:
         config: the job's options.
         connections: one per server, in the order given.
         model: the job's model side (sessions name its head; local chunks run it).
-        record: receives the loops' events.
-        on_reopen: called when a lost session was opened again.
+        record: receives the loops' events (a lost session opened again among them).
     """
 
     def __init__(
@@ -65,16 +65,18 @@ class JobData:
         model: JobModel,
         *,
         record: Callable[[Event], None],
-        on_reopen: OnReopen,
     ) -> None:
         self.config, self.connections, self.model = config, connections, model
-        self.record, self.on_reopen = record, on_reopen
+        self.record = record
+        fetch = config.fetch
         self.fallback = (
-            open_store(config.store, config.store_options, create=False)
-            if config.store is not None
+            open_store(fetch.store, fetch.store_options, create=False)
+            if fetch.store is not None
             else None
         )
-        """The store, read directly while no server answers (`JobConfig.store`)."""
+        """The store, read directly while no server answers (`FetchConfig.store`)."""
+        self.recall = functools.partial(recall_all, connections)
+        """Cuts the streams in flight on every server: a loop's router's `recall`."""
         self._manifests: dict[str, DatasetManifest] = {}
         self._head_digest: str | None = None
         self._features: FeatureCache | None = None
@@ -88,7 +90,7 @@ class JobData:
             ServerUnavailable, StoreUnavailable: no listing within the retry budget.
         """
         if prefix not in self._manifests:
-            for attempt in RetryPolicy(budget_s=self.config.retry_budget_s).retrying():
+            for attempt in RetryPolicy(budget_s=self.config.fetch.retry_budget_s).retrying():
                 with attempt:
                     self._manifests[prefix] = self.list(prefix)
         return self._manifests[prefix]
@@ -122,18 +124,18 @@ class JobData:
     ) -> SessionRequest:
         """A session request at `cut`, for `connection`'s server (default: the first), its
         features sent with `codec` (default: the job's own, as the planner's probes are)."""
-        config = self.config
-        dtype, compression = codec or loop_codec(config.wire_dtype, config.wire_compression, None)
+        config, wire = self.config, self.config.wire
+        dtype, compression = codec or loop_codec(wire.dtype, wire.compression, None)
         return SessionRequest(
             model=self.model.wire_model(cut, connection or self.connections[0]),
             cut=cut,
             freeze=self.model.freeze,
             transforms=transforms.to_dict(),
-            image_size=config.image_size,
+            image_size=config.data.image_size,
             wire_dtype=dtype,
-            seed=config.seed,
-            on_error=config.on_error,
-            exact=config.exact,
+            seed=config.training.seed,
+            on_error=config.fetch.on_error,
+            exact=wire.exact,
             compression=compression if cut != RAW else "none",
         )
 
@@ -143,12 +145,11 @@ class JobData:
         """The trainer's feature cache for a loop with `transforms` whose features travel
         as `wire_dtype` (default the job's), if its features repeat."""
         config = self.config
-        dtype = wire_dtype or config.wire_dtype
-        if not config.cache or not cacheability(transforms).cacheable:
+        dtype = wire_dtype or config.wire.dtype
+        if not config.cache.enabled or not cacheability(transforms).cacheable:
             return None
         if self._features is None:
-            size = parse_bytes(config.cache_size)
-            self._features = FeatureCache(config.cache_dir, max_bytes=size)
+            self._features = FeatureCache(config.cache.dir, max_bytes=config.cache.max_bytes)
         model = self.model
         if self._head_digest is None:
             # Once: the head is frozen, and hashing a large one's weights takes a while.
@@ -158,10 +159,17 @@ class JobData:
             model.freeze,
             transforms,
             wire_dtype=dtype,
-            exact=config.exact,
-            seed=config.seed,
+            exact=config.wire.exact,
+            seed=config.training.seed,
         )
         return TrainerCache(self._features, space, transforms, dtype)
+
+    def cacheability(self) -> Cacheability:
+        """Whether the training features repeat between epochs (and are cached), and why."""
+        found = cacheability(self.config.train_transforms)
+        if found.cacheable and not self.config.cache.enabled:
+            return Cacheability(False, "not cached: cache=False")
+        return found
 
     def all_cached(self, epoch: int) -> bool:
         """Whether the trainer's cache holds every feature of training epoch `epoch`."""
@@ -193,17 +201,30 @@ class JobData:
             codec: taken once per loop: its sessions, local chunks and cache agree on it.
         """
         config, model = self.config, self.model
+        fetch, seed, exact = config.fetch, config.training.seed, config.wire.exact
+
+        def reopened(cut: int, lost: str, new: str) -> None:
+            self.record(
+                Event(
+                    "reopen",
+                    router.epoch if train else None,
+                    None,
+                    f"the server had lost the session for cut {cut} (restarted?): re-opened",
+                    {"cut": cut, "lost": lost, "session": new},
+                )
+            )
+
         sessions = [
             Sessions(
                 connection,
                 functools.partial(
                     self.request, transforms=transforms, connection=connection, codec=codec
                 ),
-                on_reopen=self.on_reopen,
+                on_reopen=reopened,
             )
             for connection in self.connections
         ]
-        decoder = RawDecoder(transforms, config.seed, config.on_error)
+        decoder = RawDecoder(transforms, seed, fetch.on_error)
         loader = FeatureLoader(
             self.connections[0],
             sessions,
@@ -214,16 +235,14 @@ class JobData:
             relist=(
                 functools.partial(self.list, prefix) if cacheability(transforms).cacheable else None
             ),
-            batch_size=config.batch_size,
-            chunk_size=config.chunk_size,
-            prefetch=config.prefetch,
-            seed=config.seed,
+            batch_size=config.training.batch_size,
+            chunk_size=fetch.chunk_size,
+            prefetch=fetch.prefetch,
+            seed=seed,
             shuffle=train,
-            retry_budget_s=config.retry_budget_s,
+            retry_budget_s=fetch.retry_budget_s,
             router=router,
-            local=LocalCompute(
-                decoder, model.graph.head, codec[0], model.device, exact=config.exact
-            ),
+            local=LocalCompute(decoder, model.graph.head, codec[0], model.device, exact=exact),
             convert=model.parts.convert,
             record=self.record,
             shard=model.dp.shard if model.dp is not None else None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -19,12 +19,13 @@ from hapi.client.distributed import DataParallel
 from hapi.client.export import UploadedHeads
 from hapi.client.job_config import JobConfig
 from hapi.client.rebatch import Batch
+from hapi.errors import InvalidRequest
 from hapi.graph import INPUT, RAW, ModelGraph, ModelSpec, build_model, trace
 from hapi.plan import choose_freeze
 from hapi.wire.messages import UploadedHead
 
 if TYPE_CHECKING:
-    from hapi.repo import ModelRepo, ModelVersion
+    from hapi.repo import ModelRepo, ModelVersion, PushedVersion
 
 __all__ = ["JobModel"]
 
@@ -33,9 +34,7 @@ class JobModel:
     """The model a job fine-tunes, and the step that trains its tail.
 
     Args:
-        model: a spec, a repository reference or the user's module.
-        config: the job's options (`num_classes`, `freeze`, `image_size`, `exact`, ...).
-        repo: the job's repository, for a repository reference.
+        config: the job's options (the model, `repo`, `training`, the image size, `exact`).
         dp: the data-parallel side, or None when the job trains alone.
 
     Raises:
@@ -43,28 +42,29 @@ class JobModel:
         InvalidCut: a freeze that leaves nothing to train.
     """
 
-    def __init__(
-        self,
-        model: ModelSpec | str | nn.Module,
-        config: JobConfig,
-        repo: ModelRepo | None,
-        dp: DataParallel | None,
-    ) -> None:
-        self.config, self.repo, self.dp = config, repo, dp
+    def __init__(self, config: JobConfig, dp: DataParallel | None) -> None:
+        self.config, self.dp = config, dp
+        self.repo: ModelRepo | None = None
+        """The job's model repository: where a `repo://` model comes from, and `push` goes."""
+        if config.repo is not None:
+            from hapi.repo import ModelRepo
+
+            self.repo = ModelRepo.open(config.repo, config.repo_store_options)
+        model = config.model
         self.base: ModelVersion | None = None
         """The repository version the job started from, when it did."""
         self.spec, self.model = self._build(model)
-        self.device = dp.device if dp is not None else torch.device(config.device)
-        size = config.image_size
+        self.device = dp.device if dp is not None else torch.device(config.training.device)
+        size = config.data.image_size
         # Exclusive: tracing patches nn.Module for every thread (a server in this process).
         with TRACING.exclusive():
             self.graph: ModelGraph = trace(self.model, input_shape=(3, size, size))
-        choice = choose_freeze(self.graph, config.freeze)
+        choice = choose_freeze(self.graph, config.training.freeze)
         self.freeze = choice.freeze
         """The last frozen cut point."""
         self.freeze_reason = choice.reason
         """Why this freeze point (the job's summary says it)."""
-        self.parts = ModelParts(self.graph, self.freeze, self.device, exact=config.exact)
+        self.parts = ModelParts(self.graph, self.freeze, self.device, exact=config.wire.exact)
         self.uploads = UploadedHeads(self.graph) if isinstance(model, nn.Module) else None
         """The heads of the user's own module, exported and uploaded to servers."""
         self.model.to(self.device)
@@ -99,7 +99,7 @@ class JobModel:
         forward and backward passes, which on the training model itself would race the
         training step's (an in-place update under a backward in flight)."""
         model = copy.deepcopy(self.model)
-        size = self.config.image_size
+        size = self.config.data.image_size
         with TRACING.exclusive():
             return trace(model, input_shape=(3, size, size))
 
@@ -117,7 +117,7 @@ class JobModel:
         frozen part before it per sample, as the server runs it). `sync`: through the
         data-parallel tail, which starts at the freeze point whatever the cut."""
         cut = max(cut, INPUT)
-        if (self.config.exact or sync) and cut < self.freeze:
+        if (self.config.wire.exact or sync) and cut < self.freeze:
             x = self.parts.convert(x, cut, self.freeze).to(self.device)
             cut = self.freeze
         tail = self.parts.tail(cut)
@@ -163,10 +163,37 @@ class JobModel:
     def to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return x.to(self.device, torch.float32), y.to(self.device)
 
+    def push(
+        self,
+        name: str,
+        *,
+        parent: str | ModelVersion | None,
+        tags: Sequence[str],
+        metrics: Mapping[str, float] | None,
+    ) -> PushedVersion:
+        """Store the model in the job's repository as the next version of `name`, derived
+        from `parent` (default: the base version), with the job's spec.
+
+        Raises:
+            InvalidRequest: the job has no repository.
+        """
+        if self.repo is None:
+            raise InvalidRequest(
+                "this job has no model repository to push to: create it with repo=<URI>"
+            )
+        return self.repo.push(
+            self.model,
+            name,
+            parent=parent if parent is not None else self.base,
+            tags=tags,
+            metrics=metrics,
+            spec=self.spec,
+        )
+
     def _build(self, model: ModelSpec | str | nn.Module) -> tuple[ModelSpec | None, nn.Module]:
         """The job's spec and model, with the base's weights when it comes from the repo;
         a module of the user's own has no spec."""
-        classes = self.config.num_classes
+        classes = self.config.training.num_classes
         if isinstance(model, nn.Module):
             return None, model
         if isinstance(model, ModelSpec):

@@ -1,46 +1,33 @@
-"""`TransferJob`: fine-tune the last layers of a model on data in an object store.
-
-A facade: the model side (`_job_model.JobModel`: build, trace, freeze, the step), the data
-side (`_job_data.JobData`: servers, datasets, the trainer's feature cache, a loop's
-loader), the plan in force (`plan_in_force.PlanInForce`) and the loops (`_job_loops`:
-training, evaluation, resumable progress) each own their part.
-"""
+"""`TransferJob`: fine-tune the last layers of a model on data in an object store. A
+facade over its parts - model, data, plan in force, loops (`docs/architecture.md`, "The
+job") - each built from its part of the `JobConfig`."""
 
 from __future__ import annotations
 
-import functools
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Unpack
 
 import torch
 from torch import nn
 
-from hapi.cache import Cacheability, cacheability
-from hapi.client import _job_loops as loops
+from hapi.cache import Cacheability
 from hapi.client._job_data import JobData, connect_all
-from hapi.client._job_loops import EvalResult, Progress
+from hapi.client._job_loops import EvalResult, JobLoops, OptimizerFactory, Progress
 from hapi.client._job_model import JobModel
-from hapi.client._job_plan import measure_plan
-from hapi.client._resume import read_state
+from hapi.client._job_plan import describe, job_plans
 from hapi.client.connection import Connection
 from hapi.client.distributed import DataParallel
-from hapi.client.history import EpochStats, Event, History
+from hapi.client.history import EpochStats, History
 from hapi.client.job_config import JobConfig, JobOptions
-from hapi.client.plan_in_force import PlanInForce
-from hapi.client.retry import RetryPolicy
 from hapi.data import DatasetManifest
-from hapi.errors import InvalidRequest, NothingToTrain
 from hapi.graph import INPUT, RAW, ModelGraph, ModelSpec
 from hapi.plan import Plan
-from hapi.repo.refs import is_repo_ref
 
 if TYPE_CHECKING:
     from hapi.repo import ModelRepo, ModelVersion, PushedVersion
 
 __all__ = ["EpochStats", "EvalResult", "History", "TransferJob"]
-
-OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
 
 class TransferJob:
@@ -62,10 +49,6 @@ class TransferJob:
     input shape (no Python branch on tensor values, no data-dependent shapes, ATen
     operators only). The job checks this when it is built.
 
-    `server` may name several servers (one beside each node of a storage cluster): each
-    chunk goes to one of them, by their measured rates and what each says is local to
-    it, and a chunk whose server fails moves to the others (`history.failovers`).
-
     Example:
         >>> job = TransferJob(model="resnet18", dataset="train", server=server.address,
         ...                   image_size=112)
@@ -86,25 +69,17 @@ class TransferJob:
         server: str | Connection | Sequence[str],
         **options: Unpack[JobOptions],
     ) -> None:
-        if isinstance(model, str) and not is_repo_ref(model):
-            model = ModelSpec(name=model)
-        elif isinstance(model, dict):
-            model = ModelSpec.from_dict(model)
         address = server.address if isinstance(server, Connection) else server
-        if not isinstance(address, str):
-            address = tuple(address)
-        self.config = config = JobConfig(model=model, dataset=dataset, server=address, **options)
-        self.repo: ModelRepo | None = None
-        if config.repo is not None:
-            from hapi.repo import ModelRepo
-
-            self.repo = ModelRepo.open(config.repo, config.repo_store_options)
+        self.config = config = JobConfig.from_options(model, dataset, address, **options)
+        """The job's options, one part per concern (`JobConfig`)."""
         self.connections = connect_all(config, server)
         """One connection per server, in the order given (connected on first use)."""
         self.connection = self.connections[0]
         """The first server's: it lists datasets and is measured for the plan."""
-        dp = DataParallel.start(config.device, config.distributed)
-        self._model = parts = JobModel(model, config, self.repo, dp)
+        dp = DataParallel.start(config.training.device, config.training.distributed)
+        self._model = parts = JobModel(config, dp)
+        self.repo: ModelRepo | None = parts.repo
+        """The model repository (`repo=`), if the job has one."""
         self.model: nn.Module = parts.model
         """The model being fine-tuned (its tail trains in place)."""
         self.spec: ModelSpec | None = parts.spec
@@ -118,25 +93,20 @@ class TransferJob:
         self.device: torch.device = parts.device
         """Where the tail trains."""
         self.history = History()
-        self._progress = Progress()
-        self._data = JobData(
-            config, self.connections, self._model, record=self._record, on_reopen=self._reopened
-        )
-        self._plans = PlanInForce(
-            fixed=self._fixed_plan(),
-            default=(self.freeze, 0.0),
-            connections=self.connections,
-            measure=functools.partial(measure_plan, self),
-            measure_aside=functools.partial(measure_plan, self, aside=True),
-            retries=RetryPolicy(budget_s=config.retry_budget_s),
-            record=self._record,
-            shared=dp.from_rank0 if dp is not None else None,
-            cached=lambda: self._data.all_cached(self._progress.next_epoch),
-        )
+        record = self.history.events.append
+        self._data = data = JobData(config, self.connections, parts, record=record)
+        progress = Progress()
+        self._plans = job_plans(config, parts, data, record, lambda: progress.next_epoch)
         """The plan in force, fixed or measured, and who may change it."""
-        if config.mode != "local":
+        self._loops = JobLoops(config, parts, data, self._plans, self.history, progress)
+        if config.planning.mode != "local":
             fixed = self._plans.fixed
-            self._model.check_exportable(fixed[0] if fixed is not None else self.freeze)
+            parts.check_exportable(fixed[0] if fixed is not None else self.freeze)
+
+    @classmethod
+    def from_config(cls, config: JobConfig) -> TransferJob:
+        """The job `config` describes (built nested, or by `JobConfig.from_options`)."""
+        return cls(config.model, config.dataset, config.server, **config.options())
 
     @property
     def trainable_parameters(self) -> list[nn.Parameter]:
@@ -151,16 +121,12 @@ class TransferJob:
     @property
     def rank(self) -> int:
         """This process's rank among data-parallel trainers (0 when training alone)."""
-        dp = self._model.dp
-        return dp.rank if dp is not None else 0
+        return self._loops.rank
 
     @property
     def world_size(self) -> int:
         """The number of data-parallel trainers (1 when training alone)."""
-        dp = self._model.dp
-        return dp.world if dp is not None else 1
-
-    # The plan -------------------------------------------------------------------------------
+        return self._loops.world_size
 
     @property
     def plan(self) -> Plan | None:
@@ -207,27 +173,11 @@ class TransferJob:
 
     def summary(self) -> str:
         """What the job trains and how its data travels, in a few lines."""
-        trained = sum(p.numel() for p in self.trainable_parameters)
-        lines = [f"{self._model.name}: {trained:,} parameters train", self.freeze_reason]
-        if self.config.mode == "local":
-            lines.append("mode=local: the baseline, raw bytes to the trainer")
-        elif (fixed := self._plans.fixed) is not None:
-            lines.append(f"cut {fixed[0]}, {fixed[1]:.0%} of chunks local, as given")
-        else:
-            plan = self.plan
-            assert plan is not None  # an auto job has one
-            lines.append(f"plan: {plan.reason}")
-        lines.append(f"features {self.cacheability().why}")
-        return "\n".join(lines)
+        return describe(self.config, self._model, self._plans, self.cacheability())
 
     def cacheability(self) -> Cacheability:
         """Whether the training features repeat between epochs (and are cached), and why."""
-        found = cacheability(self.config.train_transforms)
-        if found.cacheable and not self.config.cache:
-            return Cacheability(False, "not cached: cache=False")
-        return found
-
-    # Training -------------------------------------------------------------------------------
+        return self._data.cacheability()
 
     def fit(
         self,
@@ -263,24 +213,7 @@ class TransferJob:
             HapiError: a chunk failed for good (`CorruptObject` naming the key, or
                 `ServerUnavailable` past the retry budget), or the epoch lost keys.
         """
-        params = self.trainable_parameters
-        if not params:
-            raise NothingToTrain(
-                "nothing to train: every parameter is frozen; lower `freeze` so the last "
-                "layers train"
-            )
-        if optimizer is None:
-            optimizer = torch.optim.SGD(params, lr=lr, momentum=0.9)
-        elif not isinstance(optimizer, torch.optim.Optimizer):
-            optimizer = optimizer(params)
-        state = self._progress
-        if resume_from is not None:
-            self.load_state_dict(read_state(resume_from))
-        elif state.resumed is None:
-            state.position = state.step = 0  # an epoch a failure cut short starts again
-        if state.resumed is not None and state.resumed["optimizer"] is not None:
-            optimizer.load_state_dict(state.resumed["optimizer"])
-        return loops.fit(self, epochs, optimizer, progress)
+        return self._loops.fit(epochs, optimizer, lr=lr, progress=progress, resume_from=resume_from)
 
     def state_dict(self) -> dict[str, Any]:
         """What `fit(resume_from=...)` needs to go on as if never stopped.
@@ -292,7 +225,7 @@ class TransferJob:
         the same batches as one never stopped. The frozen head is not in it: it is the
         model the job was built from.
         """
-        return loops.state_of(self)
+        return self._loops.state_dict()
 
     def save_state(self, path: str | os.PathLike[str]) -> None:
         """Write `state_dict()` to `path` with `torch.save` (read back weights-only)."""
@@ -308,7 +241,7 @@ class TransferJob:
                 another rank or number of ranks (each rank saves its own: its shard and
                 random states are its own).
         """
-        loops.load_state(self, state)
+        self._loops.load_state(state)
 
     def evaluate(
         self, dataset: str | None = None, *, progress: Callable[[int, int], None] | None = None
@@ -318,22 +251,15 @@ class TransferJob:
         Data-parallel, every rank calls it: each evaluates its shard, and the result is
         the whole set's on every rank.
         """
-        self._plans.in_force()  # plans first, outside inference mode: planning times a backward
-        return loops.evaluate(
-            self, dataset or self.config.eval_dataset or self.config.dataset, progress
-        )
+        return self._loops.evaluate(dataset, progress)
 
     def batches_per_epoch(self) -> int:
         """Training batches (steps) in one epoch of the training set, on each rank."""
-        samples = len(self.manifest(self.config.dataset))
-        dp = self._model.dp
-        if dp is not None:
-            return dp.shard.steps(samples, self.config.batch_size)
-        return -(-samples // self.config.batch_size)
+        return self._loops.steps_per_epoch()
 
     def manifest(self, prefix: str) -> DatasetManifest:
         """The dataset under `prefix`, listed once by a server (or from the store itself,
-        `JobConfig.store`, while none answers), retried within `retry_budget_s`.
+        `FetchConfig.store`, while none answers), retried within `retry_budget_s`.
 
         Raises:
             ServerUnavailable, StoreUnavailable: no listing within the retry budget.
@@ -364,44 +290,7 @@ class TransferJob:
         Raises:
             InvalidRequest: the job has no repository (pass `repo=` to the job).
         """
-        if self.repo is None:
-            raise InvalidRequest(
-                "this job has no model repository to push to: create it with repo=<URI>"
-            )
         if metrics is None and self.history.epochs:
             last = self.history.epochs[-1]
             metrics = {"train_loss": last.loss, "train_accuracy": last.accuracy}
-        return self.repo.push(
-            self.model,
-            name,
-            parent=parent if parent is not None else self.base,
-            tags=tags,
-            metrics=metrics,
-            spec=self.spec,
-        )
-
-    # Internals ------------------------------------------------------------------------------
-
-    def _fixed_plan(self) -> tuple[int, float] | None:
-        """The (cut, share) the options fix, or None for the planner to choose."""
-        config = self.config
-        if config.mode == "local":
-            return (RAW, 0.0)
-        if config.cut == "auto":
-            return None
-        cut = self.freeze if config.cut is None else self._model.resolve_cut(config.cut)
-        return (cut, config.local_share)
-
-    def _record(self, event: Event) -> None:
-        self.history.events.append(event)
-
-    def _reopened(self, cut: int, lost: str, new: str) -> None:
-        self._record(
-            Event(
-                "reopen",
-                self._progress.epoch,
-                None,
-                f"the server had lost the session for cut {cut} (restarted?): re-opened",
-                {"cut": cut, "lost": lost, "session": new},
-            )
-        )
+        return self._model.push(name, parent=parent, tags=tags, metrics=metrics)

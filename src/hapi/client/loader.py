@@ -9,6 +9,7 @@ works the way it does - windows, reading in order, epochs back to back, the feat
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 from collections.abc import Callable, Iterator, Sequence
@@ -27,7 +28,7 @@ from hapi.client.retry import RetryPolicy
 from hapi.client.routing import Router
 from hapi.client.servers import Servers
 from hapi.client.sessions import Sessions
-from hapi.client.source import ChunkSource
+from hapi.client.source import ChunkSource, recall_all
 from hapi.data import DatasetManifest, ObjectStore
 from hapi.data.shard_order import shard_order
 from hapi.errors import (
@@ -63,7 +64,8 @@ class FeatureLoader:
         retries: at most this many retries per chunk (None: as the budget allows).
         retry_budget_s: seconds a failing chunk is retried before the epoch fails.
         cut: the session's cut, with a session id (it only labels the features).
-        router: routes each chunk (pushed down or local); default: all pushed down at `cut`.
+        router: routes each chunk (pushed down or local), built with these servers'
+            `recall_all` as its `recall`; default: all pushed down at `cut`.
         local: computes local chunks from raw bytes; needed by a router with local chunks.
         convert: carries features to a later cut (`ModelGraph.segment`), for plans whose
             cut changes mid-epoch.
@@ -124,8 +126,15 @@ class FeatureLoader:
         self.prefetch = prefetch
         self.seed = seed
         self.shuffle = shuffle
-        self.router = router if router is not None else Router(cut)
-        self.router.recall = self.recall
+        self.router = (
+            router
+            if router is not None
+            else Router(
+                cut,
+                record=record if record is not None else ignore_event,
+                recall=functools.partial(recall_all, [m.connection for m in self.servers]),
+            )
+        )
         self.local = local
         self.convert = convert
         self.record = record
@@ -245,21 +254,9 @@ class FeatureLoader:
         return run.run()
 
     def recall(self) -> None:
-        """Cut every server's chunk streams in flight (a change of plan moved their chunks)
-        with what the servers had sent ahead on them, which would otherwise cross the link
-        at the old route first; each chunk asks again for the keys it has not delivered."""
-        cut = [m.address for m in self.servers if m.connection.recall()]
-        if cut and self.record is not None:
-            self.record(
-                Event(
-                    "recall",
-                    self.router.epoch,
-                    None,
-                    f"the plan moved the chunks in flight: their streams from {', '.join(cut)} "
-                    "were cut with what the server had sent ahead, and asked again",
-                    {"servers": cut},
-                )
-            )
+        """Cut every server's chunk streams in flight (`Router.recall`): each chunk asks
+        again for the keys it has not delivered."""
+        self.router.recall()
 
     def close(self) -> None:
         """Stop fetching a next epoch that was started ahead and will not be asked for."""

@@ -137,14 +137,17 @@ class PlanInForce:
             self._fixed = (cut, share)
 
     @contextlib.contextmanager
-    def running(self, *, train: bool, replan: bool | ReplanConfig) -> Iterator[Router]:
+    def running(
+        self, *, train: bool, replan: bool | ReplanConfig, recall: Callable[[], list[str]]
+    ) -> Iterator[Router]:
         """The router of one loop. A training loop's router changes the plan in force
-        (re-planning when `replan`), and its plan is this object's when the loop ends."""
+        (re-planning when `replan`), and its plan is this object's when the loop ends.
+        `recall` cuts the loop's streams in flight (`Router`)."""
         cut, share = self.in_force()
         config = replan if isinstance(replan, ReplanConfig) else None
         replans = train and self._fixed is None and replan is not False
         replanner = Replanner(self._plan, config) if replans and self._plan is not None else None
-        router = Router(cut, share, replanner=replanner, record=self._record)
+        router = Router(cut, share, replanner=replanner, record=self._record, recall=recall)
         deferred = replans and self._plan is None and not self._unmeasured
         if not train:
             yield router

@@ -14,12 +14,17 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from hapi.client.history import Event
+from hapi.client.history import Event, ignore_event
 from hapi.errors import InvalidRequest
 from hapi.graph import INPUT, RAW
 from hapi.plan import ChunkMeasurement, Plan, Replanner, assign
 
-__all__ = ["ChunkRecord", "Route", "Router", "check_choice"]
+__all__ = ["ChunkRecord", "Route", "Router", "check_choice", "recall_nothing"]
+
+
+def recall_nothing() -> list[str]:
+    """A router's recall with no streams to cut (a loop whose sources it does not know)."""
+    return []
 
 
 @dataclass(frozen=True)
@@ -71,7 +76,10 @@ class Router:
         cut: the plan's cut (RAW: every chunk local, the baseline).
         share: the plan's local share.
         replanner: weighs measured chunks against the plan (`cut="auto"` jobs).
-        record: receives an `Event` for each change of plan.
+        record: receives an `Event` for each change of plan, and each recall.
+        recall: cuts the chunk streams in flight (a change of plan moved their chunks)
+            and returns the addresses of the servers that had some; the loop's sources'
+            (`hapi.client.source.recall_all`). Default: nothing is in flight to cut.
     """
 
     def __init__(
@@ -80,12 +88,14 @@ class Router:
         share: float = 0.0,
         *,
         replanner: Replanner | None = None,
-        record: Callable[[Event], None] | None = None,
+        record: Callable[[Event], None] = ignore_event,
+        recall: Callable[[], list[str]] = recall_nothing,
     ) -> None:
         check_choice(cut, share)
         self.cut, self.share = cut, share
         self.replanner = replanner
         self._record = record
+        self._recall = recall
         self._lock = threading.Lock()
         # The re-planner's own: chunks are observed from the fetching threads (read) and
         # the training thread (trained). Never held while taking `_lock` in `observe`.
@@ -95,9 +105,6 @@ class Router:
         self._origin = 0
         self._issued = 0
         self._pending: tuple[int, float, str, Plan | None] | None = None
-        self.recall: Callable[[], None] | None = None
-        """Called (outside its locks) when a change of plan moves the chunks in flight: the
-        loader cuts their streams at once (`FeatureLoader.recall`)."""
 
     @property
     def plan(self) -> Plan | None:
@@ -200,8 +207,25 @@ class Router:
             # The chunks in flight follow the plan pending, if any (it recalled them).
             before = self._pending[:2] if self._pending is not None else (self.cut, self.share)
             self._pending = (cut, share, reason, plan)
-        if self.recall is not None and self._moves(*before):
+        if self._moves(*before):
             self.recall()
+
+    def recall(self) -> None:
+        """Cut the chunk streams in flight with what the servers had sent ahead on them,
+        which would otherwise cross the link on the old route first; each chunk asks again
+        for the keys it has not delivered. Called outside the router's locks."""
+        cut = self._recall()
+        if cut:
+            self._record(
+                Event(
+                    "recall",
+                    self.epoch,
+                    None,
+                    f"the plan moved the chunks in flight: their streams from {', '.join(cut)} "
+                    "were cut with what the server had sent ahead, and asked again",
+                    {"servers": cut},
+                )
+            )
 
     def _moves(self, cut: int, share: float) -> bool:
         """Whether chunks routed by (`cut`, `share`) move under the plan in force."""
@@ -247,7 +271,7 @@ class Router:
         if plan is not None and self.replanner is not None:
             with self._replanning:
                 self.replanner.adopt(plan)
-        if self._record is not None and before != (cut, share):
+        if before != (cut, share):
             data = {
                 "from": {"cut": before[0], "share": before[1]},
                 "to": {"cut": cut, "share": share},

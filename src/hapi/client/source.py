@@ -10,14 +10,14 @@ the feature cache - sit in front of a source, per chunk (`hapi.client._fetch`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from hapi.client.connection import ChunkPart
     from hapi.wire import ChunkTicket, ServerStats, SessionInfo, SessionRequest, SessionStats
 
-__all__ = ["ChunkSource", "PartStream"]
+__all__ = ["ChunkSource", "PartStream", "recall_all"]
 
 
 class PartStream(Protocol):
@@ -62,3 +62,9 @@ class ChunkSource(Protocol):
     def stats(self) -> ServerStats:
         """The server's counters (per session: for servers that report no time per chunk)."""
         ...
+
+
+def recall_all(sources: Sequence[ChunkSource]) -> list[str]:
+    """Cut the streams in flight of every source in `sources` (a router's `recall`); the
+    addresses of those that had some."""
+    return [source.address for source in sources if source.recall()]
