@@ -35,7 +35,11 @@ def _same_state(a: torch.nn.Module, b: torch.nn.Module) -> bool:
             config={"img_size": 32, "patch_size": 8, "depth": 2},
             num_classes=3,
         ),
-        ModelSpec(name="hf:ViTConfig", config=SMALL_VIT, num_classes=3),
+        # Importing transformers alone takes seconds: Hugging Face specs are CI's.
+        pytest.param(
+            ModelSpec(name="hf:ViTConfig", config=SMALL_VIT, num_classes=3),
+            marks=pytest.mark.slow,
+        ),
         pytest.param(
             ModelSpec(name="hf:ViTForImageClassification", config=SMALL_VIT, seed=2),
             marks=pytest.mark.slow,
@@ -58,11 +62,8 @@ def test_timm_and_hugging_face_specs_build_the_same_model_after_the_wire(spec: M
 
 def test_unknown_names_and_options_are_refused() -> None:
     pytest.importorskip("timm")
-    pytest.importorskip("transformers")
     with pytest.raises(UnknownModel, match="unknown timm model 'nope_net'"):
         build_model(ModelSpec(name="timm:nope_net"))
-    with pytest.raises(UnknownModel, match="'NopeConfig'.*ViTConfig"):
-        build_model(ModelSpec(name="hf:NopeConfig"))
     with pytest.raises(UnknownModel, match="cannot be downloaded"):
         build_model(ModelSpec(name="timm:resnet18", weights="imagenet"))
     with pytest.raises(UnknownModel, match="bogus"):
@@ -70,6 +71,13 @@ def test_unknown_names_and_options_are_refused() -> None:
     for bad in ({"a": float("nan")}, {"a": object()}, {1: 2}, ["x"]):
         with pytest.raises(InvalidRequest, match="config"):
             ModelSpec(name="resnet18", config=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow  # importing transformers alone takes seconds
+def test_an_unknown_hugging_face_config_is_refused_with_the_known_ones() -> None:
+    pytest.importorskip("transformers")
+    with pytest.raises(UnknownModel, match="'NopeConfig'.*ViTConfig"):
+        build_model(ModelSpec(name="hf:NopeConfig"))
 
 
 def test_profile_rows_add_parameters_and_flops_per_cut() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
 
 import pytest
@@ -43,8 +44,9 @@ def models() -> tuple[nn.Module, nn.Module]:
     return base, derived
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def repo(models: tuple[nn.Module, nn.Module]) -> ModelRepo:
+    """The tests only read it: one per module (each push hashes a ResNet's weights)."""
     repo = ModelRepo.open(f"memory://{uuid.uuid4().hex}")
     base, derived = models
     repo.push(base, "base", spec=SPEC)
@@ -52,6 +54,7 @@ def repo(models: tuple[nn.Module, nn.Module]) -> ModelRepo:
     return repo
 
 
+@functools.cache
 def cut_before_layer4() -> int:
     graph = trace(build_model(SPEC), SHAPE)
     return next(p.index for p in graph.cut_points if p.name == "layer3")
