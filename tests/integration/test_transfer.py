@@ -200,14 +200,14 @@ def test_an_epoch_fetched_ahead_and_not_asked_for_is_dropped(server: HapiServer)
     for _ in range(5):  # of 6: its last chunks are issued once read, then epoch 4's
         next(batches)
     deadline = time.monotonic() + 10
-    while loader._ahead is None and time.monotonic() < deadline:
+    while loader.ahead is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert loader._ahead is not None and loader._ahead.epoch == 4
+    assert loader.ahead is not None and loader.ahead.epoch == 4
     batches.close()
-    assert loader._ahead is None
+    assert loader.ahead is None
     assert sum(len(b.labels) for b in loader.batches(4, then=5)) == 24
     loader.close()
-    assert loader._ahead is None
+    assert loader.ahead is None
     loader.close()
 
 

@@ -1,5 +1,7 @@
 """One epoch's run of the loader: its chunks issued in order as its windows allow, read by
-the fetcher, and handed on in epoch order as training batches (see `hapi.client.loader`)."""
+the fetcher, and handed on in epoch order as training batches (see `hapi.client.loader`).
+A run starts the next epoch itself while it drains (`then`); the loader takes that run up
+when the next epoch is asked for (`take_ahead`)."""
 
 from __future__ import annotations
 
@@ -7,9 +9,9 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
-from hapi.client._fetch import Fetcher
+from hapi.client._epoch_keys import Chunks, EpochKeys
+from hapi.client._fetch import FetchContext, Fetcher
 from hapi.client._flow import DONE, Flow
 from hapi.client.rebatch import Batch, Piece, Rebatcher
 from hapi.client.routing import ChunkRecord, Route
@@ -18,10 +20,24 @@ from hapi.errors import DuplicateDelivery, IncompleteEpoch, shorten
 from hapi.plan import HYBRID_LOCAL_WINDOW
 from hapi.wire import SkippedKey
 
-if TYPE_CHECKING:
-    from hapi.client.loader import FeatureLoader
+__all__ = ["EpochRun", "LoaderStats", "RunContext", "Windows"]
 
-__all__ = ["EpochRun", "LoaderStats", "Windows"]
+
+@dataclass(frozen=True)
+class RunContext:
+    """What each epoch's run of a loader needs, the same for all of them.
+
+    Args:
+        fetch: what fetching needs (servers, router, cache, local compute, hooks).
+        keys: each epoch's order, chunks and versions.
+        batch_size: the training batch size.
+        prefetch: chunks in flight per server and route (K).
+    """
+
+    fetch: FetchContext
+    keys: EpochKeys
+    batch_size: int
+    prefetch: int
 
 
 @dataclass
@@ -84,18 +100,19 @@ class EpochRun:
 
     def __init__(
         self,
-        loader: FeatureLoader,
+        context: RunContext,
         epoch: int,
-        chunks: list[tuple[list[str], list[int]]],
+        chunks: Chunks,
         *,
         windows: Windows | None = None,
         before: EpochRun | None = None,
         versions: dict[str, str] | None = None,
     ) -> None:
-        self.loader, self.epoch, self.chunks = loader, epoch, chunks
+        self.context, self.epoch, self.chunks = context, epoch, chunks
         self.versions = versions
-        if loader.cache is not None:
-            loader.cache.set_versions(epoch, versions)
+        fetch = context.fetch
+        if fetch.cache is not None:
+            fetch.cache.set_versions(epoch, versions)
         self.stats = LoaderStats()
         self.flows: list[Flow] = []
         self.before = before.flows if before is not None else []
@@ -106,19 +123,21 @@ class EpochRun:
         """The epoch to start once every chunk of this one is issued (None: none)."""
         self.ahead: EpochRun | None = None
         self._starting_ahead = False
-        self.prefetch = loader.prefetch * len(loader.servers)
+        self._ahead_dropped = False
+        """The next epoch was taken or dropped: none is started after."""
+        self.prefetch = context.prefetch * len(fetch.servers)
         # A thread for every chunk in flight: K per route.
-        self.fetcher = Fetcher(loader.context, epoch, 2 * self.prefetch, on_read=self._read_one)
+        self.fetcher = Fetcher(fetch, epoch, 2 * self.prefetch, on_read=self._read_one)
         self.clock = self.fetcher.clock
         self.windows = windows or Windows()
         self._issued = 0
         self._next: Route | None = None
         """The route of the next chunk to issue, once it has one and waits for its window."""
-        self._held = -(-loader.batch_size // loader.chunk_size) + 1
+        self._held = -(-context.batch_size // context.keys.chunk_size) + 1
 
     def run(self) -> Iterator[Batch]:
-        loader = self.loader
-        rebatcher = Rebatcher(loader.convert, clock=self.clock)
+        batch_size = self.context.batch_size
+        rebatcher = Rebatcher(self.context.fetch.convert, clock=self.clock)
         delivered: set[str] = set()
         n = len(self.chunks)
         complete = False
@@ -140,8 +159,8 @@ class EpochRun:
                     flow.samples += len(item)
                     flow.untrained += len(item)
                     rebatcher.add(item)
-                    while len(rebatcher) >= loader.batch_size:
-                        yield from self._emit(rebatcher.take(loader.batch_size))
+                    while len(rebatcher) >= batch_size:
+                        yield from self._emit(rebatcher.take(batch_size))
                 self._finish(flow)
                 self._advance(trained=flow)
             if len(rebatcher):
@@ -151,7 +170,7 @@ class EpochRun:
         finally:
             self.fetcher.shutdown(self.flows)
             if not complete:
-                loader.close()  # an epoch that failed or was left has no next one
+                self.drop_ahead()  # an epoch that failed or was left has no next one
 
     def _issued_flow(self, j: int) -> Flow:
         """Chunk `j`, once issued: the chunk before it can be trained before the thread
@@ -176,7 +195,7 @@ class EpochRun:
             if trained is not None:
                 windows.untrained[trained.window] -= 1
             while self._issued < len(self.chunks) and not self.fetcher.stop.is_set():
-                router = self.loader.router
+                router = self.context.fetch.router
                 if self._next is None or router.changing:
                     # Routed again if the plan changed while it waited for its window: the
                     # change applies from it, not from the chunk after.
@@ -184,7 +203,7 @@ class EpochRun:
                 local = self._next.local
                 window = self.prefetch
                 if local and self._next.share < 1.0:
-                    window = HYBRID_LOCAL_WINDOW * len(self.loader.servers)
+                    window = HYBRID_LOCAL_WINDOW * len(self.context.fetch.servers)
                 if (
                     windows.unread[local] >= window
                     or windows.untrained[local] >= self.prefetch + self._held
@@ -207,21 +226,45 @@ class EpochRun:
         if start_ahead:
             assert self.then is not None
             # Listed outside the windows' lock: a listing may take a while.
-            versions = self.loader.versions()
+            keys = self.context.keys
+            versions = keys.versions()
+            chunks = keys.chunks(self.then)
             with windows.lock:
-                if not self.fetcher.stop.is_set():
-                    self.ahead = self.loader._start_ahead(self.then, windows, self, versions)
+                if not self.fetcher.stop.is_set() and not self._ahead_dropped:
+                    self.context.fetch.router.start(self.then, len(chunks))
+                    self.ahead = EpochRun(
+                        self.context,
+                        self.then,
+                        chunks,
+                        windows=windows,
+                        before=self,
+                        versions=versions,
+                    )
         if self.ahead is not None:
             self.ahead._advance()
 
+    def take_ahead(self) -> EpochRun | None:
+        """The next epoch this run started (None: none), now the caller's to run or shut
+        down; none is started after this."""
+        with self.windows.lock:
+            ahead, self.ahead = self.ahead, None
+            self._ahead_dropped = True
+        return ahead
+
+    def drop_ahead(self) -> None:
+        """Shut down the next epoch this run started, if any: it will not be asked for."""
+        ahead = self.take_ahead()
+        if ahead is not None:
+            ahead.shutdown()
+
     def _issue(self, index: int, route: Route) -> None:
         keys, labels = self.chunks[index]
-        member = self.loader.servers.pick(keys)
+        member = self.context.fetch.servers.pick(keys)
         # Each server's link serves its chunks in order: this one's stream is read after
         # the last one issued to the same server.
         previous = _last_on(member, self.flows) or _last_on(member, self.before)
         flow = Flow(index, keys, labels, route, previous, member, self.versions)
-        cache = self.loader.cache
+        cache = self.context.fetch.cache
         if (
             self.before
             and self.before_epoch is not None
@@ -280,7 +323,7 @@ class EpochRun:
         # Its server and link were observed when it was read (`Fetcher.fetch`); now its
         # trainer.
         if flow.its_routes_cost:
-            self.loader.router.observe(replace(record, server_s=None, transfer_s=None))
+            self.context.fetch.router.observe(replace(record, server_s=None, transfer_s=None))
 
     def shutdown(self) -> None:
         """End its threads and those of any epoch it started ahead."""

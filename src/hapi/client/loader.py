@@ -10,14 +10,13 @@ works the way it does - windows, reading in order, epochs back to back, the feat
 from __future__ import annotations
 
 import functools
-import itertools
-import logging
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 
-from hapi.client._epoch_run import EpochRun, LoaderStats, Windows
+from hapi.client._epoch_keys import Chunks, EpochKeys
+from hapi.client._epoch_run import EpochRun, LoaderStats, RunContext
 from hapi.client._fetch import FetchContext
 from hapi.client._trainer_cache import TrainerCache
 from hapi.client.distributed import Shard
@@ -30,18 +29,11 @@ from hapi.client.servers import Servers
 from hapi.client.sessions import Sessions
 from hapi.client.source import ChunkSource, recall_all
 from hapi.data import DatasetManifest, ObjectStore
-from hapi.data.shard_order import shard_order
-from hapi.errors import (
-    HapiError,
-    InvalidRequest,
-    shorten,
-)
+from hapi.errors import InvalidRequest
 from hapi.graph import INPUT
 from hapi.plan import HYBRID_LOCAL_WINDOW
 
 __all__ = ["HYBRID_LOCAL_WINDOW", "FeatureLoader", "LoaderStats"]
-
-log = logging.getLogger("hapi.client")
 
 # Called in the fetching thread after each part of a chunk is handed on: (chunk, keys).
 OnPart = Callable[[int, list[str]], None]
@@ -156,8 +148,21 @@ class FeatureLoader:
             on_part=on_part,
         )
         """What fetching needs of this loader, fixed for its life."""
-        self._ahead: EpochRun | None = None
-        """The next epoch, started while the one before it drained."""
+        self.keys = EpochKeys(
+            manifest,
+            seed=seed,
+            shuffle=shuffle,
+            chunk_size=chunk_size,
+            batch_size=batch_size,
+            shard=shard,
+            relist=relist,
+        )
+        """Each epoch's order, chunks and objects' versions."""
+        self._runs = RunContext(
+            fetch=self.context, keys=self.keys, batch_size=batch_size, prefetch=prefetch
+        )
+        self._run: EpochRun | None = None
+        """The last epoch asked for: it may have started the next one (`ahead`)."""
 
     @property
     def sessions(self) -> Sessions:
@@ -172,44 +177,19 @@ class FeatureLoader:
         return -(-len(self.manifest) // self.batch_size)
 
     def order(self, epoch: int) -> np.ndarray:
-        """The epoch's order of manifest indices (with a shard, this rank's part of it).
+        """The epoch's order of manifest indices (with a shard, this rank's part of it):
+        `EpochKeys.order`."""
+        return self.keys.order(epoch)
 
-        A dataset of shards' members is ordered as WebDataset users expect (`shard_order`:
-        shards shuffled, then samples a few shards at a time), in runs a chunk reads with
-        one request."""
-        n = len(self.manifest)
-        if not self.shuffle:
-            order = np.arange(n)
-        else:
-            sharded = shard_order(
-                self.manifest.keys,
-                seed=self.seed,
-                epoch=epoch,
-                block=self.chunk_size,
-                ranks=self.shard.world if self.shard is not None else 1,
-                batch=self.batch_size,
-            )
-            order = (
-                sharded
-                if sharded is not None
-                else np.random.default_rng([self.seed, epoch]).permutation(n)
-            )
-        return order if self.shard is None else self.shard.take(order, self.batch_size)
-
-    def chunks(self, epoch: int, *, start: int = 0) -> list[tuple[list[str], list[int]]]:
+    def chunks(self, epoch: int, *, start: int = 0) -> Chunks:
         """The epoch's chunks in order, each as (keys, labels), from place `start` of its
-        order on. Chunks keep the epoch's boundaries (multiples of `chunk_size`): a resumed
-        epoch's first chunk is the rest of the one it stopped in, so a sharded dataset's
-        chunks stay one block of one shard each (`hapi.data.shard_order`)."""
-        order = self.order(epoch)
-        keys, labels = self.manifest.keys, self.manifest.labels
-        size = self.chunk_size
-        bounds = [start, *range(-(-start // size) * size, len(order), size), len(order)]
-        return [
-            ([keys[j] for j in order[a:b]], [labels[j] for j in order[a:b]])
-            for a, b in itertools.pairwise(bounds)
-            if b > a
-        ]
+        order on: `EpochKeys.chunks`."""
+        return self.keys.chunks(epoch, start=start)
+
+    @property
+    def ahead(self) -> EpochRun | None:
+        """The next epoch, started while the last one asked for drained (None: none)."""
+        return self._run.ahead if self._run is not None else None
 
     def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Yield `(features, labels)` training batches of one epoch (see `batches`)."""
@@ -240,15 +220,16 @@ class FeatureLoader:
         samples = len(self.order(epoch))
         if not 0 <= start <= samples:
             raise InvalidRequest(f"start must be 0..{samples} (the epoch's samples), got {start}")
-        run, self._ahead = self._ahead, None
+        run = self._run.take_ahead() if self._run is not None else None
         if run is not None and (run.epoch != epoch or start):
             run.shutdown()
             run = None
         if run is None:
-            chunks = self.chunks(epoch, start=start)
-            versions = self.versions()
+            chunks = self.keys.chunks(epoch, start=start)
+            versions = self.keys.versions()
             self.router.start(epoch, len(chunks))
-            run = EpochRun(self, epoch, chunks, versions=versions)
+            run = EpochRun(self._runs, epoch, chunks, versions=versions)
+        self._run = run
         run.then = then
         self.stats = run.stats
         return run.run()
@@ -260,32 +241,9 @@ class FeatureLoader:
 
     def close(self) -> None:
         """Stop fetching a next epoch that was started ahead and will not be asked for."""
-        run, self._ahead = self._ahead, None
-        if run is not None:
-            run.shutdown()
+        if self._run is not None:
+            self._run.drop_ahead()
 
     def versions(self) -> dict[str, str] | None:
-        """The objects' versions, listed now (None: not listed - no `relist`, or the
-        listing failed, and the epoch is then neither looked up in the cache nor kept)."""
-        if self.relist is None:
-            return self.manifest.version_map()
-        try:
-            return self.relist().version_map()
-        except HapiError as exc:
-            log.warning(
-                "listing the dataset's versions failed (%s): this epoch does not use the "
-                "feature cache",
-                shorten(str(exc)),
-            )
-            return None
-
-    def _start_ahead(
-        self, epoch: int, windows: Windows, before: EpochRun, versions: dict[str, str] | None
-    ) -> EpochRun:
-        """Start `epoch` while `before` drains (from its `_advance`)."""
-        chunks = self.chunks(epoch)
-        self.router.start(epoch, len(chunks))
-        self._ahead = EpochRun(
-            self, epoch, chunks, windows=windows, before=before, versions=versions
-        )
-        return self._ahead
+        """The objects' versions, listed now: `EpochKeys.versions`."""
+        return self.keys.versions()

@@ -1,0 +1,110 @@
+"""`EpochKeys`: which keys an epoch has, in which order and chunks, at which versions.
+
+The loader's epoch order and its listing, apart from the loader, so that an epoch's run
+can start the next epoch itself (`EpochRun`) without calling back into the loader.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable
+
+import numpy as np
+
+from hapi.client.distributed import Shard
+from hapi.data import DatasetManifest
+from hapi.data.shard_order import shard_order
+from hapi.errors import HapiError, shorten
+
+__all__ = ["Chunks", "EpochKeys"]
+
+log = logging.getLogger("hapi.client")
+
+Chunks = list[tuple[list[str], list[int]]]
+"""An epoch's chunks in order, each as (keys, labels)."""
+
+
+class EpochKeys:
+    """An epoch's keys: the order (a permutation seeded by the job seed and the epoch),
+    its chunks, and the objects' versions.
+
+    Args:
+        manifest: the dataset's keys and labels.
+        seed: the job seed.
+        shuffle: permute the keys each epoch (off for evaluation).
+        chunk_size: keys per chunk.
+        batch_size: the training batch size (a rank's, with a shard).
+        shard: this rank's part of every epoch, with several data-parallel ranks.
+        relist: lists the dataset again, for its objects' versions at each epoch's start.
+    """
+
+    def __init__(
+        self,
+        manifest: DatasetManifest,
+        *,
+        seed: int,
+        shuffle: bool,
+        chunk_size: int,
+        batch_size: int,
+        shard: Shard | None = None,
+        relist: Callable[[], DatasetManifest] | None = None,
+    ) -> None:
+        self.manifest, self.seed, self.shuffle = manifest, seed, shuffle
+        self.chunk_size, self.batch_size = chunk_size, batch_size
+        self.shard, self.relist = shard, relist
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The epoch's order of manifest indices (with a shard, this rank's part of it).
+
+        A dataset of shards' members is ordered as WebDataset users expect (`shard_order`:
+        shards shuffled, then samples a few shards at a time), in runs a chunk reads with
+        one request."""
+        n = len(self.manifest)
+        if not self.shuffle:
+            order = np.arange(n)
+        else:
+            sharded = shard_order(
+                self.manifest.keys,
+                seed=self.seed,
+                epoch=epoch,
+                block=self.chunk_size,
+                ranks=self.shard.world if self.shard is not None else 1,
+                batch=self.batch_size,
+            )
+            order = (
+                sharded
+                if sharded is not None
+                else np.random.default_rng([self.seed, epoch]).permutation(n)
+            )
+        return order if self.shard is None else self.shard.take(order, self.batch_size)
+
+    def chunks(self, epoch: int, *, start: int = 0) -> Chunks:
+        """The epoch's chunks in order from place `start` of its order on. Chunks keep the
+        epoch's boundaries (multiples of `chunk_size`): a resumed epoch's first chunk is
+        the rest of the one it stopped in, so a sharded dataset's chunks stay one block of
+        one shard each (`hapi.data.shard_order`)."""
+        order = self.order(epoch)
+        keys, labels = self.manifest.keys, self.manifest.labels
+        size = self.chunk_size
+        bounds = [start, *range(-(-start // size) * size, len(order), size), len(order)]
+        return [
+            ([keys[j] for j in order[a:b]], [labels[j] for j in order[a:b]])
+            for a, b in itertools.pairwise(bounds)
+            if b > a
+        ]
+
+    def versions(self) -> dict[str, str] | None:
+        """The objects' versions, listed now (None: not listed - no `relist`, or the
+        listing failed, and the epoch is then neither looked up in the cache nor kept)."""
+        if self.relist is None:
+            return self.manifest.version_map()
+        try:
+            return self.relist().version_map()
+        except HapiError as exc:
+            log.warning(
+                "listing the dataset's versions failed (%s): this epoch does not use the "
+                "feature cache",
+                shorten(str(exc)),
+            )
+            return None
