@@ -1,13 +1,13 @@
-"""Wire codecs: bytes per sample at two cuts of seven models, codec CPU, int8's accuracy,
-and the plan's predicted epoch with and without codecs.
+"""Wire codecs: bytes per sample at two cuts of seven models, codec CPU, int8's and fp8's
+accuracy, and the plan's predicted epoch with and without codecs.
 
 1. Bytes: seven models at 224 px (random init, but EfficientNet-Lite0 with its ImageNet
    weights) run on photo-like JPEGs (~100 KB at 440 px, as the other benchmarks use);
    at the last frozen cut (`default_freeze`) and the cut before the last stage, each
-   codec's bytes on the wire per sample (the IPC message body, `measure_codec`) against
+   codec's bytes on the wire per sample (the packed batch's, `measure_codec`) against
    the mean JPEG, with encode (server) and decode (trainer) CPU per sample.
 2. Accuracy: `hapi demo`'s task (EfficientNet-Lite0, ImageNet weights, a linear probe at
-   112 px) and ResNet-18 fine-tuning its last stage, trained with fp32 and int8 features
+   112 px) and ResNet-18 fine-tuning its last stage, trained with fp32, int8 and fp8 features
    from a real server; the evaluation set is 4x the demo's, so one image is 0.4 points.
 3. Plan: ResNet-18 at 224 px frozen to layer3, profiled here; the planner's predicted
    epoch at 10 Mbit/s and 1 Gbit/s with fp32 only, lossless codecs, and all codecs.
@@ -60,6 +60,8 @@ CODECS = [
     ("int8", "none"),
     ("int8", "zstd"),
     ("int8", "lz4"),
+    ("fp8", "none"),
+    ("fp8", "zstd"),
 ]
 MBIT = 1e6 / 8
 
@@ -142,7 +144,7 @@ def _bytes(name: str, x: torch.Tensor, jpeg: float) -> list[dict[str, object]]:
 
 
 def _accuracy() -> list[dict[str, object]]:
-    """fp32 against int8 features on the demo's task, and ResNet-18's last stage."""
+    """fp32 against int8 and fp8 features on the demo's task, and ResNet-18's last stage."""
     results: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory(prefix="hapi-wire-") as root:
         store = open_store(root)
@@ -153,7 +155,7 @@ def _accuracy() -> list[dict[str, object]]:
                 ("efficientnet_lite0", "imagenet", "_avg_pooling+view", 0.02),
                 ("resnet18", None, "layer3", 0.01),
             ):
-                for dtype in ("fp32", "int8"):
+                for dtype in ("fp32", "int8", "fp8"):
                     spec = ModelSpec(name=model, weights=weights, num_classes=4, seed=0)
                     job = TransferJob(
                         spec, "train", server.address, eval_dataset="val", freeze=freeze,
@@ -312,12 +314,19 @@ def _section(out: dict) -> str:
             "",
         ]
     if out["accuracy"]:
-        lines += ["| accuracy (2 epochs, 256 val images) | fp32 | int8 (+zstd) |", "|---|---|---|"]
+        dtypes = list(dict.fromkeys(r["wire_dtype"] for r in out["accuracy"]))
+        lines += [
+            "| accuracy (2 epochs, 256 val images; +zstd) | " + " | ".join(dtypes) + " |",
+            "|---|" + "---|" * len(dtypes),
+        ]
         for model in dict.fromkeys(r["model"] for r in out["accuracy"]):
             acc = {r["wire_dtype"]: r for r in out["accuracy"] if r["model"] == model}
             lines.append(
-                f"| {model} (freeze {acc['fp32']['freeze']}) | {acc['fp32']['accuracy']:.2%} | "
-                f"{acc['int8']['accuracy']:.2%} |"
+                f"| {model} (freeze {acc['fp32']['freeze']}) | "
+                + " | ".join(
+                    f"{acc[d]['accuracy']:.2%} (loss {acc[d]['loss']:.3f})" for d in dtypes
+                )
+                + " |"
             )
         lines.append("")
     lines += [

@@ -8,7 +8,12 @@ the trainer in another on core 1, one torch thread each, joined by a veth shaped
 sessions' opening). Options, interleaved in each repeat in a rotated order:
 - `codecs off`: `wire_compression="none"` - the planner chooses the cut alone;
 - `auto`: the default - the planner chooses a lossless compression with the cut;
-- `auto + lossy`: `lossy_wire=True` - fp16 and int8 weighed too.
+- `auto + lossy`: `lossy_wire=True` - fp16, int8 and fp8 weighed too.
+
+Each run measures its own plan, as a job does; the report gives each plan's predicted
+binding stage and the machine's load average beside it, since on shared cores a run's
+profiles move with the load. At 10 Mbit/s this CPU server's head to layer3 takes about as
+long as the link carries its features, so 3 Mbit/s is measured too: a link that binds.
 
     python benchmarks/wire_epochs.py            # writes benchmarks/out/wire_epochs.{json,png}
     python benchmarks/wire_epochs.py --results  # ... and its section of benchmarks/RESULTS.md
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -40,7 +46,7 @@ OPTIONS = {
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rates", default="10mbit,1gbit")
+    parser.add_argument("--rates", default="3mbit,10mbit,1gbit")
     parser.add_argument("--images", type=int, default=160)
     parser.add_argument("--classes", type=int, default=4)
     parser.add_argument("--stored-size", type=int, default=420, help="side of the stored JPEGs")
@@ -151,6 +157,8 @@ def _worker(spec: dict) -> None:
                 "cut": last.cut,
                 "share": last.share,
                 "replans": len(job.history.plan_changes),
+                "reason": plan.reason,
+                "load": os.getloadavg()[0],
             }
         )
     )
@@ -219,15 +227,27 @@ def _report(result: dict, args: argparse.Namespace) -> str:
         "the link binds - "
         + ("met." if not missed else f"not met at {', '.join(missed)} (see the plans below)."),
     ]
-    lines += ["", "The plans chosen (codec, option; the last epoch's cut; per run):", ""]
+    lines += [
+        "",
+        "The plans chosen (codec, option, the stage the plan predicted binds, its predicted "
+        "epoch; the last epoch's cut; the 1-minute load average; per run):",
+        "",
+    ]
     for row in result["rates"]:
         for n in names:
             chosen = "; ".join(
-                f"{r['codec']}, {r['option']} (ran cut {r['cut']} + {r['share']:.0%} local)"
+                f"{r['codec']}, {r['option']}, {_held(r)} {r['predicted_s']:.1f} s "
+                f"(ran cut {r['cut']} + {r['share']:.0%} local; load {r.get('load', 0):.1f})"
                 for r in row["runs"][n]
             )
             lines.append(f"- {row['rate']}, {n}: {chosen}")
     return "\n".join(lines)
+
+
+def _held(run: dict) -> str:
+    """The binding stage the plan's reason names ("held by the link")."""
+    found = re.search(r"held by the (\w+)", run.get("reason", ""))
+    return f"{found.group(1)}-bound" if found else "predicted"
 
 
 def _plot(rows: list[dict], path: Path) -> None:
