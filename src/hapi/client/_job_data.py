@@ -20,12 +20,12 @@ from hapi.client.loader import FeatureLoader
 from hapi.client.local import LocalCompute
 from hapi.client.retry import RETRYABLE, RetryPolicy
 from hapi.client.routing import Router
+from hapi.client.session_requests import SessionRequests
 from hapi.client.sessions import Sessions
 from hapi.client.source import recall_all
 from hapi.data import DatasetManifest, Transforms, open_store
 from hapi.errors import ServerUnavailable
-from hapi.graph import RAW
-from hapi.wire import SessionRequest, WireDtype
+from hapi.wire import WireDtype
 
 __all__ = ["JobData", "connect_all"]
 
@@ -115,28 +115,26 @@ class JobData:
                 return call(connection)
         return call(self.connections[-1])
 
-    def request(
+    def requests(
         self,
-        cut: int,
         transforms: Transforms,
         connection: Connection | None = None,
         codec: Codec | None = None,
-    ) -> SessionRequest:
-        """A session request at `cut`, for `connection`'s server (default: the first), its
-        features sent with `codec` (default: the job's own, as the planner's probes are)."""
+    ) -> SessionRequests:
+        """The session requests of a loop with `transforms`, on `connection`'s server
+        (default: the first), its features sent with `codec` (default: the job's own, as
+        the planner's probes are)."""
         config, wire = self.config, self.config.wire
-        dtype, compression = codec or loop_codec(wire.dtype, wire.compression, None)
-        return SessionRequest(
-            model=self.model.wire_model(cut, connection or self.connections[0]),
-            cut=cut,
+        return SessionRequests(
+            connection=connection or self.connections[0],
+            model=self.model.wire_name(),
             freeze=self.model.freeze,
-            transforms=transforms.to_dict(),
+            transforms=transforms,
             image_size=config.data.image_size,
-            wire_dtype=dtype,
+            codec=codec or loop_codec(wire.dtype, wire.compression, None),
             seed=config.training.seed,
             on_error=config.fetch.on_error,
             exact=wire.exact,
-            compression=compression if cut != RAW else "none",
         )
 
     def trainer_cache(
@@ -215,13 +213,7 @@ class JobData:
             )
 
         sessions = [
-            Sessions(
-                connection,
-                functools.partial(
-                    self.request, transforms=transforms, connection=connection, codec=codec
-                ),
-                on_reopen=reopened,
-            )
+            Sessions(connection, self.requests(transforms, connection, codec), on_reopen=reopened)
             for connection in self.connections
         ]
         decoder = RawDecoder(transforms, seed, fetch.on_error)

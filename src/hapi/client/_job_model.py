@@ -14,7 +14,6 @@ from torch import nn
 from hapi._fx_lock import TRACING
 from hapi.client._from_repo import build_from_repo
 from hapi.client._parts import ModelParts
-from hapi.client.connection import Connection
 from hapi.client.distributed import DataParallel
 from hapi.client.export import UploadedHeads
 from hapi.client.job_config import JobConfig
@@ -22,7 +21,6 @@ from hapi.client.rebatch import Batch
 from hapi.errors import InvalidRequest
 from hapi.graph import INPUT, RAW, ModelGraph, ModelSpec, build_model, trace
 from hapi.plan import choose_freeze
-from hapi.wire.messages import UploadedHead
 
 if TYPE_CHECKING:
     from hapi.repo import ModelRepo, ModelVersion, PushedVersion
@@ -76,12 +74,11 @@ class JobModel:
             return self.base.ref
         return self.spec.name if self.spec is not None else type(self.model).__name__
 
-    def wire_model(self, cut: int, connection: Connection) -> dict[str, Any] | str | UploadedHead:
-        """How a session at `cut` names the model: the base version pinned by id, the
-        spec, or the uploaded head of the user's own module (uploaded to `connection`'s
-        server now if need be)."""
+    def wire_name(self) -> dict[str, Any] | str | UploadedHeads:
+        """How sessions name the model: the base version pinned by id, the spec, or the
+        heads of the user's own module (each uploaded when a session first needs it)."""
         if self.uploads is not None:
-            return self.uploads.model(cut, connection)
+            return self.uploads
         if self.base is not None:
             return f"repo://{self.base.name}@{self.base.id}"
         assert self.spec is not None  # a job without a module has one

@@ -99,7 +99,7 @@ def measure_plan(
     world = model.dp.world if model.dp is not None else 1
     planned = plan_job(
         connection,
-        functools.partial(data.request, transforms=transforms, connection=connection),
+        data.requests(transforms, connection),
         manifest,
         model.graph_aside() if aside else model.graph,
         model.freeze,
