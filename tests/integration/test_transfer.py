@@ -9,10 +9,21 @@ from typing import Any
 import pytest
 import torch
 
-from hapi.client import Connection, FeatureLoader, TransferJob, connect
+from hapi.client import (
+    Connection,
+    DataConfig,
+    FeatureLoader,
+    FetchConfig,
+    JobConfig,
+    PlanningConfig,
+    TrainingConfig,
+    TransferJob,
+    WireConfig,
+    connect,
+)
 from hapi.data import open_store, synth_dataset
 from hapi.errors import CorruptObject, InvalidCut
-from hapi.graph import RAW
+from hapi.graph import RAW, ModelSpec
 from hapi.server import HapiServer, serve
 from hapi.wire import SessionInfo, SessionRequest
 
@@ -108,6 +119,30 @@ def test_fp16_wire_trains_close_to_fp32(server: HapiServer) -> None:
         torch.tensor(fp16.history.losses), torch.tensor(fp32.history.losses), rtol=2e-2, atol=2e-2
     )
     assert fp16.history.epochs[0].bytes_received < 0.6 * fp32.history.epochs[0].bytes_received
+
+
+def test_a_job_of_nested_parts_is_the_flat_one_and_trains_as_it_does(
+    server: HapiServer,
+) -> None:
+    flat = _job(server, wire_dtype="fp16")
+    config = JobConfig(
+        model=ModelSpec(name="resnet18", num_classes=3),
+        dataset="train",
+        server=server.address,
+        training=TrainingConfig(freeze="layer3", batch_size=8, seed=7),
+        data=DataConfig(image_size=SIZE),
+        planning=PlanningConfig(cut=None),
+        wire=WireConfig(dtype="fp16"),
+        fetch=FetchConfig(chunk_size=5, prefetch=3),
+    )
+    nested = TransferJob.from_config(config)
+    assert nested.config == flat.config and nested.cut == flat.cut == flat.freeze
+    flat.fit(1)
+    nested.fit(1)
+    assert len(nested.history.losses) == 3
+    torch.testing.assert_close(
+        torch.tensor(nested.history.losses), torch.tensor(flat.history.losses)
+    )
 
 
 def test_loader_delivers_every_key_once_per_epoch_in_a_seeded_order(server: HapiServer) -> None:
