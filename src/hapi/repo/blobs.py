@@ -126,9 +126,10 @@ def _decode(
         below = None if base is None else base.value
         depth = 0 if base is None else base.depth + 1
         name = _name(digest, user, what)
+        blob = data[digest]
         if digest not in wanted:
-            return _Held(decode_base(data[digest], digest, name, base=below), depth)
-        return _Held(decode_blob(data[digest], digest, name, verify=verify, base=below), depth)
+            return _Held(decode_base(blob, digest, name, base=below, info=info), depth)
+        return _Held(decode_blob(blob, digest, name, verify=verify, base=below, info=info), depth)
 
     finished: set[str] = set()
     pending = list(data)
@@ -136,6 +137,9 @@ def _decode(
         while pending:
             # Bases before the deltas on them: each round decodes what is ready.
             ready = [d for d in pending if infos[d].base is None or infos[d].base in finished]
+            # Largest first, so the threads finish together instead of one decoding the
+            # last big tensor while the others idle (a head's big tensors come last).
+            ready.sort(key=lambda d: len(data[d]), reverse=True)
             if not ready:
                 raise IntegrityError(
                     f"tensor {what(next(iter(wanted)))}: its deltas form a cycle; the store is "

@@ -20,7 +20,7 @@ import functools
 import json
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -38,7 +38,6 @@ __all__ = [
     "decode",
     "decode_planes",
     "encode_compressed",
-    "join_planes",
     "planes_of",
     "read_info",
 ]
@@ -54,6 +53,7 @@ _PLAIN_NAME = "tensor"
 # (0.37 vs 0.42 of raw for a normal fp32 tensor); higher levels buy little on planes
 # that are mostly noise.
 _LEVEL = 1
+_MIN_PLANE_SAVING = 0.1
 # Headers larger than this are not ours (a one-tensor header is a few hundred bytes).
 _MAX_HEADER = 1 << 20
 _DTYPES = {
@@ -167,8 +167,11 @@ def encode_compressed(
     stored = []
     for plane in planes:
         packed = _zstd().compress(plane, asbytes=True) if plane.size else b""
-        # Raw when zstd saves nothing: the plane's size then tells a reader not to inflate.
-        stored.append(packed if len(packed) < plane.size else plane.tobytes())
+        # Raw unless zstd saves a tenth (a raw plane's size tells a reader not to inflate):
+        # inflating costs a reader about 1 ms a MB, so a plane that barely shrinks (a low
+        # mantissa byte) is not worth it.
+        small = len(packed) <= (1.0 - _MIN_PLANE_SAVING) * plane.size
+        stored.append(packed if small else plane.tobytes())
     meta["hapi.planes"] = json.dumps([len(p) for p in stored])
     total = sum(len(p) for p in stored)
     header = json.dumps(
@@ -185,10 +188,20 @@ def encode_compressed(
 def decode(data: bytes | memoryview, info: BlobInfo, base: Base | None = None) -> torch.Tensor:
     """The tensor a compressed blob holds (`base`: the decoded base of a delta).
 
+    Each plane is written into its column as soon as it is inflated (XOR-ed with the
+    base's first, for a delta), so a reader holds one inflated plane at a time.
+
     Raises:
         IntegrityError: a plane does not inflate to its size, or the base does not fit.
     """
-    return join_planes(decode_planes(data, info, base), info)
+    base_planes = _base_planes(info, base)
+    rows = np.empty((_count(info), len(info.planes)), np.uint8)
+    # Column writes are numpy's fastest interleave (about 2.5 GB/s on one core; shifts into
+    # wider words, transposed copies and torch's strided copies measured slower), and with
+    # inflating the exponent plane most of what a compressed blob costs a reader.
+    for i, plane in _stored_planes(data, info):
+        rows[:, i] = plane if base_planes is None else _xor(plane, base_planes[i])
+    return torch.from_numpy(rows.reshape(-1)).view(_DTYPES[info.dtype]).reshape(info.shape)
 
 
 def decode_planes(
@@ -196,53 +209,51 @@ def decode_planes(
 ) -> list[np.ndarray[Any, np.dtype[np.uint8]]]:
     """A compressed blob's byte planes, XOR-ed with the base's for a delta.
 
-    Planes stored raw are views of `data`, not copies, and a delta is undone plane by
-    plane: a base that is only needed under a delta is never interleaved into a tensor.
+    For a base only needed under deltas: raw planes are views of `data`, not copies, and
+    a delta is undone plane by plane, so such a base is never interleaved into a tensor.
 
     Raises:
         IntegrityError: a plane does not inflate to its size, or the base does not fit.
     """
-    dtype = _DTYPES[info.dtype]
-    itemsize = _itemsize(dtype)
-    count = _count(info)
-    if len(info.planes) != itemsize:
-        raise IntegrityError(f"a {info.dtype} blob with {len(info.planes)} byte planes")
-    base_planes: Sequence[np.ndarray[Any, Any]] | None = None
-    if info.is_delta:
-        base_planes = planes_of(base) if isinstance(base, torch.Tensor) else base
-        if base_planes is None or len(base_planes) != itemsize or not _fits(base, dtype, info):
-            got = "nothing" if base is None else _describe(base)
-            raise IntegrityError(f"a delta of {info.dtype}{list(info.shape)} over {got}")
-    view = memoryview(data)
+    base_planes = _base_planes(info, base)
     planes = []
+    for i, plane in _stored_planes(data, info):
+        planes.append(plane if base_planes is None else _xor(plane, base_planes[i]))
+    return planes
+
+
+def _base_planes(info: BlobInfo, base: Base | None) -> Sequence[np.ndarray[Any, Any]] | None:
+    """A delta's base as byte planes (None for a blob that is no delta)."""
+    dtype = _DTYPES[info.dtype]
+    if len(info.planes) != _itemsize(dtype):
+        raise IntegrityError(f"a {info.dtype} blob with {len(info.planes)} byte planes")
+    if not info.is_delta:
+        return None
+    planes = planes_of(base) if isinstance(base, torch.Tensor) else base
+    if planes is None or len(planes) != len(info.planes) or not _fits(base, dtype, info):
+        got = "nothing" if base is None else _describe(base)
+        raise IntegrityError(f"a delta of {info.dtype}{list(info.shape)} over {got}")
+    return planes
+
+
+def _stored_planes(
+    data: bytes | memoryview, info: BlobInfo
+) -> Iterator[tuple[int, np.ndarray[Any, np.dtype[np.uint8]]]]:
+    """(index, plane) for each byte plane as stored: raw ones are views of `data`."""
+    count = _count(info)
+    view = memoryview(data)
     at = info.offset
     for i, stored in enumerate(info.planes):
         chunk = view[at : at + stored]
         at += stored
         if stored == count:
-            plane = np.frombuffer(chunk, np.uint8)
-        else:
-            try:
-                inflated = _zstd().decompress(chunk, decompressed_size=count, asbytes=False)
-            except Exception as exc:  # pyarrow raises OSError or ArrowException subclasses
-                raise IntegrityError(f"byte plane {i} does not inflate: {exc}") from exc
-            plane = np.frombuffer(inflated, np.uint8)
-        if base_planes is not None:
-            plane = _xor(plane, base_planes[i])
-        planes.append(plane)
-    return planes
-
-
-def join_planes(planes: Sequence[np.ndarray[Any, Any]], info: BlobInfo) -> torch.Tensor:
-    """The tensor whose byte planes are `planes` (see `decode_planes`)."""
-    dtype = _DTYPES[info.dtype]
-    out = np.empty((_count(info), len(planes)), np.uint8)
-    # Column writes are numpy's fastest interleave (about 2.5 GB/s on one core; shifts into
-    # wider words and transposed copies measured slower), and most of what a compressed
-    # blob costs a reader beyond a plain one.
-    for i, plane in enumerate(planes):
-        out[:, i] = plane
-    return torch.from_numpy(out.reshape(-1)).view(dtype).reshape(info.shape)
+            yield i, np.frombuffer(chunk, np.uint8)
+            continue
+        try:
+            inflated = _zstd().decompress(chunk, decompressed_size=count, asbytes=False)
+        except Exception as exc:  # pyarrow raises OSError or ArrowException subclasses
+            raise IntegrityError(f"byte plane {i} does not inflate: {exc}") from exc
+        yield i, np.frombuffer(inflated, np.uint8)
 
 
 def planes_of(tensor: torch.Tensor) -> list[np.ndarray[Any, np.dtype[np.uint8]]]:

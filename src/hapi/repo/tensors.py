@@ -19,7 +19,7 @@ import torch
 from hapi.errors import IntegrityError, UnknownCodec
 
 if TYPE_CHECKING:
-    from hapi.repo.codec import Base
+    from hapi.repo.codec import Base, BlobInfo
 
 __all__ = ["decode_base", "decode_blob", "dtype_name", "encode_blob", "tensor_bytes", "tensor_hash"]
 
@@ -64,6 +64,7 @@ def decode_blob(
     *,
     verify: bool = True,
     base: Base | None = None,
+    info: BlobInfo | None = None,
 ) -> torch.Tensor:
     """Read a blob, plain or compressed (see `codec.py`), and check it against its hash.
 
@@ -73,6 +74,7 @@ def decode_blob(
         what: names the tensor in errors (`'layer4.0.conv1.weight' of resnet50@3'`).
         verify: re-hash the tensor; without it only the blob's structure is checked.
         base: for a delta blob, the decoded tensor (or byte planes) it is a delta against.
+        info: the blob's header, when the caller has parsed it already.
 
     Raises:
         IntegrityError: the blob cannot be parsed (truncated) or its content hash differs.
@@ -81,7 +83,7 @@ def decode_blob(
     from hapi.repo import codec
 
     with _reading(data, digest, what):
-        info = codec.read_info(data)
+        info = codec.read_info(data) if info is None else info
         plain = info.codec == codec.PLAIN
         tensor = _load_plain(data) if plain else codec.decode(data, info, base)
     if not verify:
@@ -96,7 +98,14 @@ def decode_blob(
     return tensor
 
 
-def decode_base(data: bytes, digest: str, what: str, *, base: Base | None = None) -> Base:
+def decode_base(
+    data: bytes,
+    digest: str,
+    what: str,
+    *,
+    base: Base | None = None,
+    info: BlobInfo | None = None,
+) -> Base:
     """A blob read only as the base of deltas: a plain blob's tensor, a compressed blob's
     byte planes (never interleaved: the deltas on it undo themselves plane by plane).
 
@@ -109,7 +118,7 @@ def decode_base(data: bytes, digest: str, what: str, *, base: Base | None = None
     from hapi.repo import codec
 
     with _reading(data, digest, what):
-        info = codec.read_info(data)
+        info = codec.read_info(data) if info is None else info
         if info.codec == codec.PLAIN:
             return _load_plain(data)
         return codec.decode_planes(data, info, base)
