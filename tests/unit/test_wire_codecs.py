@@ -26,7 +26,8 @@ from hapi.wire.codecs import (
     round_trip,
     sample_bytes,
 )
-from hapi.wire.packed import pack, unpack
+from hapi.wire.packed import Packer, pack, unpack
+from hapi.wire.replies import ChunkReport
 
 
 def _through_ipc(batch: pa.RecordBatch, compression: str) -> pa.RecordBatch:
@@ -145,6 +146,19 @@ def test_exact_sessions_refuse_8_bits_and_keep_lossless_compression(wire_dtype: 
         parse(SessionRequest, json.dumps({**base, "wire_dtype": wire_dtype}))
     request = parse(SessionRequest, json.dumps({**base, "compression": "zstd"}))
     assert parse(SessionRequest, request.to_bytes()).compression == "zstd"
+
+
+def test_a_streams_packing_time_is_reported_as_the_servers() -> None:
+    x = torch.relu(torch.randn(16, 64, 7, 7))
+    batch = encode_batch(feature_schema((64, 7, 7), "fp32"), ["k"] * 16, [0] * 16, features=x)
+    packer = Packer("zstd")
+    assert packer(batch).equals(pack(batch, "zstd"))  # the same message, and its time kept
+    assert packer.seconds > 0
+    report = ChunkReport(chunk=3, server_s=1.5).to_bytes()
+    stamped = ChunkReport.model_validate_json(
+        ChunkReport.with_sent_bytes(report, 99, packing_s=0.25)
+    )
+    assert (stamped.sent_bytes, stamped.server_s) == (99, 1.75)
 
 
 @settings(max_examples=40, deadline=None)

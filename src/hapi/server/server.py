@@ -51,7 +51,7 @@ from hapi.wire import (
 )
 from hapi.wire.heads import head_digest_of
 from hapi.wire.messages import HasHeadRequest, KeepaliveRequest, ProfileRequest
-from hapi.wire.packed import pack, packed_schema
+from hapi.wire.packed import Packer, packed_schema
 from hapi.wire.replies import ChunkReport, HasHeadReply, ProfileReply
 
 if TYPE_CHECKING:
@@ -332,26 +332,24 @@ class HapiServer(flight.FlightServerBase):
             try:
                 yield None
                 samples = sent = 0
+                pack = Packer(session.info.compression)
                 for encoded, report in out.items(gone=gone):
-                    # Compressed once, here, before its turn (so while an earlier stream
-                    # still sends): the bytes counted and shaped are the ones that cross.
-                    batch = pack(encoded, session.info.compression)
-                    nbytes = batch.nbytes
+                    batch = pack(encoded)  # once, before its turn: counted and shaped as sent
                     send()  # the first waits for the streams before it on the connection
                     if self.shaper is not None:
-                        waited = self.shaper.consume(nbytes, gone=gone)
+                        waited = self.shaper.consume(batch.nbytes, gone=gone)
                         session.stats.add(shaping_wait_s=waited)
                     if gone():
                         break  # left while this stream waited for its turn or the link
-                    session.stats.add(bytes_sent=nbytes)
+                    session.stats.add(bytes_sent=batch.nbytes)
                     # A chunk streaming longer than the idle time is use, not abandonment.
                     session.last_used = self._clock()
-                    samples, sent = samples + encoded.num_rows, sent + nbytes
+                    samples, sent = samples + encoded.num_rows, sent + batch.nbytes
                     if session.request.cut != RAW and encoded.num_rows:
                         # A feature session sends each batch its head ran as one wire batch.
                         self.metrics.observe_batch(encoded.num_rows)
                     if report is not None:  # the chunk's last batch: its bytes are all counted
-                        report = ChunkReport.with_sent_bytes(report, sent)
+                        report = ChunkReport.with_sent_bytes(report, sent, packing_s=pack.seconds)
                     yield batch, (pa.py_buffer(report) if report is not None else None)
                     ended = report is not None
                 if ended:

@@ -221,10 +221,13 @@ class ChunkReport(_Reply):
     )
 
     @staticmethod
-    def with_sent_bytes(report: bytes, sent: int) -> bytes:
-        """`report` (a chunk thread's, as bytes) with the bytes its stream sent."""
+    def with_sent_bytes(report: bytes, sent: int, *, packing_s: float = 0.0) -> bytes:
+        """`report` (a chunk thread's, as bytes) with the bytes its stream sent, and the
+        seconds its stream spent compressing them added to `server_s` (encoding is the
+        server's work, as the planner charges it)."""
         parsed = ChunkReport.model_validate_json(report)
-        return parsed.model_copy(update={"sent_bytes": sent}).to_bytes()
+        update = {"sent_bytes": sent, "server_s": parsed.server_s + packing_s}
+        return parsed.model_copy(update=update).to_bytes()
 
 
 class ProfileKeyInfo(_Reply):
