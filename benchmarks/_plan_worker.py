@@ -92,28 +92,27 @@ def _worker(spec: dict) -> None:
 
 
 def _trace_chunks(into: list[dict]) -> None:
-    """Record every chunk the router sees (route, samples, bytes, stage seconds)."""
+    """Record every measurement the router hears: a chunk's read (samples, bytes, server
+    and link seconds) and, later, its training (trainer seconds), a row each."""
+    import dataclasses
+
     from hapi.client.routing import Router
+    from hapi.plan import ReadMeasurement
 
     observe = Router.observe
     started = time.perf_counter()
 
-    def traced(self, record):  # type: ignore[no-untyped-def]
+    def traced(self, measured):  # type: ignore[no-untyped-def]
         row = {
             "t": round(time.perf_counter() - started, 3),
-            "epoch": record.epoch,
-            "chunk": record.chunk,
-            "local": record.route.local,
-            "cut": record.route.cut,
-            "samples": record.samples,
-            "bytes": record.bytes,
-            "server_s": record.server_s,
-            "transfer_s": record.transfer_s,
-            "trainer_s": record.trainer_s,
-            "buffered": record.transfer_buffered,
+            "stage": "read" if isinstance(measured, ReadMeasurement) else "trained",
+            **dataclasses.asdict(measured),
         }
+        for at in ("issued", "read_end"):
+            if row.get(at) is not None:
+                row[at] = round(row[at] - started, 3)
         into.append(row)
-        observe(self, record)
+        observe(self, measured)
         if self.replanner is not None:
             # What the re-planner believes after it: a misread shows where it came from.
             row["scales"] = {k: round(v, 3) for k, v in self.replanner.scales().items()}

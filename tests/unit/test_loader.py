@@ -294,5 +294,5 @@ def test_a_chunks_link_time_is_a_lower_bound_when_the_server_was_done_first() ->
     flow.turn, flow.read_end = flow.issued + 0.5, flow.issued + 0.51
     assert flow.link_buffered
     assert flow.link_s == pytest.approx(0.01)
-    record = flow.record(0, samples=1, trainer_s=None)
-    assert record.transfer_buffered and record.transfer_s == pytest.approx(0.01)
+    read = flow.read_measurement()
+    assert read.transfer_buffered and read.transfer_s == pytest.approx(0.01)

@@ -24,6 +24,15 @@ from hapi.data import Transforms, open_store, synth_dataset
 from hapi.data.store import ObjectStore
 from hapi.errors import ServerUnavailable
 from hapi.graph import RAW, trace
+from hapi.plan import (
+    LinkProfile,
+    ReplanConfig,
+    Replanner,
+    ServerProfile,
+    TrainerProfile,
+    Workload,
+    choose_plan,
+)
 from hapi.wire import ChunkTicket, FeatureBatch, SessionRequest
 
 SIZE = 16
@@ -193,7 +202,7 @@ class _SlowCompute(LocalCompute):
     ones of the same chunk arrive."""
 
     def __call__(self, batch: FeatureBatch, epoch: int, cut: int) -> tuple[FeatureBatch, list]:  # type: ignore[type-arg]
-        time.sleep(0.2)
+        time.sleep(0.1)
         return super().__call__(batch, epoch, cut)
 
 
@@ -228,7 +237,7 @@ def test_a_hybrids_local_chunks_keep_out_of_the_servers_window(world: World) -> 
             deadline = time.monotonic() + 3
             while len(source.tickets) < 3 and time.monotonic() < deadline:
                 time.sleep(0.01)
-            time.sleep(0.2)  # were the windows wider, more would be asked for now
+            time.sleep(0.1)  # were the windows wider, more would be asked for now
             seen_while_held.extend(
                 sorted((t.chunk, source.cuts[t.session]) for t in source.tickets)
             )
@@ -259,7 +268,7 @@ def test_a_chunk_is_timed_from_its_request_not_from_its_sessions_opening(
     # Opening a session takes as long as the server needs to trace the model; the first
     # chunk at a cut waits for it. Timed from before the opening, the opening would read
     # as the link's time.
-    source = world.source(open_delay_s=0.5)
+    source = world.source(open_delay_s=0.3)
     loader = _loader(world, source, _router(source, CUT))
     _epoch(world, loader)
     first_request: dict[int, float] = {}
@@ -269,7 +278,7 @@ def test_a_chunk_is_timed_from_its_request_not_from_its_sessions_opening(
     assert sorted(r.chunk for r in records) == list(range(6))
     for record in records:
         assert record.issued is not None
-        assert 0 <= first_request[record.chunk] - record.issued < 0.25, record.chunk
+        assert 0 <= first_request[record.chunk] - record.issued < 0.2, record.chunk
 
 
 def test_the_store_is_read_when_no_server_answers(world: World) -> None:
@@ -287,3 +296,26 @@ def test_the_store_is_read_when_no_server_answers(world: World) -> None:
     assert _epoch(world, loader) == _in_order(world, loader)
     assert loader.stats.fallbacks == 6 and loader.stats.samples == 24
     assert {e.chunk for e in events if e.kind == "fallback"} == set(range(6))
+
+
+def test_the_router_hears_each_chunks_read_and_its_training_once(world: World) -> None:
+    # A chunk's server and link from the fetching thread when it is read, its trainer
+    # from the consumer when it is trained: one measurement each, one chunk counted.
+    cuts = world.graph.num_cuts
+    server = ServerProfile(
+        read_s=0.001, decode_s=0.01, head_s=(0.01,) * cuts, out_bytes=(10_000,) * cuts,
+        memory_bytes=(0,) * cuts, raw_bytes=10_000,
+    )  # fmt: skip
+    trainer = TrainerProfile(decode_s=0.01, head_s=(0.01,) * cuts, tail_s=(0.01,) * cuts)
+    plan = choose_plan(
+        server, trainer, LinkProfile(bytes_per_s=1e6), Workload(samples=24, chunk_size=4),
+        freeze=CUT,
+    )  # fmt: skip
+    # Its measurements drift from any profile here: a threshold none reaches keeps the plan.
+    replanner = Replanner(plan, ReplanConfig(threshold=1e9))
+    source = world.source()
+    router = Router(CUT, 0.5, replanner=replanner, recall=functools.partial(recall_all, [source]))
+    loader = _loader(world, source, router)
+    assert _epoch(world, loader) == _in_order(world, loader)
+    assert loader.stats.chunks_local == 3 and not replanner.changes
+    assert (replanner.chunks, replanner.steps) == (6, 12)

@@ -10,13 +10,14 @@ import pytest
 
 from hapi.graph import RAW
 from hapi.plan import (
-    ChunkMeasurement,
     LinkProfile,
     Plan,
+    ReadMeasurement,
     ReplanConfig,
     Replanner,
     ServerProfile,
     TrainerProfile,
+    TrainMeasurement,
     Workload,
     assign,
     choose_plan,
@@ -47,23 +48,30 @@ def _plan(bytes_per_s: float) -> Plan:
 
 def _chunk(
     plan: Plan, i: int, link_bytes_per_s: float, noise: float = 1.0, trainer: float = 1.0
-) -> ChunkMeasurement:
-    """Chunk i of `plan` as the profiles predict, the link at the rate given."""
+) -> tuple[ReadMeasurement, TrainMeasurement]:
+    """Chunk i of `plan` as the profiles predict, the link at the rate given: its read and
+    its training (observed together, as one chunk measured whole, unless a test splits them)."""
     n = 64
     local = plan.cut == RAW or assign(range(i + 1), plan)[i]
     cut = RAW if local else plan.cut
     nbytes = int(n * SERVER.wire_bytes(cut))
     trainer_s = n * TRAINER.local_s(plan.feature_cut) if local else n * TRAINER.remote_s(cut)
-    return ChunkMeasurement(
+    read = ReadMeasurement(
         samples=n,
         bytes=nbytes,
         cut=cut,
-        feature_cut=plan.feature_cut,
         server_s=n * SERVER.compute_s(cut) * noise,
         transfer_s=nbytes / link_bytes_per_s * noise,
+        chunk=i,
+    )
+    trained = TrainMeasurement(
+        samples=n,
+        cut=cut,
+        feature_cut=plan.feature_cut,
         trainer_s=trainer_s * noise * trainer,
         chunk=i,
     )
+    return read, trained
 
 
 def test_a_link_slowdown_moves_the_cut_to_the_freeze_point() -> None:
@@ -72,10 +80,10 @@ def test_a_link_slowdown_moves_the_cut_to_the_freeze_point() -> None:
     assert fast.cut == 0 and fast.share == 0.8
     replanner = Replanner(fast)
     for i in range(10):
-        assert replanner.observe(_chunk(replanner.plan, i, 1e9)) is None
+        assert replanner.observe(*_chunk(replanner.plan, i, 1e9)) is None
     changes = []
     for i in range(10, 20):
-        change = replanner.observe(_chunk(replanner.plan, i, 1e6))
+        change = replanner.observe(*_chunk(replanner.plan, i, 1e6))
         if change is not None:
             changes.append(change)
     assert len(changes) == 1, [c.reason for c in changes]
@@ -101,7 +109,7 @@ def test_five_percent_noise_never_replans() -> None:
     rng = random.Random(0)
     for i in range(200):
         noise = 1.0 + rng.uniform(-0.05, 0.05)
-        assert replanner.observe(_chunk(plan, i, 1e9, noise)) is None
+        assert replanner.observe(*_chunk(plan, i, 1e9, noise)) is None
     assert replanner.predicted_epoch_s() == pytest.approx(plan.epoch_s, rel=0.05)
 
 
@@ -109,10 +117,10 @@ def test_a_slower_trainer_lowers_the_local_share() -> None:
     plan = _plan(1e9)
     replanner = Replanner(plan, ReplanConfig(min_chunks=2))
     for i in range(6):
-        assert replanner.observe(_chunk(plan, i, 1e9)) is None
+        assert replanner.observe(*_chunk(plan, i, 1e9)) is None
     change = None
     for i in range(6, 12):
-        change = change or replanner.observe(_chunk(plan, i, 1e9, trainer=2.0))
+        change = change or replanner.observe(*_chunk(plan, i, 1e9, trainer=2.0))
     assert change is not None and change.changed
     assert "trainer measured" in change.reason
     assert change.plan.cut == 0 and change.plan.share < plan.share
@@ -128,11 +136,11 @@ def test_a_server_that_swings_around_its_rate_keeps_the_plan() -> None:
     replanner = Replanner(plan)
     pushed = 0
     for i in range(80):
-        chunk = _chunk(replanner.plan, i, 1e6)
-        assert chunk.server_s is not None
+        read, trained = _chunk(replanner.plan, i, 1e6)
+        assert read.server_s is not None
         pace = 1.0 if i < 12 else 1.5 if (pushed // 3) % 2 else 0.67
-        pushed += chunk.cut != RAW and i >= 12
-        replanner.observe(dataclasses.replace(chunk, server_s=chunk.server_s * pace))
+        pushed += read.cut != RAW and i >= 12
+        replanner.observe(dataclasses.replace(read, server_s=read.server_s * pace), trained)
     assert not [c for c in replanner.changes if c.changed], [c.reason for c in replanner.changes]
 
 
@@ -196,12 +204,12 @@ def test_a_passing_server_spike_changes_nothing() -> None:
     plan = _plan(1e9)
     replanner = Replanner(plan)
     for i in range(5):
-        assert replanner.observe(_chunk(plan, i, 1e9)) is None
-    stalled = _chunk(plan, 5, 1e9)  # one chunk stalls on the server (a pause, a retry)
+        assert replanner.observe(*_chunk(plan, i, 1e9)) is None
+    stalled, trained = _chunk(plan, 5, 1e9)  # one chunk stalls on the server (a pause, a retry)
     stalled = dataclasses.replace(stalled, server_s=stalled.server_s * 50)
-    assert replanner.observe(stalled) is None
+    assert replanner.observe(stalled, trained) is None
     for i in range(6, 40):
-        assert replanner.observe(_chunk(plan, i, 1e9)) is None
+        assert replanner.observe(*_chunk(plan, i, 1e9)) is None
     assert replanner.changes == []
 
 
@@ -213,10 +221,10 @@ def test_a_hybrids_raw_chunks_do_not_set_the_servers_rate() -> None:
     assert plan.share > 0.5
     replanner = Replanner(plan)
     for i in range(60):
-        chunk = _chunk(replanner.plan, i, 5e6 if i < 20 else 2.5e6)
-        if chunk.cut == RAW:
-            chunk = dataclasses.replace(chunk, server_s=chunk.server_s * 5)
-        replanner.observe(chunk)
+        read, trained = _chunk(replanner.plan, i, 5e6 if i < 20 else 2.5e6)
+        if read.cut == RAW:
+            read = dataclasses.replace(read, server_s=read.server_s * 5)
+        replanner.observe(read, trained)
     assert replanner.changes
     assert all("server" not in change.reason for change in replanner.changes)
     assert replanner.scales()["server"] == pytest.approx(1.0, rel=0.15)
@@ -232,14 +240,14 @@ def test_one_slow_pushed_chunk_among_raw_ones_is_not_the_servers_rate() -> None:
     replanner = Replanner(plan)
     pushed = 0
     for i in range(60):
-        chunk = _chunk(replanner.plan, i, 1e9)
-        if chunk.cut == RAW:
-            chunk = dataclasses.replace(chunk, server_s=(chunk.server_s or 0.0) * 8)
+        read, trained = _chunk(replanner.plan, i, 1e9)
+        if read.cut == RAW:
+            read = dataclasses.replace(read, server_s=(read.server_s or 0.0) * 8)
         else:
             pushed += 1
             if pushed == 6:
-                chunk = dataclasses.replace(chunk, server_s=(chunk.server_s or 0.0) * 5)
-        replanner.observe(chunk)
+                read = dataclasses.replace(read, server_s=(read.server_s or 0.0) * 5)
+        replanner.observe(read, trained)
     assert replanner.changes == [], [c.reason for c in replanner.changes]
 
 
@@ -251,10 +259,10 @@ def test_a_link_shared_by_chunks_in_flight_is_measured_from_their_sum() -> None:
     replanner = Replanner(plan)
     late = 0.0  # the half of the chunk before's time that came during this one's turn
     for i in range(30):
-        chunk = _chunk(replanner.plan, i, 1e6)
-        own = chunk.transfer_s or 0.0
+        read, trained = _chunk(replanner.plan, i, 1e6)
+        own = read.transfer_s or 0.0
         shown, late = 0.5 * own + late, 0.5 * own
-        replanner.observe(dataclasses.replace(chunk, transfer_s=shown))
+        replanner.observe(dataclasses.replace(read, transfer_s=shown), trained)
     (change,) = replanner.changes
     assert change.plan.link.bytes_per_s == pytest.approx(1e6, rel=0.2)
     # Later runs of three chunks, each after a raw chunk's half turn, read the link at
@@ -274,19 +282,20 @@ def test_a_chunk_that_crossed_mostly_in_its_own_turn_claims_only_the_rest() -> N
     replanner = Replanner(plan)
     t = 0.0
     for i in range(40):
-        chunk = _chunk(replanner.plan, i, 1e7)
-        own = chunk.transfer_s or 0.0
+        read, trained = _chunk(replanner.plan, i, 1e7)
+        own = read.transfer_s or 0.0
         long_turn = i % 4 == 1  # a turn that carried a few of the next chunk's bytes
         shown = own * (1.05 if long_turn else 0.97)
         issued, t = t, t + own
         replanner.observe(
             dataclasses.replace(
-                chunk,
+                read,
                 transfer_s=shown,
                 transfer_buffered=not long_turn,
                 issued=issued - 0.5,
                 read_end=t,
-            )
+            ),
+            trained,
         )
     assert replanner.changes == [], [c.reason for c in replanner.changes]
     assert replanner.scales()["link"] == pytest.approx(1.0, rel=0.1)
@@ -299,14 +308,14 @@ def test_a_late_cuts_buffered_bytes_do_not_make_a_slow_link_look_fast() -> None:
     plan = _plan(1e9)
     replanner = Replanner(plan)
     for i in range(10):
-        replanner.observe(_chunk(replanner.plan, i, 1e9))
+        replanner.observe(*_chunk(replanner.plan, i, 1e9))
     believed = []
     for i in range(10, 60):
-        chunk = _chunk(replanner.plan, i, 1e5)
-        if replanner.changes and chunk.cut != RAW:
-            fast = (chunk.transfer_s or 0.0) / 13
-            chunk = dataclasses.replace(chunk, transfer_s=fast, transfer_buffered=True)
-        replanner.observe(chunk)
+        read, trained = _chunk(replanner.plan, i, 1e5)
+        if replanner.changes and read.cut != RAW:
+            fast = (read.transfer_s or 0.0) / 13
+            read = dataclasses.replace(read, transfer_s=fast, transfer_buffered=True)
+        replanner.observe(read, trained)
         if replanner.changes:
             believed.append(replanner.plan.link.bytes_per_s)
     assert replanner.changes[0].plan.share == 0.0
@@ -325,19 +334,19 @@ def test_a_turn_that_carried_the_next_chunks_bytes_is_not_a_slow_link() -> None:
     plan = _plan(1e6)
     assert 0.0 < plan.share < 1.0
     replanner = Replanner(plan)
-    trained: list[ChunkMeasurement] = []
+    trained: list[TrainMeasurement] = []
     for i in range(40):
-        chunk = _chunk(replanner.plan, i, 1e6)
+        read, training = _chunk(replanner.plan, i, 1e6)
         if i % 2 == 0:
-            carried = _chunk(replanner.plan, i + 1, 1e6).transfer_s or 0.0
-            chunk = dataclasses.replace(chunk, transfer_s=(chunk.transfer_s or 0.0) + carried)
+            carried = _chunk(replanner.plan, i + 1, 1e6)[0].transfer_s or 0.0
+            read = dataclasses.replace(read, transfer_s=(read.transfer_s or 0.0) + carried)
         else:
-            buffered = 0.01 * (chunk.transfer_s or 0.0)
-            chunk = dataclasses.replace(chunk, transfer_s=buffered, transfer_buffered=True)
-        read = dataclasses.replace(chunk, trainer_s=None)
-        trained.append(dataclasses.replace(chunk, server_s=None, transfer_s=None))
-        for measurement in [read, *(trained if i % 2 == 0 else [])]:
-            assert replanner.observe(measurement) is None, replanner.changes[-1].reason
+            buffered = 0.01 * (read.transfer_s or 0.0)
+            read = dataclasses.replace(read, transfer_s=buffered, transfer_buffered=True)
+        trained.append(training)
+        assert replanner.observe(read) is None, replanner.changes[-1].reason
+        for measurement in trained if i % 2 == 0 else []:
+            assert replanner.observe(trained=measurement) is None, replanner.changes[-1].reason
         if i % 2 == 0:
             trained.clear()
     assert replanner.scales()["link"] == pytest.approx(1.0, rel=0.05)
@@ -353,7 +362,7 @@ def test_a_buffered_chunk_is_credited_to_a_turn_that_ended_after_it_was_requeste
     # long turn is a link twice as slow.
     plan = _plan(1e6)
     replanner = Replanner(plan, ReplanConfig(min_chunks=100))
-    chunk = dataclasses.replace(_chunk(plan, 0, 1e6), cut=2, bytes=64_000, trainer_s=None)
+    chunk = dataclasses.replace(_chunk(plan, 0, 1e6)[0], cut=2, bytes=64_000)
     own = chunk.bytes / 1e6
     replanner.observe(dataclasses.replace(chunk, transfer_s=2 * own, issued=0.0, read_end=2.0))
     replanner.observe(dataclasses.replace(chunk, transfer_s=None, issued=0.5, read_end=2.5))
@@ -372,7 +381,7 @@ def test_a_buffered_chunk_is_credited_past_a_short_turn_between() -> None:
     # first epoch, on a link read at half its rate.
     plan = _plan(1e6)
     replanner = Replanner(plan, ReplanConfig(min_chunks=100))
-    pushed = dataclasses.replace(_chunk(plan, 0, 1e6), cut=2, bytes=64_000, trainer_s=None)
+    pushed = dataclasses.replace(_chunk(plan, 0, 1e6)[0], cut=2, bytes=64_000)
     raw = dataclasses.replace(pushed, cut=RAW, bytes=6_400_000)
     own, carried = pushed.bytes / 1e6, raw.bytes / 1e6
     long_turn = dataclasses.replace(pushed, transfer_s=own + carried, issued=0.0, read_end=6.5)
@@ -399,7 +408,7 @@ def test_a_long_turn_waits_for_every_chunk_that_could_have_crossed_in_it() -> No
     # raw chunk's read showed what the turn had carried.
     plan = _plan(1e6)
     replanner = Replanner(plan)
-    pushed = dataclasses.replace(_chunk(plan, 0, 1e6), cut=2, bytes=64_000, trainer_s=None)
+    pushed = dataclasses.replace(_chunk(plan, 0, 1e6)[0], cut=2, bytes=64_000)
     raw = dataclasses.replace(pushed, cut=RAW, bytes=6_400_000)
     own, carried = pushed.bytes / 1e6, raw.bytes / 1e6
     replanner.observe(
@@ -425,7 +434,7 @@ def test_a_turn_longer_than_every_chunk_in_flight_is_counted_at_once() -> None:
     """Held back is at most what the chunks in flight could have put in the turn."""
     plan = _plan(1e6)
     replanner = Replanner(plan, ReplanConfig(min_chunks=100, swing=100.0))
-    pushed = dataclasses.replace(_chunk(plan, 0, 1e6), cut=2, bytes=64_000, trainer_s=None)
+    pushed = dataclasses.replace(_chunk(plan, 0, 1e6)[0], cut=2, bytes=64_000)
     own = pushed.bytes / 1e6
     workload = plan.workload
     assert plan.share > 0  # a hybrid: K chunks in flight at its cut and K raw
@@ -442,11 +451,11 @@ def test_a_chunks_read_and_its_training_are_observed_apart() -> None:
     replanner = Replanner(plan)
     trained = []
     for i in range(20):
-        chunk = _chunk(replanner.plan, i, 1e7 if i < 8 else 1e6)
-        replanner.observe(dataclasses.replace(chunk, trainer_s=None))
-        trained.append(dataclasses.replace(chunk, server_s=None, transfer_s=None))
+        read, training = _chunk(replanner.plan, i, 1e7 if i < 8 else 1e6)
+        replanner.observe(read)
+        trained.append(training)
         if len(trained) > 4:  # training runs four chunks behind
-            replanner.observe(trained.pop(0))
+            replanner.observe(trained=trained.pop(0))
         if replanner.changes:
             break
     assert replanner.changes and "link measured" in replanner.changes[0].reason
@@ -458,12 +467,12 @@ def test_a_link_stall_is_undone_when_the_link_is_fast_again() -> None:
     plan = _plan(1e7)
     replanner = Replanner(plan)
     for i in range(5):
-        replanner.observe(_chunk(plan, i, 1e7))
+        replanner.observe(*_chunk(plan, i, 1e7))
     for i in range(5, 8):  # three chunks stall on the link (10x slower)
-        replanner.observe(_chunk(replanner.plan, i, 1e6))
+        replanner.observe(*_chunk(replanner.plan, i, 1e6))
     assert (replanner.plan.cut, replanner.plan.share) != (plan.cut, plan.share)
     for i in range(8, 60):
-        replanner.observe(_chunk(replanner.plan, i, 1e7))
+        replanner.observe(*_chunk(replanner.plan, i, 1e7))
     assert (replanner.plan.cut, replanner.plan.share) == (plan.cut, plan.share)
 
 
@@ -474,10 +483,10 @@ def test_a_moderate_link_slowdown_waits_for_min_chunks() -> None:
     plan = _plan(1e7)
     replanner = Replanner(plan)
     for i in range(10):
-        assert replanner.observe(_chunk(plan, i, 1e7)) is None
+        assert replanner.observe(*_chunk(plan, i, 1e7)) is None
     seen = None
     for i in range(10, 20):
-        if replanner.observe(_chunk(replanner.plan, i, 1e7 / 3)) is not None:
+        if replanner.observe(*_chunk(replanner.plan, i, 1e7 / 3)) is not None:
             seen = i
             break
     assert seen == 13
@@ -489,13 +498,13 @@ def test_one_turn_carrying_every_chunk_in_flight_is_not_sudden() -> None:
     plan = _plan(1e9)
     replanner = Replanner(plan)
     for i in range(10):
-        assert replanner.observe(_chunk(plan, i, 1e9)) is None
+        assert replanner.observe(*_chunk(plan, i, 1e9)) is None
     workload = plan.workload
     shared = workload.prefetch * workload.chunk_size * SERVER.raw_bytes / 1e9
-    chunk = _chunk(plan, 10, 1e9)
-    assert replanner.observe(dataclasses.replace(chunk, transfer_s=shared)) is None
+    read, trained = _chunk(plan, 10, 1e9)
+    assert replanner.observe(dataclasses.replace(read, transfer_s=shared), trained) is None
     for i in range(11, 30):
-        replanner.observe(_chunk(plan, i, 1e9))
+        replanner.observe(*_chunk(plan, i, 1e9))
     assert not [c for c in replanner.changes if c.changed], [c.reason for c in replanner.changes]
 
 
@@ -508,13 +517,13 @@ def test_a_drift_restarts_each_stage_from_what_the_drifting_chunks_measured() ->
     plan = _plan(1e9)
     replanner = Replanner(plan)
     for i in range(10):
-        replanner.observe(_chunk(replanner.plan, i, 1e9))
-    drop = _chunk(replanner.plan, 10, 1e6)
-    replanner.observe(dataclasses.replace(drop, trainer_s=None))
+        replanner.observe(*_chunk(replanner.plan, i, 1e9))
+    drop, _ = _chunk(replanner.plan, 10, 1e6)
+    replanner.observe(drop)
     assert len(replanner.changes) == 1
     assert replanner.plan.link.bytes_per_s == pytest.approx(1e6, rel=0.05)
     for i in range(11, 14):
-        chunk = _chunk(replanner.plan, i, 1e6, trainer=20.0)
-        replanner.observe(dataclasses.replace(chunk, server_s=None, transfer_s=None))
+        _, trained = _chunk(replanner.plan, i, 1e6, trainer=20.0)
+        replanner.observe(trained=trained)
     assert len(replanner.changes) == 2 and "trainer measured" in replanner.changes[1].reason
     assert replanner.plan.link.bytes_per_s == pytest.approx(1e6, rel=0.05)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from hapi.client._epoch_keys import Chunks, EpochKeys
 from hapi.client._fetch import FetchContext, Fetcher
@@ -316,14 +316,11 @@ class EpochRun:
         if flow.observed or not flow.finished or flow.untrained:
             return
         flow.observed = True
-        record = flow.record(
-            self.epoch, samples=flow.samples, trainer_s=flow.local_s + flow.train_s
-        )
-        self.stats.records.append(record)
+        self.stats.records.append(flow.record(self.epoch))
         # Its server and link were observed when it was read (`Fetcher.fetch`); now its
         # trainer.
         if flow.its_routes_cost:
-            self.context.fetch.router.observe(replace(record, server_s=None, transfer_s=None))
+            self.context.fetch.router.observe(flow.train_measurement())
 
     def shutdown(self) -> None:
         """End its threads and those of any epoch it started ahead."""

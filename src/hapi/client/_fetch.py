@@ -132,8 +132,7 @@ class Fetcher:
             if flow.its_routes_cost:
                 # Its server's and link's times are known now, a batch or more before it
                 # is trained: the re-planner sees a drift that much sooner.
-                record = flow.record(self.epoch, samples=flow.samples_read, trainer_s=None)
-                self.context.router.observe(record)
+                self.context.router.observe(flow.read_measurement())
             if flow.merge is not None:
                 # After its last computed piece (the worker runs in order): the skipped
                 # keys let the rest of the chunk go.

@@ -13,6 +13,7 @@ from hapi.client._merge import ChunkMerge
 from hapi.client.routing import ChunkRecord, Route
 from hapi.client.servers import Member
 from hapi.client.source import PartStream
+from hapi.plan import ReadMeasurement, TrainMeasurement
 from hapi.wire import SkippedKey
 
 __all__ = ["DONE", "Flow", "Stopped", "busy_clock"]
@@ -101,22 +102,52 @@ class Flow:
         server, nor re-routed or recalled in flight (the plan learns nothing from those)."""
         return not (self.fell_back or self.rerouted or self.recalled or self.hits == len(self.keys))
 
-    def record(self, epoch: int, *, samples: int, trainer_s: float | None) -> ChunkRecord:
-        """What it cost, for the router: its server's and link's times, and its trainer's
-        when `trainer_s` is given."""
+    def read_measurement(self) -> ReadMeasurement:
+        """What its read measured, for the router: its server's and link's times."""
+        return ReadMeasurement(
+            samples=self.samples_read,
+            bytes=self.bytes,
+            cut=self.route.wire_cut,
+            server_s=self.server_s,
+            transfer_s=self.link_s,
+            transfer_buffered=self.link_buffered,
+            issued=self.issued,
+            read_end=self.read_end,
+            chunk=self.index,
+        )
+
+    def train_measurement(self) -> TrainMeasurement:
+        """What its training measured, for the router: its trainer's time."""
+        route = self.route
+        return TrainMeasurement(
+            samples=self.samples,
+            cut=route.wire_cut,
+            trainer_s=self.trainer_s,
+            feature_cut=route.cut if route.local else None,
+            issued=self.issued,
+            chunk=self.index,
+        )
+
+    def record(self, epoch: int) -> ChunkRecord:
+        """What it cost in all, once delivered and trained: the epoch's record of it."""
         return ChunkRecord(
             chunk=self.index,
             epoch=epoch,
             route=self.route,
-            samples=samples,
+            samples=self.samples,
             bytes=self.bytes,
             server_s=self.server_s,
             transfer_s=self.link_s,
             transfer_buffered=self.link_buffered,
-            trainer_s=trainer_s,
+            trainer_s=self.trainer_s,
             issued=self.issued,
             read_end=self.read_end,
         )
+
+    @property
+    def trainer_s(self) -> float:
+        """The trainer's compute on it: decoding and the head for a local chunk, the tail."""
+        return self.local_s + self.train_s
 
     @property
     def stream_s(self) -> float:

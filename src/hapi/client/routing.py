@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from hapi.client.history import Event, ignore_event
 from hapi.errors import InvalidRequest
 from hapi.graph import INPUT, RAW
-from hapi.plan import ChunkMeasurement, Plan, Replanner, assign
+from hapi.plan import Plan, ReadMeasurement, Replanner, TrainMeasurement, assign
 
 __all__ = ["ChunkRecord", "Route", "Router", "check_choice", "recall_nothing"]
 
@@ -46,7 +46,8 @@ class Route:
 
 @dataclass(frozen=True, kw_only=True)
 class ChunkRecord:
-    """One chunk, delivered and trained: what the loader measured."""
+    """One chunk, delivered and trained: what the loader measured (the epoch's record;
+    the router hears it stage by stage, as `ReadMeasurement` and `TrainMeasurement`)."""
 
     chunk: int
     epoch: int
@@ -54,13 +55,11 @@ class ChunkRecord:
     samples: int
     bytes: int
     server_s: float | None
-    """The server's compute on it as it reported; None: it reported none, or not measured
-    in this record."""
+    """The server's compute on it as it reported; None: it reported none."""
     transfer_s: float | None
-    """The link's time on it; None: its stream showed the server's pace, not the link's,
-    or not measured in this record."""
-    trainer_s: float | None
-    """The trainer's compute on it; None: not yet trained (a record of its read)."""
+    """The link's time on it; None: its stream showed the server's pace, not the link's."""
+    trainer_s: float
+    """The trainer's compute on it."""
     transfer_buffered: bool = False
     """Its bytes may have crossed before its turn: `transfer_s` is a lower bound."""
     issued: float | None = None
@@ -244,13 +243,16 @@ class Router:
             self.replanner = replanner
         self.set(plan.cut, plan.share, reason=reason, plan=plan)
 
-    def observe(self, record: ChunkRecord) -> None:
-        """Take in a chunk's measurements (its server's and link's when it is read, its
+    def observe(self, measured: ReadMeasurement | TrainMeasurement) -> None:
+        """Take in what a chunk measured (its server's and link's time when it is read, its
         trainer's when it is trained); re-plan when they call for it. Thread-safe."""
         if self.replanner is None:
             return
         with self._replanning:
-            change = self.replanner.observe(self._measurement(record))
+            if isinstance(measured, ReadMeasurement):
+                change = self.replanner.observe(measured)
+            else:
+                change = self.replanner.observe(trained=measured)
         if change is not None and change.changed:
             plan = change.plan
             self.set(plan.cut, plan.share, reason=change.reason, plan=plan)
@@ -288,24 +290,6 @@ class Router:
                     data,
                 )
             )
-
-    def _measurement(self, record: ChunkRecord) -> ChunkMeasurement:
-        route = record.route
-        # What was not measured (a server that does not report its time, a stream held by
-        # the server, a stage measured at another moment) is None: it weighs nothing.
-        return ChunkMeasurement(
-            samples=record.samples,
-            bytes=record.bytes,
-            cut=route.wire_cut,
-            server_s=record.server_s,
-            transfer_s=record.transfer_s,
-            transfer_buffered=record.transfer_buffered,
-            trainer_s=record.trainer_s,
-            issued=record.issued,
-            read_end=record.read_end,
-            feature_cut=route.cut if route.local else None,
-            chunk=record.chunk,
-        )
 
 
 def check_choice(cut: int, share: float) -> None:

@@ -12,7 +12,6 @@ from hapi._lazy import lazy_exports
 
 __all__ = [
     "HYBRID_LOCAL_WINDOW",
-    "ChunkMeasurement",
     "CodecChoice",
     "CodecProfile",
     "Estimate",
@@ -22,9 +21,11 @@ __all__ = [
     "PlanChange",
     "PlannerConfig",
     "ProfileKey",
+    "ReadMeasurement",
     "ReplanConfig",
     "Replanner",
     "ServerProfile",
+    "TrainMeasurement",
     "TrainerProfile",
     "Workload",
     "assign",
@@ -49,7 +50,6 @@ __all__ = [
 
 _WHERE = {
     "HYBRID_LOCAL_WINDOW": ".cost",
-    "ChunkMeasurement": ".chunk_measurement",
     "CodecChoice": ".codecs",
     "CodecProfile": ".codecs",
     "Estimate": ".cost",
@@ -59,9 +59,11 @@ _WHERE = {
     "PlanChange": ".replan",
     "PlannerConfig": ".choose",
     "ProfileKey": ".profiles",
+    "ReadMeasurement": ".chunk_measurements",
     "ReplanConfig": ".replan_config",
     "Replanner": ".replan",
     "ServerProfile": ".profiles",
+    "TrainMeasurement": ".chunk_measurements",
     "TrainerProfile": ".profiles",
     "Workload": ".cost",
     "assign": ".assign",
@@ -87,7 +89,7 @@ _WHERE = {
 if TYPE_CHECKING:
     from hapi.plan.assign import assign
     from hapi.plan.choose import PlannerConfig, choose_plan
-    from hapi.plan.chunk_measurement import ChunkMeasurement
+    from hapi.plan.chunk_measurements import ReadMeasurement, TrainMeasurement
     from hapi.plan.codecs import CodecChoice, CodecProfile, choose_codec
     from hapi.plan.cost import Estimate, Workload, best_share, estimate
     from hapi.plan.defaults import FreezeChoice, check_trainable, choose_freeze, default_freeze

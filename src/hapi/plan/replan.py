@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hapi.errors import InvalidRequest
 from hapi.graph.cut_point import INPUT, RAW
 from hapi.plan.choose import choose_plan
-from hapi.plan.chunk_measurement import ChunkMeasurement
+from hapi.plan.chunk_measurements import ReadMeasurement, TrainMeasurement
 from hapi.plan.cost import estimate
 from hapi.plan.drift import DriftWatch, settled
 from hapi.plan.plan import Plan
@@ -20,7 +21,7 @@ from hapi.plan.rates import StageRates
 from hapi.plan.replan_config import ReplanConfig
 from hapi.plan.turns import LinkTurns, in_flight_s
 
-__all__ = ["ChunkMeasurement", "PlanChange", "ReplanConfig", "Replanner"]
+__all__ = ["PlanChange", "ReadMeasurement", "ReplanConfig", "Replanner", "TrainMeasurement"]
 
 
 WINDOW_RUNS = 4
@@ -49,9 +50,10 @@ class Replanner:
 
     Example:
         >>> replanner = Replanner(plan)
-        >>> change = replanner.observe(ChunkMeasurement(samples=64, bytes=..., ...))
+        >>> change = replanner.observe(ReadMeasurement(samples=64, bytes=..., ...))
         >>> if change is not None and change.changed:
         ...     issue the chunks not yet issued by change.plan
+        >>> replanner.observe(trained=TrainMeasurement(samples=64, ...))  # a batch later
     """
 
     def __init__(self, plan: Plan, config: ReplanConfig | None = None) -> None:
@@ -61,7 +63,11 @@ class Replanner:
         self.changes: list[PlanChange] = []
         """Every re-plan so far, oldest first."""
         self.chunks = 0
-        """Chunks observed."""
+        """Chunks observed, each once: counted at its read (its training is the same
+        chunk)."""
+        self.steps = 0
+        """Observations: a chunk's read and its training are a step of the moving averages
+        each (one, observed together)."""
         config = self.config
         self._rates = StageRates(
             (plan.server, plan.trainer, plan.link),
@@ -92,15 +98,35 @@ class Replanner:
         """The plan in force's epoch time at the measured rates."""
         return self._rates.predicted_epoch_s(self.plan)
 
-    def observe(self, chunk: ChunkMeasurement) -> PlanChange | None:
-        """Take in one chunk's measurements; a `PlanChange` when they call for a re-plan."""
-        sudden = self._sudden(chunk.transfer_s or 0.0)
-        self._rates.add(*self._pair(chunk, sudden=sudden))
-        self.chunks += 1
+    def observe(
+        self, read: ReadMeasurement | None = None, trained: TrainMeasurement | None = None
+    ) -> PlanChange | None:
+        """Take in what one chunk measured at one moment - its read (server, link), its
+        training (trainer), or both - as one step of the moving averages.
+
+        Returns:
+            A `PlanChange` when the measurements call for a re-plan, else None.
+
+        Raises:
+            InvalidRequest: neither is given, or the two are of different chunks.
+        """
+        if read is None and trained is None:
+            raise InvalidRequest("observe a chunk's read, its training, or both: got neither")
+        if read is not None and trained is not None and read.chunk != trained.chunk:
+            raise InvalidRequest(
+                f"a read and a training observed together must be of one chunk, got chunk "
+                f"{read.chunk!r} read and chunk {trained.chunk!r} trained"
+            )
+        sudden = read is not None and self._sudden(read.transfer_s or 0.0)
+        self._rates.add(*self._pair(read, trained, sudden=sudden))
+        self.steps += 1
+        self.chunks += read is not None
         if self._drift.reason(self.plan, self._rates) is None:
             self._drift.reset()
             return None
-        run = self._drift.run(self.chunks if chunk.chunk is None else chunk.chunk, sudden=sudden)
+        # A chunk counts once in a run, read or trained; without an id, each step counts.
+        chunk = read.chunk if read is not None else trained.chunk if trained is not None else None
+        run = self._drift.run(self.steps if chunk is None else chunk, sudden=sudden)
         if run is None:
             return None
         # Those chunks alone (all from after the change) set the rates: the moving average
@@ -174,43 +200,44 @@ class Replanner:
         return in_flight_s(self.plan, server, link, self._rates.planned["link"])
 
     def _pair(
-        self, chunk: ChunkMeasurement, *, sudden: bool
+        self, read: ReadMeasurement | None, trained: TrainMeasurement | None, *, sudden: bool
     ) -> tuple[dict[str, list[float]], dict[str, tuple[float, float]]]:
-        """Per stage, this chunk's (measured, profiled) seconds for the window, and what
-        the moving averages take in now (the link's from `LinkTurns.pair`)."""
+        """Per stage, this step's (measured, profiled) seconds for the window, and what
+        the moving averages take in now (the link's from `LinkTurns`). A stage the step
+        did not measure is no evidence: it weighs nothing, (0, 0)."""
         server, trainer, link = self._rates.base
-        n = chunk.samples
-        if chunk.cut == RAW:
-            trainer_s = trainer.local_s(INPUT if chunk.feature_cut is None else chunk.feature_cut)
-        else:
-            trainer_s = trainer.remote_s(chunk.cut)
-        workload = self.plan.workload
-        latency = link.latency_s / min(workload.prefetch, workload.chunks)
-        link_pair, link_average = self._turns.pair(
-            chunk,
-            link_s=chunk.bytes / link.bytes_per_s + latency,
-            scale=self._rates.planned["link"],
-            in_flight_s=self._in_flight_s(),
-            sudden=sudden,
-            now=self.chunks,
-        )
-        server_s = chunk.server_s
-        if chunk.cut == RAW and self.plan.cut != RAW:
+        server_pair, link_pair = [0.0, 0.0], [0.0, 0.0]
+        link_average = (0.0, 0.0)
+        if read is not None:
+            workload = self.plan.workload
+            latency = link.latency_s / min(workload.prefetch, workload.chunks)
+            link_pair, link_average = self._turns.pair(
+                read,
+                link_s=read.bytes / link.bytes_per_s + latency,
+                scale=self._rates.planned["link"],
+                in_flight_s=self._in_flight_s(),
+                sudden=sudden,
+                now=self.steps,
+            )
             # A hybrid's raw chunk: the server reads it beside the pushed chunks' heads, on
             # their core, in 3-20x its planned read - fixed costs and their compute, not a
             # rate of the server's. Its pushed chunks are the evidence.
-            server_s = None
-        # A stage not measured (None) is no evidence: it weighs nothing.
-        pairs = {
-            "server": _evidence(server_s, n * server.compute_s(chunk.cut)),
-            "link": link_pair,
-            "trainer": _evidence(chunk.trainer_s, n * trainer_s),
-        }
+            raw_in_hybrid = read.cut == RAW and self.plan.cut != RAW
+            if read.server_s is not None and not raw_in_hybrid:
+                server_pair = [read.server_s, read.samples * server.compute_s(read.cut)]
+        elif trained is not None:
+            # A training carries no link time, but its chunk was read: the turns no later
+            # chunk can claim are counted now.
+            link_average = (self._turns.trained(trained.issued, now=self.steps), 0.0)
+        trainer_pair = [0.0, 0.0]
+        if trained is not None:
+            if trained.cut == RAW:
+                feature_cut = INPUT if trained.feature_cut is None else trained.feature_cut
+                per_sample = trainer.local_s(feature_cut)
+            else:
+                per_sample = trainer.remote_s(trained.cut)
+            trainer_pair = [trained.trainer_s, trained.samples * per_sample]
+        pairs = {"server": server_pair, "link": link_pair, "trainer": trainer_pair}
         averaged = {s: (pair[0], pair[1]) for s, pair in pairs.items()}
         averaged["link"] = link_average
         return pairs, averaged
-
-
-def _evidence(measured: float | None, profiled: float) -> list[float]:
-    """A stage's (measured, profiled) pair: none, (0, 0), where it was not measured."""
-    return [0.0, 0.0] if measured is None else [measured, profiled]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from hapi.plan.chunk_measurement import ChunkMeasurement
+from hapi.plan.chunk_measurements import ReadMeasurement
 from hapi.plan.plan import Plan
 from hapi.plan.profiles import LinkProfile, ServerProfile
 
@@ -29,7 +29,8 @@ class _Turn:
     ended: float | None
     """When its read ended (None: not known)."""
     at: int
-    """The observation it was (`Replanner.chunks`), for the moving average's weight."""
+    """The observation it was (a step of the moving averages: `Replanner.steps`), for
+    the moving average's weight."""
     pair: list[float]
     """Its (measured, profiled) link pair in the window, which what is left joins."""
 
@@ -67,7 +68,7 @@ class LinkTurns:
 
     def pair(
         self,
-        chunk: ChunkMeasurement,
+        chunk: ReadMeasurement,
         *,
         link_s: float,
         scale: float,
@@ -80,13 +81,13 @@ class LinkTurns:
         excess none claimed, weighed as their turns are by now.
 
         Args:
-            chunk: the chunk measured.
+            chunk: the chunk read.
             link_s: its bytes' time at the first plan's link profile.
             scale: the link's scale the plan in force was made with (the rate believed).
             in_flight_s: the link's time for every chunk in flight, at that rate.
             sudden: its turn is longer than any sharing of the link explains: none of it
                 is held back.
-            now: chunks observed before this one.
+            now: observations (`Replanner.steps`) before this one.
         """
         believed = link_s * scale
         transfer_s = chunk.transfer_s
@@ -113,7 +114,7 @@ class LinkTurns:
             if spent > 1e-12:
                 link_pair = [transfer_s + spent, (transfer_s + spent) / scale]
                 link_average = (transfer_s + weighed, (transfer_s + weighed) / scale)
-        expired = self._expire(chunk, now)
+        expired = self._expire(chunk.issued, timed=transfer_s is not None, now=now)
         if transfer_s is not None and not claims:
             # A turn. Held back: what other chunks in flight could have put in it, unless
             # it is sudden - no sharing explains it, so it is the link's own pace.
@@ -135,22 +136,28 @@ class LinkTurns:
         self._held.append(turn)
         return added
 
-    def _expire(self, chunk: ChunkMeasurement, now: int) -> float:
-        """Count the held turns no chunk after `chunk` can claim; what they add to the
-        link's moving average, weighed as their turns are.
+    def trained(self, issued: float | None, *, now: int) -> float:
+        """A chunk requested at `issued` was trained, so it was read: count the held
+        turns no chunk after it can claim (`_expire`). It carries no link time of its own.
+
+        Returns:
+            What those turns add to the link's moving average, weighed as they are by now.
+        """
+        return self._expire(issued, timed=False, now=now)
+
+    def _expire(self, issued: float | None, *, timed: bool, now: int) -> float:
+        """Count the held turns no chunk after one requested at `issued` can claim; what
+        they add to the link's moving average, weighed as their turns are.
 
         Chunks are read in the order they were requested: once a chunk requested after a
         turn ended is observed, every chunk that could have crossed in it has been read.
-        Where that time is not known, only the next read could have.
+        Where that time is not known, only the next read with a link time (`timed`)
+        could have.
         """
-        read = chunk.transfer_s is not None
         kept: list[_Turn] = []
         added = 0.0
         for turn in self._held:
-            if chunk.issued is None or turn.ended is None:
-                done = read
-            else:
-                done = turn.ended <= chunk.issued
+            done = timed if issued is None or turn.ended is None else turn.ended <= issued
             if done:
                 added += self._count(turn, now)
             else:
