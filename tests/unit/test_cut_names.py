@@ -11,7 +11,7 @@ from torch import nn
 from torchvision.models import VisionTransformer
 
 from hapi.errors import InvalidCut
-from hapi.graph import INPUT, RAW, ModelSpec, build_model, trace
+from hapi.graph import INPUT, RAW, ModelGraph, ModelSpec, build_model, trace
 
 
 def _vit() -> nn.Module:
@@ -32,8 +32,14 @@ class SkipNet(nn.Module):
         return self.fc(y.mean(dim=(2, 3)))
 
 
-def test_a_step_after_a_module_is_named_by_both() -> None:
-    graph = trace(build_model(ModelSpec(name="resnet18")), (3, 32, 32))
+@pytest.fixture(scope="module")
+def resnet18() -> ModelGraph:
+    """Read only: names and cuts."""
+    return trace(build_model(ModelSpec(name="resnet18")), (3, 32, 32))
+
+
+def test_a_step_after_a_module_is_named_by_both(resnet18: ModelGraph) -> None:
+    graph = resnet18
     assert graph.names()[-3:] == ("avgpool", "avgpool+flatten", "fc")
     assert graph.cut_point(14).aliases == ("flatten",)  # the graph node's name still works
     names = trace(SkipNet(), (3, 8, 8)).names()
@@ -54,8 +60,8 @@ def test_names_are_the_same_in_every_trace() -> None:
     assert [p.aliases for p in first.cut_points] == [p.aliases for p in second.cut_points]
 
 
-def test_resolve_cut_takes_indices_names_aliases_raw_and_input() -> None:
-    graph = trace(build_model(ModelSpec(name="resnet18")), (3, 32, 32))
+def test_resolve_cut_takes_indices_names_aliases_raw_and_input(resnet18: ModelGraph) -> None:
+    graph = resnet18
     assert graph.resolve_cut(RAW) == RAW and graph.resolve_cut("raw") == RAW
     assert graph.resolve_cut("input") == INPUT and graph.resolve_cut("0") == INPUT
     assert graph.resolve_cut("layer3") == graph.resolve_cut("layer3.1") == 10
@@ -122,8 +128,8 @@ def test_a_name_of_no_module_says_so_and_suggests_the_real_ones() -> None:
         graph.resolve_freeze(f"{ours}.mlp")
 
 
-def test_resnet_names_of_no_module_and_of_modules_that_are_no_cut() -> None:
-    graph = trace(build_model(ModelSpec(name="resnet18")), (3, 32, 32))
+def test_resnet_names_of_no_module_and_of_modules_that_are_no_cut(resnet18: ModelGraph) -> None:
+    graph = resnet18
     with pytest.raises(InvalidCut) as refused:
         graph.resolve_cut("layer5")
     assert "'layer5' names no module of ResNet" in str(refused.value)

@@ -25,7 +25,8 @@ def test_standard_layout_views_hidden_permutations_and_copies_real_ones() -> Non
     assert standard_layout(plain) is plain
 
 
-@pytest.mark.parametrize("name", ["convnext_tiny", "swin_t"])
+# 28M parameters each to initialise: the fast tier keeps one model that permutes.
+@pytest.mark.parametrize("name", ["convnext_tiny", pytest.param("swin_t", marks=pytest.mark.slow)])
 def test_permuted_activations_cross_the_wire_in_every_dtype(name: str) -> None:
     model = build_model(ModelSpec(name=name))
     graph = trace(model, (3, 64, 64))

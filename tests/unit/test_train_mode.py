@@ -92,7 +92,7 @@ def _hf_vit() -> nn.Module:
 MODELS: dict[str, tuple[Callable[[], nn.Module], int]] = {
     "user": (DropoutNet, 16),
     "timm_vit_drop_path": (_timm_vit, 32),
-    "efficientnet_lite0": (lambda: build_model(ModelSpec(name="efficientnet_lite0")), 64),
+    "efficientnet_lite0": (lambda: build_model(ModelSpec(name="efficientnet_lite0")), 32),
     "efficientnet_b0": (lambda: build_model(ModelSpec(name="efficientnet_b0")), 64),
     "hf_vit_dropout": (_hf_vit, 32),  # traced with torch.export
 }
