@@ -167,7 +167,7 @@ def test_bad_server_settings_are_invalid_requests(options: dict[str, object], ne
         ({"chunk_size": 0}, "chunk_size"),
         ({"prefetch": 0}, "prefetch"),
         ({"image_size": 0}, "image_size"),
-        ({"wire_dtype": "int4"}, "fp32, fp16, bf16 or int8"),
+        ({"wire_dtype": "int4"}, "fp32, fp16, bf16, int8 or fp8"),
         ({"wire_compression": "gzip"}, "none, lz4 or zstd"),
         ({"wire_dtype": "int8", "exact": True}, "exact=True needs"),
         ({"on_error": "ignore"}, "on_error"),
