@@ -227,6 +227,18 @@ def _report(result: dict, args: argparse.Namespace) -> str:
         "the link binds - "
         + ("met." if not missed else f"not met at {', '.join(missed)} (see the plans below)."),
     ]
+    gains = {
+        row["rate"]: [g for n in names[1:] for r in row["runs"][n] if (g := _codec_gain(r))]
+        for row in result["rates"]
+    }
+    lines += [
+        "",
+        "What the codec itself was predicted to save, within each run (its profiles): the "
+        "chosen plan's predicted epoch over the best fp32-only plan's on the same profiles - "
+        + "; ".join(f"{rate}: {min(g):.2f}x-{max(g):.2f}x" for rate, g in gains.items() if g)
+        + ". Between runs the profiles, measured on shared cores, move with the load, and "
+        "with them the cut chosen; a run's cut is the larger part of its epoch.",
+    ]
     lines += [
         "",
         "The plans chosen (codec, option, the stage the plan predicted binds, its predicted "
@@ -242,6 +254,13 @@ def _report(result: dict, args: argparse.Namespace) -> str:
             )
             lines.append(f"- {row['rate']}, {n}: {chosen}")
     return "\n".join(lines)
+
+
+def _codec_gain(run: dict) -> float | None:
+    """The run's predicted epoch over the fp32-only plan's on its profiles (its reason names
+    each codec weighed: "with fp32 6.73 s, ..."); None when fp32 was chosen."""
+    found = re.search(r"with fp32 ([0-9.]+) s", run.get("reason", ""))
+    return run["predicted_s"] / float(found.group(1)) if found else None
 
 
 def _held(run: dict) -> str:
