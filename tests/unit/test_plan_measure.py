@@ -219,3 +219,50 @@ def test_wire_bytes_and_memory_follow_the_shapes(resnet18: ModelGraph) -> None:
     conv1 = resnet18.cut_point(1).bytes_per_sample
     assert memory_per_sample(resnet18, 1) == 3 * 32 * 32 * 4 + 3 * 32 * 32 * 4 + conv1
     assert memory_per_sample(resnet18, FREEZE) >= memory_per_sample(resnet18, 6) > layer1
+
+
+class _Batches(nn.Module):
+    """A segment that notes the batch size of every call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.batches.append(len(x))
+        return x + 1
+
+
+def test_a_warm_up_on_a_few_samples_then_the_whole_batch_timed() -> None:
+    # A job's start pays for every forward a profile runs: the warm-up pays a segment's
+    # first calls, which do not grow with the batch, so it runs on `warm` samples.
+    segments = [_Batches() for _ in range(3)]
+    heads = time_segments(segments, torch.zeros(8, 3), repeats=1, warm=2)
+    assert len(heads) == 4 and all(b >= a for a, b in itertools.pairwise(heads))
+    assert [s.batches for s in segments] == [[2, 8]] * 3
+
+
+def test_decoding_warmed_on_a_few_objects(monkeypatch: pytest.MonkeyPatch) -> None:
+    import hapi.plan.measure as measure
+
+    real = measure.load_sample
+    calls = itertools.count()
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        next(calls)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(measure, "load_sample", counted)
+    blobs = [jpeg(40, 40, seed) for seed in range(5)]
+    assert measure_decode(blobs, Transforms.eval(32), repeats=1, warm=2) > 0
+    assert next(calls) == 2 + 5  # two to warm up, then each object once
+
+
+def test_tails_timed_on_features_of_the_batchs_shape(resnet18: ModelGraph) -> None:
+    # The features a tail is timed on come from one sample's head: a tail's cost is its
+    # shapes', and the whole batch's head cost a job's start as much as the tail did.
+    import hapi.plan.measure as measure
+
+    features = measure._features(resnet18, FREEZE, torch.rand(3, *resnet18.input_shape))
+    assert features.shape == (3, *resnet18.cut_point(FREEZE).shape)
+    assert torch.equal(features[0], features[2])

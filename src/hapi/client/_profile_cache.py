@@ -35,7 +35,7 @@ from hapi.plan import CodecProfile, LinkProfile, ServerProfile, TrainerProfile
 
 __all__ = ["ProfileCache", "job_key", "trainer_key"]
 
-_VERSION = 1
+_VERSION = 2
 """Bumped when what a profile holds, or how it is measured, changes."""
 
 

@@ -13,9 +13,13 @@ every chunk runs, in chunks of the job's size, and the session's counters give i
 decoding and head time per sample.
 An older server gets the probe alone, and the head to the other cuts is the trainer's
 measured head scaled by the server/trainer ratio at the freeze point: the layers'
-relative costs are the model's, the ratio is the machines'. A first pass at the freeze
-cut warms the store's cache and the head's first calls, so neither counts in the measured
-passes.
+relative costs are the model's, the ratio is the machines'. A first small chunk at the
+freeze cut pays for what a session's first chunk pays once, so the probe does not count it.
+
+It costs a job's start what the plan must save back, so each side measures roughly and
+once - one timed run after a warm-up on a few samples, a RAW probe of four objects where
+the link is slow - and the two sides measure at once: the re-planner corrects a plan from
+the chunks' own times (`benchmarks/startup.py` weighs the start against fixed plans).
 """
 
 from __future__ import annotations
@@ -23,13 +27,20 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from hapi.client._codec_choice import Codec, measure_codecs
+from hapi.client._probe_chunks import (
+    Probe,
+    link_of,
+    probe,
+    probe_raw,
+    raw_s,
+    send_s,
+)
 from hapi.client._profile_cache import ProfileCache, job_key
 from hapi.client.connection import Connection
 from hapi.data import DatasetManifest, Transforms
@@ -50,11 +61,14 @@ from hapi.plan import (
     memory_per_sample,
     wire_bytes,
 )
-from hapi.wire import ActionType, ChunkTicket, SessionRequest, SessionStats
+from hapi.wire import ActionType, SessionRequest
 from hapi.wire.messages import MAX_PROFILE_BATCH, MAX_PROFILE_KEYS, ProfileRequest
 from hapi.wire.replies import ProfileReply
 
 __all__ = ["Planned", "Profiles", "measure_job", "plan_job", "probe_keys"]
+
+_WARM = 4
+"""Samples (and objects) the trainer's warm-ups run on before its one timed run."""
 
 
 @dataclass(frozen=True)
@@ -67,27 +81,6 @@ class Profiles:
     codecs: tuple[CodecProfile, ...] = ()
     """The wire codecs weighed, measured on the probe's features; none: the job's dtype
     uncompressed, as the server's profile sizes it."""
-
-
-@dataclass(frozen=True)
-class _Probe:
-    """One probe chunk as the trainer and the server's counters saw it."""
-
-    seconds: float
-    nbytes: int
-    samples: int
-    server: SessionStats
-    """The session's counters for this chunk alone."""
-    blobs: list[bytes]
-    round_trip_s: float
-    cpu_s: float
-    """The trainer process's CPU time receiving it (every thread's: gRPC's own too)."""
-    reported_s: float
-    """The server's time on it as its chunks' reports said (what a chunk of the job's
-    reports, and the re-planner weighs against the plan)."""
-    server_cpu_s: float
-    """The server process's CPU time while it ran (every thread's), 0 from a server that
-    does not report it."""
 
 
 def probe_keys(manifest: DatasetManifest, n: int, seed: int) -> tuple[list[str], list[int]]:
@@ -213,35 +206,36 @@ def measure_job(
         HapiError: the server refused a probe or cannot be reached.
     """
     keys, labels = probe_keys(manifest, samples, seed)
-    with _session(connection, request(freeze)) as at_cut:
-        # A first pass at the freeze cut warms what the measured passes must not pay for
-        # - the store's cache of these objects, the head's first calls - and sends few
-        # bytes: a RAW pass did it before, which at 10 Mbit/s cost 1.2 s of link.
-        _read_all(connection, _tickets(at_cut, keys, labels, chunk_size))
-        with _session(connection, request(RAW)) as session:
-            raw = _probe(connection, session, keys, labels)
-            # The trainer measures itself while the server profiles: the tiers are two
-            # machines (or two cores), and one after the other they took twice as long.
-            # Only the RAW probe above needs the trainer idle: its CPU time is what
-            # receiving costs.
-            with concurrent.futures.ThreadPoolExecutor(1, "hapi-measure") as pool:
-                measured = pool.submit(
-                    _measure_trainer, graph, freeze, raw, transforms, seed, batch_size, profiles
-                )
-                coded = pool.submit(
-                    measure_codecs, graph, freeze, raw.blobs, transforms, codecs, seed=seed
-                )
-                try:
-                    profiled = _profile_action(connection, session, keys, chunk_size or batch_size)
-                    if profiled is not None and profiled.last_cut < freeze:
-                        profiled = None
-                    at_freeze = None
-                    if profiled is None or freeze > INPUT:
-                        at_freeze = _probe(connection, at_cut, keys, labels, chunk_size)
-                finally:
-                    trainer_alone = measured.result()
-                    codec_profiles = coded.result()
-    link = _link(raw)
+    with (
+        _session(connection, request(freeze)) as at_cut,
+        _session(connection, request(RAW)) as session,
+        concurrent.futures.ThreadPoolExecutor(1, "hapi-measure") as pool,
+    ):
+        # First, with both tiers idle: the trainer's CPU time receiving it is what
+        # receiving costs, the server's what sending does. It reads the objects cold,
+        # which `raw_s` takes out.
+        raw = probe_raw(connection, session, keys, labels)
+        # Then the two tiers measure themselves side by side (two machines, or two cores:
+        # one after the other they took twice as long): the trainer its heads, step,
+        # decoding and codecs, the server its profile and a probe at the freeze cut.
+        trainer_side = pool.submit(
+            _time_trainer, graph, freeze, raw.blobs, transforms, seed, batch_size, profiles
+        )
+        coded = pool.submit(measure_codecs, graph, freeze, raw.blobs, transforms, codecs, seed=seed)
+        try:
+            profiled = _profile_action(connection, session, keys, chunk_size or batch_size)
+            if profiled is not None and profiled.last_cut < freeze:
+                profiled = None
+            at_freeze = None
+            if profiled is None or freeze > INPUT:
+                # A few of the objects first, at the freeze cut: a session's first chunk
+                # pays for what every later one reuses (the profile's own reads and heads
+                # warm only part of it), and the probe must not measure that.
+                probe(connection, at_cut, keys[:_WARM], labels[:_WARM])
+                at_freeze = probe(connection, at_cut, keys, labels, chunk_size)
+        finally:
+            trainer_alone, codec_profiles = trainer_side.result(), coded.result()
+    link = link_of(raw)
     trainer = dataclasses.replace(
         trainer_alone,
         # The RAW probe's bytes, received while the trainer did nothing else.
@@ -256,10 +250,10 @@ def measure_job(
     return Profiles(server=server, trainer=trainer, link=link, codecs=codec_profiles)
 
 
-def _measure_trainer(
+def _time_trainer(
     graph: ModelGraph,
     freeze: int,
-    raw: _Probe,
+    blobs: list[bytes],
     transforms: Transforms,
     seed: int,
     batch_size: int,
@@ -269,13 +263,15 @@ def _measure_trainer(
     and decoding this job's objects (measured every time: it is the data's)."""
 
     def measure() -> TrainerProfile:
-        return measure_trainer(graph, freeze, batch_size=batch_size)
+        # One timed run after a warm-up on a few samples (`time_segments`): the rough
+        # figure is corrected by the re-planner from the chunks' own times, and the median
+        # of three cost a cold job's start a third of its measuring.
+        return measure_trainer(graph, freeze, batch_size=batch_size, repeats=1, warm=_WARM)
 
-    if profiles is None:
-        trainer = measure()
-    else:
-        trainer, _ = profiles.trainer(graph, freeze, batch_size, measure)
-    decode_s = measure_decode(raw.blobs, transforms, seed=seed)
+    trainer = (
+        measure() if profiles is None else profiles.trainer(graph, freeze, batch_size, measure)[0]
+    )
+    decode_s = measure_decode(blobs, transforms, seed=seed, repeats=1, warm=_WARM)
     return dataclasses.replace(trainer, decode_s=decode_s)
 
 
@@ -295,7 +291,7 @@ def _session(connection: Connection, request: SessionRequest) -> Iterator[str]:
 
 
 def _calibrated(
-    profiled: ServerProfile, *, raw: _Probe, at_freeze: _Probe | None, freeze: int
+    profiled: ServerProfile, *, raw: Probe, at_freeze: Probe | None, freeze: int
 ) -> ServerProfile:
     """The server's own profile, its head, reading and decoding rescaled to a real chunk's.
 
@@ -313,7 +309,7 @@ def _calibrated(
     raw_bytes = raw.nbytes / max(raw.samples, 1)  # what RAW carries per sample, as seen
     if at_freeze is None or not at_freeze.samples:
         return dataclasses.replace(
-            profiled, raw_bytes=raw_bytes, raw_s=_raw_s(profiled.read_s, raw), send_s=_send_s(raw)
+            profiled, raw_bytes=raw_bytes, raw_s=raw_s(profiled.read_s, raw), send_s=send_s(raw)
         )
     m = at_freeze.samples
     counters = at_freeze.server
@@ -327,8 +323,8 @@ def _calibrated(
         profiled,
         raw_bytes=raw_bytes,
         read_s=read,
-        raw_s=_raw_s(read, raw),  # serving an object raw reads it too
-        send_s=_send_s(raw),
+        raw_s=raw_s(read, raw),  # serving an object raw reads it too
+        send_s=send_s(raw),
         decode_s=decode,
         head_s=tuple(t * ratio for t in profiled.head_s),
     )
@@ -357,8 +353,8 @@ def _scaled_trainer(
     graph: ModelGraph,
     freeze: int,
     *,
-    raw: _Probe,
-    at_freeze: _Probe,
+    raw: Probe,
+    at_freeze: Probe,
     trainer: TrainerProfile,
     wire_dtype: str,
 ) -> ServerProfile:
@@ -372,11 +368,11 @@ def _scaled_trainer(
     # Bytes on the wire beyond the tensor itself (key, label, Arrow's buffers), measured.
     overhead = max(0, round(at_freeze.nbytes / m) - wire_bytes(graph, freeze, wire_dtype))
     cuts = range(freeze + 1)
-    read_s = raw.server.read_s / n
+    read_s = at_freeze.server.read_s / m  # warm: the RAW probe read the objects cold
     return ServerProfile(
         read_s=read_s,
-        raw_s=_raw_s(read_s, raw),
-        send_s=_send_s(raw),
+        raw_s=raw_s(read_s, raw),
+        send_s=send_s(raw),
         decode_s=at_freeze.server.transform_s / m,
         head_s=tuple(trainer.head_s[k] * ratio for k in cuts),
         out_bytes=tuple(wire_bytes(graph, k, wire_dtype, overhead=overhead) for k in cuts),
@@ -384,105 +380,3 @@ def _scaled_trainer(
         raw_bytes=raw.nbytes / n,
         wire_dtype=wire_dtype,
     )
-
-
-def _raw_s(read_s: float, raw: _Probe) -> float | None:
-    """What serving an object raw costs the server per sample, from the RAW probe's
-    reports (its reading and encoding), or None where it reported nothing (an older
-    server): `read_s` then stands."""
-    if not raw.samples or raw.reported_s <= 0:
-        return None
-    return max(read_s, raw.reported_s / raw.samples)
-
-
-def _send_s(raw: _Probe) -> float:
-    """What each byte sent costs the server's cores beyond its chunks' own threads, from
-    the RAW probe: the process's CPU time less theirs, per byte (0 from a server that
-    reports no process CPU). Whatever else the server's process did meanwhile counts as
-    sending too - another tenant's chunks, or, in a test, a trainer in the same process -
-    so a busy server reads dearer, as a busy trainer's `receive_s` does."""
-    if not raw.nbytes or raw.server_cpu_s <= 0:
-        return 0.0
-    return max(0.0, raw.server_cpu_s - raw.server.cpu_s) / raw.nbytes
-
-
-def _link(raw: _Probe) -> LinkProfile:
-    """The link from the RAW probe: its bytes over the stream's time, less the server's
-    wait for its store and the request's round trip."""
-    busy = raw.seconds - raw.server.read_s
-    try:
-        return LinkProfile.observed(raw.nbytes, busy, latency_s=raw.round_trip_s)
-    except InvalidRequest:
-        # The store's wait hid the link (a fast link, a slow store): the link is at least
-        # as fast as the whole stream.
-        return LinkProfile(bytes_per_s=raw.nbytes / max(raw.seconds, 1e-6))
-
-
-def _probe(
-    connection: Connection,
-    session: str,
-    keys: list[str],
-    labels: list[int],
-    chunk_size: int | None = None,
-) -> _Probe:
-    """Run `keys` in `session` (warmed by `measure_job`'s first pass) and measure them: as
-    one chunk, or in chunks of `chunk_size` one after another, so the server's batches are
-    the size the job's are (a head's time per sample depends on its batch)."""
-    tickets = _tickets(session, keys, labels, chunk_size)
-    before, cpu1, rtt1 = _counters(connection, session)
-    t0, cpu0 = time.perf_counter(), time.process_time()
-    nbytes, samples, blobs, reported_s = _read_all(connection, tickets)
-    seconds, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
-    after, cpu2, rtt2 = _counters(connection, session)
-    delta = SessionStats(
-        **{name: getattr(after, name) - getattr(before, name) for name in SessionStats.model_fields}
-    )
-    return _Probe(
-        seconds, nbytes, samples, delta, blobs, min(rtt1, rtt2), cpu_s, reported_s, cpu2 - cpu1
-    )
-
-
-def _tickets(
-    session: str, keys: list[str], labels: list[int], chunk_size: int | None
-) -> list[ChunkTicket]:
-    size = chunk_size or len(keys)
-    return [
-        ChunkTicket(session=session, chunk=i, keys=keys[i : i + size], labels=labels[i : i + size])
-        for i in range(0, len(keys), size)
-    ]
-
-
-def _read_all(
-    connection: Connection, tickets: list[ChunkTicket]
-) -> tuple[int, int, list[bytes], float]:
-    """The chunks' bytes, samples, raw objects and the server's reported time on them."""
-    nbytes = samples = 0
-    reported_s = 0.0
-    blobs: list[bytes] = []
-    for ticket in tickets:
-        n, s, b, r = _read(connection, ticket)
-        nbytes, samples, blobs, reported_s = nbytes + n, samples + s, blobs + b, reported_s + r
-    return nbytes, samples, blobs, reported_s
-
-
-def _read(connection: Connection, ticket: ChunkTicket) -> tuple[int, int, list[bytes], float]:
-    """The chunk's bytes, samples, raw objects and the server's reported time on it."""
-    nbytes = samples = 0
-    reported_s = 0.0
-    blobs: list[bytes] = []
-    for part in connection.stream(ticket):
-        nbytes += part.nbytes
-        if part.batch is not None:
-            samples += len(part.batch)
-            blobs += part.batch.data or []
-        if part.report is not None:
-            reported_s += part.report.server_s
-    return nbytes, samples, blobs, reported_s
-
-
-def _counters(connection: Connection, session: str) -> tuple[SessionStats, float, float]:
-    """The session's counters, the server process's CPU time, and the action's round trip
-    (the request latency)."""
-    t0 = time.perf_counter()
-    stats = connection.stats()
-    return stats.sessions.get(session, SessionStats()), stats.cpu_s, time.perf_counter() - t0

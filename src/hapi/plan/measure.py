@@ -47,18 +47,18 @@ __all__ = [
 
 
 def measure_heads(
-    graph: ModelGraph, last: int, *, batch_size: int = 4, repeats: int = 3
+    graph: ModelGraph, last: int, *, batch_size: int = 4, repeats: int = 3, warm: int | None = None
 ) -> tuple[float, ...]:
     """Seconds per sample of the frozen head's forward from the input to each cut 0..last.
 
     Runs in eval mode under `torch.inference_mode()`, as the server and a local chunk do,
-    on a random batch of `batch_size` (`time_segments` says how it is timed).
+    on a random batch of `batch_size` (`time_segments` says how it is timed, and `warm`).
     """
     _check_last(graph, last)
     x = _probe(graph, batch_size)
     with _scratch(graph.model):
         graph.model.eval()
-        return time_segments(head_segments(graph, last), x, repeats=repeats)
+        return time_segments(head_segments(graph, last), x, repeats=repeats, warm=warm)
 
 
 def head_segments(graph: ModelGraph, last: int) -> list[nn.Module]:
@@ -69,7 +69,7 @@ def head_segments(graph: ModelGraph, last: int) -> list[nn.Module]:
 
 
 def time_segments(
-    segments: Sequence[nn.Module], x: torch.Tensor, *, repeats: int = 3
+    segments: Sequence[nn.Module], x: torch.Tensor, *, repeats: int = 3, warm: int | None = None
 ) -> tuple[float, ...]:
     """Seconds per sample of the head to each cut 0..len(segments), on the batch `x`.
 
@@ -79,11 +79,17 @@ def time_segments(
     batch, not per sample): a profile at a quarter of the job's batch over-predicted them
     up to 5x, and the later cuts more than the earlier ones. Entry 0 is 0 (INPUT runs no
     layer).
+
+    Args:
+        warm: samples of `x` each segment's warm-up runs on; None: all of them. A warm-up
+            pays a segment's first calls (weights laid out, kernels chosen), which do not
+            grow with the batch: on the first `warm` samples it costs a job a fraction of
+            a full batch's forward (ResNet-18 at batch 64: 1.5 s of a cold job's start).
     """
     seconds, batch, device = [], len(x), x.device
     with torch.inference_mode():
         for segment in segments:
-            segment(x)  # warm-up: first calls pay for kernel selection, allocation
+            segment(x if warm is None else x[:warm])
             # The last run's output is the next segment's input: a segment's input and
             # output alone are alive, as in a chunk's batch (the server's budget).
             t, x = _timed_runs(functools.partial(segment, x), repeats, device)
@@ -114,8 +120,7 @@ def measure_tails(
         for cut in cuts:
             if isinstance(cut, bool) or not isinstance(cut, int) or not INPUT <= cut <= freeze:
                 raise InvalidCut(f"cut {cut!r} is not in 0..{freeze} (the freeze point)")
-            with torch.no_grad():
-                features = graph.head(cut)(x) if cut > INPUT else x
+            features = _features(graph, cut, x)
             tail = graph.tail(cut).train()
             # As the job's train mode: the tail trains, its frozen layers stay in eval.
             for module in frozen:
@@ -154,6 +159,7 @@ def measure_trainer(
     decode_s: float = 0.0,
     batch_size: int = 4,
     repeats: int = 3,
+    warm: int | None = None,
     exact: bool = False,
 ) -> TrainerProfile:
     """The trainer's profile for cuts 0..freeze.
@@ -172,9 +178,10 @@ def measure_trainer(
             (`measure_decode`).
         batch_size: samples per measured batch.
         repeats: timed runs per measurement (the median is kept).
+        warm: samples the heads' warm-up runs on (`time_segments`); None: the batch.
         exact: measure the tail from every cut rather than derive it.
     """
-    heads = measure_heads(graph, freeze, batch_size=batch_size, repeats=repeats)
+    heads = measure_heads(graph, freeze, batch_size=batch_size, repeats=repeats, warm=warm)
     if exact:
         tails_by_cut = measure_tails(graph, freeze, batch_size=batch_size, repeats=repeats)
         tails = tuple(tails_by_cut[k] for k in range(freeze + 1))
@@ -192,10 +199,16 @@ def measure_trainer(
 
 
 def measure_decode(
-    blobs: Sequence[bytes], transforms: Transforms, *, seed: int = 0, repeats: int = 3
+    blobs: Sequence[bytes],
+    transforms: Transforms,
+    *,
+    seed: int = 0,
+    repeats: int = 3,
+    warm: int | None = None,
 ) -> float:
     """Seconds per sample to decode and transform objects (their bytes, already read):
-    the median of `repeats` passes after one that warms up.
+    the median of `repeats` passes after one that warms up (on the first `warm` objects;
+    None: all - the first calls are the codec's, not each object's).
 
     A job measures this first thing in its process, and the first pass pays for the
     codec's and the transforms' first calls: it took 1.35x a warm pass (2.62 ms a sample
@@ -209,11 +222,12 @@ def measure_decode(
     if not blobs:
         raise ValueError("measure_decode needs at least one object's bytes")
 
-    def decode_all() -> None:
-        for i, data in enumerate(blobs):
+    def decode_all(few: Sequence[bytes] = blobs) -> None:
+        for i, data in enumerate(few):
             load_sample(data, f"probe/{i}", transforms, seed + i)
 
-    decode_all()  # warm: a job's first decode in its process is not its steady cost
+    # Warm: a job's first decode in its process is not its steady cost.
+    decode_all(blobs if warm is None else blobs[:warm])
     return _median_time(decode_all, repeats, torch.device("cpu")) / len(blobs)
 
 
@@ -301,6 +315,21 @@ def _freeze(graph: ModelGraph, freeze: int) -> list[nn.Module]:
     for _, p in graph.head_parameters(freeze):
         p.requires_grad_(False)
     return list(graph.head(freeze).modules()) if freeze > INPUT else []
+
+
+def _features(graph: ModelGraph, cut: int, x: torch.Tensor) -> Any:
+    """The features at `cut` of a batch like `x`: the head runs on its first sample, and
+    that sample's features stand for the batch's. A tail's cost is its shapes', not its
+    values', and the head's forward on the whole batch cost a job's start as much as
+    timing the tail did."""
+    if cut == INPUT:
+        return x
+    head = graph.head(cut).eval()  # frozen, as the job runs it (and one sample is no batch)
+    with torch.no_grad():
+        one = head(x[:1])
+        if not isinstance(one, torch.Tensor):  # a structured output: computed whole
+            return head(x)
+    return one.expand(len(x), *one.shape[1:]).contiguous()
 
 
 def _train_step(tail: nn.Module, features: torch.Tensor) -> Callable[[], None]:

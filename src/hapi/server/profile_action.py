@@ -6,20 +6,22 @@ sample pipeline the chunks run), and runs the head to its last candidate cut on 
 of them.
 
 A profile computes what a chunk computes, so it is admitted as a chunk is, through the
-same code rather than a copy of its checks: each cut's memory is `session_memory`'s, the
-function `open_session` sizes and refuses a session with (a profile asked of a RAW
-session whose transforms make a 260 GiB sample is refused with `open_session`'s words,
-before any object is read); each object's decoding is sized from its header and refused
-as a chunk's is (`object_decode_bytes`, `decoding`); and the decoding and timing run under
-one grant of the scheduler for the heaviest cut's batch, which sets the batch the heads
-are timed at (smaller when the budget is short: the reply's `batch_size` says so). Only
-the objects themselves are read before the grant; the grant counts them.
+same code rather than a copy of its checks: the memory at the input and at the last cut
+(which bounds the cuts between) is `session_memory`'s, the function `open_session` sizes
+and refuses a session with (a profile asked of a RAW session whose transforms make a
+260 GiB sample is refused with `open_session`'s words, before any object is read); each
+object's decoding is sized from its header and refused as a chunk's is
+(`object_decode_bytes`, `decoding`); and the decoding and timing run under one grant of
+the scheduler for the heaviest cut's batch, which sets the batch the heads are timed at
+(smaller when the budget is short: the reply's `batch_size` says so). Only the objects
+themselves are read before the grant; the grant counts them.
 
 The batch is the size the request asks for (the job's chunks' batches: a head's time
 per sample depends on its batch, weight-heavy layers most), else `BATCH`. The head is
 timed a segment at a time, cut k-1 to cut k (`hapi.plan.time_segments`), the median of
-`REPEATS` runs after a warm-up: one forward per run, not one per cut, and the head to k
-is the sum, non-decreasing in k as the work is. Segments share the traced model's weights.
+`REPEATS` runs after a warm-up on `WARM` samples: one forward per run, not one per cut,
+and the head to k is the sum, non-decreasing in k as the work is. Segments share the
+traced model's weights.
 A repository version's traced model has none (it is traced on the meta device): its
 heads are timed whole, one cut at a time.
 
@@ -65,8 +67,14 @@ R = TypeVar("R")
 BATCH = 4
 """Samples per timed batch when the request names none: enough that per-sample times are
 not all overhead, few enough that a profile takes a fraction of a chunk."""
-REPEATS = 2
-"""Timed runs per cut after the warm-up; the median is kept."""
+REPEATS = 1
+"""Timed runs per cut after the warm-up; the median is kept. One: the profile gives the
+cuts' relative costs, the trainer's probe at the freeze cut their level (a real chunk's),
+and the re-planner corrects a plan from the chunks' own times; a second run doubled what
+the profile cost a cold job's start (ResNet-18 at batch 64: 1.5 s a run) and changed no
+plan (benchmarks/startup.py)."""
+WARM = 4
+"""Samples a segment's warm-up runs on: its first calls' costs do not grow with the batch."""
 CACHED = 64
 """Profiles kept."""
 _ROW_OVERHEAD = 12
@@ -130,9 +138,15 @@ class Profiler:
                 self._cache.move_to_end(cache_key)
                 return cached.model_copy(update={"cached": True})
         width = dtype_width(session.info.wire_dtype)
-        # Every cut's batches as a session at that cut has them: measured, and refused
-        # with the same message, by what `open_session` runs - before any object is read.
-        models = [self._cut_memory(session, loaded, cut, width) for cut in range(last + 1)]
+        # The batches at the input and at the last cut as sessions at those cuts have
+        # them: measured, and refused with the same message, by what `open_session` runs
+        # - before any object is read. The head to a cut between runs through less of the
+        # model than the head to the last: the last's model bounds it. Measuring each
+        # cut's took ResNet-18's profile 1-3 s of a cold job's start, a head built and
+        # run twice per cut, for figures the planner does not weigh.
+        first = self._cut_memory(session, loaded, INPUT, width)
+        final = self._cut_memory(session, loaded, last, width) if last > INPUT else first
+        models = [first, *([final] * last)]
         read_s, blobs = _timed(self.store.get, request.keys)
         demand = self._demand(session, request, models, blobs, batch)
         with self.scheduler.run(
@@ -262,14 +276,16 @@ class Profiler:
                     s.to(x.device).requires_grad_(False) for s in head_segments(loaded.graph, last)
                 ]
             with TRACING.shared():
-                return time_segments(segments, x, repeats=REPEATS)
+                return time_segments(segments, x, repeats=REPEATS, warm=WARM)
         # A repository version's graph is traced on the meta device (its heads' tensors
         # are read from the repository, `HeadCache`): each head is timed whole.
         times = [0.0]
         for cut in range(1, last + 1):
             with self.heads.borrow(loaded, cut) as head, TRACING.shared():
                 assert head is not None  # cut > INPUT
-                times.append(max(times[-1], time_segments([head], x, repeats=REPEATS)[1]))
+                times.append(
+                    max(times[-1], time_segments([head], x, repeats=REPEATS, warm=WARM)[1])
+                )
         return tuple(times)
 
 
