@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -33,7 +34,7 @@ from hapi.plan import (
     Workload,
     choose_plan,
 )
-from hapi.wire import ChunkTicket, FeatureBatch, SessionRequest
+from hapi.wire import ChunkTicket, FeatureBatch, SessionRequest, SkippedKey
 
 SIZE = 16
 SEED = 5
@@ -83,8 +84,8 @@ class World:
             self._features[key, cut] = batch.features[0]
         return self._features[key, cut]
 
-    def source(self, **options: object) -> MemorySource:
-        return MemorySource(store=self.store, compute=self.compute(), **options)  # type: ignore[arg-type]
+    def source(self, **options: Any) -> MemorySource:
+        return MemorySource(store=self.store, compute=self.compute(), **options)
 
 
 @pytest.fixture(scope="module")
@@ -201,7 +202,9 @@ class _SlowCompute(LocalCompute):
     """The trainer's local work, slow: its pieces are still computing when the pushed-down
     ones of the same chunk arrive."""
 
-    def __call__(self, batch: FeatureBatch, epoch: int, cut: int) -> tuple[FeatureBatch, list]:  # type: ignore[type-arg]
+    def __call__(
+        self, batch: FeatureBatch, epoch: int, cut: int
+    ) -> tuple[FeatureBatch, list[SkippedKey]]:
         time.sleep(0.1)
         return super().__call__(batch, epoch, cut)
 
