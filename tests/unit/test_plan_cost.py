@@ -6,8 +6,6 @@ cost; in order, epoch = (m - 1)·max(stage per chunk) + sum(stage per chunk).
 
 from __future__ import annotations
 
-import json
-
 import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
@@ -17,7 +15,6 @@ from hapi.graph import INPUT, RAW
 from hapi.plan import (
     LinkProfile,
     PlannerConfig,
-    ProfileKey,
     ServerProfile,
     TrainerProfile,
     Workload,
@@ -27,67 +24,20 @@ from hapi.plan import (
     estimate,
 )
 
-NAMES = ("block1", "pool")
-
-
-def _server(**kw: object) -> ServerProfile:
-    base: dict[str, object] = {
-        "read_s": 0.001,
-        "decode_s": 0.004,
-        "head_s": (0.0, 0.002, 0.003),
-        "out_bytes": (150_000, 50_000, 2_000),
-        "memory_bytes": (150_000, 350_000, 400_000),
-        "raw_bytes": 100_000,
-    }
-    return ServerProfile(**{**base, **kw})  # type: ignore[arg-type]
-
-
-def _trainer(**kw: object) -> TrainerProfile:
-    base: dict[str, object] = {
-        "decode_s": 0.004,
-        "head_s": (0.0, 0.002, 0.003),
-        "tail_s": (0.006, 0.004, 0.003),
-    }
-    return TrainerProfile(**{**base, **kw})  # type: ignore[arg-type]
-
-
-def _one_cut(*, head_s: float, input_bytes: int, raw_bytes: int) -> ServerProfile:
-    """A server that reads for free, decodes in 1 ms and has one cut of 1,000 bytes."""
-    return ServerProfile(
-        read_s=0.0,
-        decode_s=0.001,
-        head_s=(0.0, head_s),
-        out_bytes=(input_bytes, 1_000),
-        memory_bytes=(0, 0),
-        raw_bytes=raw_bytes,
-    )
-
-
-def _equal_cores() -> tuple[ServerProfile, TrainerProfile, LinkProfile]:
-    """One core each side doing the same decode + head; training costs nothing; no link."""
-    server = ServerProfile(
-        read_s=0.0,
-        decode_s=0.001,
-        head_s=(0.0, 0.003),
-        out_bytes=(12_288, 1_000),
-        memory_bytes=(12_288, 20_000),
-        raw_bytes=1_000,
-    )
-    trainer = TrainerProfile(decode_s=0.001, head_s=(0.0, 0.003), tail_s=(0.003, 0.0))
-    return server, trainer, LinkProfile(bytes_per_s=1e12)
+from ._plan_profiles import NAMES, equal_cores, one_cut, server_profile, trainer_profile
 
 
 def test_link_bound_the_freeze_cut_wins() -> None:
     link = LinkProfile(bytes_per_s=1e6)
     work = Workload(samples=1000, chunk_size=100)  # 10 chunks of 100
-    raw = estimate(RAW, 0.0, _server(), _trainer(), link, work)
+    raw = estimate(RAW, 0.0, server_profile(), trainer_profile(), link, work)
     # Per chunk: server 100·0.001 = 0.1, link 100·100 kB / 1 MB/s = 10, trainer 100·0.010 = 1.
     assert raw.server_s == pytest.approx(1.0)
     assert raw.link_s == pytest.approx(100.0)
     assert raw.trainer_s == pytest.approx(10.0)
     assert raw.epoch_s == pytest.approx(9 * 10 + 11.1)
     assert raw.binding == "link"
-    plan = choose_plan(_server(), _trainer(), link, work, freeze=2, names=NAMES)
+    plan = choose_plan(server_profile(), trainer_profile(), link, work, freeze=2, names=NAMES)
     # Cut 2 per chunk: server 100·0.008 = 0.8, link 100·2 kB / 1 MB/s = 0.2, trainer 0.3.
     assert (plan.cut, plan.share) == (2, 0.0)
     assert plan.epoch_s == pytest.approx(9 * 0.8 + 1.3)
@@ -97,8 +47,10 @@ def test_link_bound_the_freeze_cut_wins() -> None:
 
 
 def test_fast_link_and_a_slow_server_raw_wins() -> None:
-    server = _server(decode_s=0.2, head_s=(0.0, 0.010, 0.020))
-    trainer = _trainer(decode_s=0.002, head_s=(0.0, 0.0005, 0.001), tail_s=(0.0015, 0.001, 0.0005))
+    server = server_profile(decode_s=0.2, head_s=(0.0, 0.010, 0.020))
+    trainer = trainer_profile(
+        decode_s=0.002, head_s=(0.0, 0.0005, 0.001), tail_s=(0.0015, 0.001, 0.0005)
+    )
     work = Workload(samples=1000, chunk_size=100)
     plan = choose_plan(server, trainer, LinkProfile(bytes_per_s=1e9), work, freeze=2)
     # RAW per chunk: server 0.1, link 0.01, trainer 100·0.0035 = 0.35.
@@ -111,8 +63,10 @@ def test_fast_link_and_a_slow_server_raw_wins() -> None:
 
 
 def test_fast_link_the_server_decodes_a_share_beside_raw() -> None:
-    server = _server(decode_s=0.010, head_s=(0.0, 0.010, 0.020))
-    trainer = _trainer(decode_s=0.002, head_s=(0.0, 0.0005, 0.001), tail_s=(0.0015, 0.001, 0.0005))
+    server = server_profile(decode_s=0.010, head_s=(0.0, 0.010, 0.020))
+    trainer = trainer_profile(
+        decode_s=0.002, head_s=(0.0, 0.0005, 0.001), tail_s=(0.0015, 0.001, 0.0005)
+    )
     work = Workload(samples=1000, chunk_size=100)
     plan = choose_plan(server, trainer, LinkProfile(bytes_per_s=1e9), work, freeze=2)
     # INPUT per chunk: server 1.1 - 1.0·f, trainer 0.15 + 0.2·f: they cross at f = 0.79,
@@ -130,7 +84,7 @@ def test_fast_link_the_server_decodes_a_share_beside_raw() -> None:
 
 
 def test_hybrid_at_half_halves_the_epoch_of_two_equal_cores() -> None:
-    server, trainer, link = _equal_cores()
+    server, trainer, link = equal_cores()
     work = Workload(samples=1000, chunk_size=10)  # 100 chunks
     plan = choose_plan(server, trainer, link, work, freeze=1)
     assert (plan.cut, plan.share) == (1, 0.5)
@@ -152,10 +106,12 @@ def test_fill_and_drain_depend_on_the_chunks_in_flight() -> None:
     # Cut 2 per chunk of 100: server 0.8, link 0.2, trainer 0.3; 4 chunks.
     def epoch(**kw: object) -> float:
         work = Workload(samples=400, chunk_size=100, **kw)  # type: ignore[arg-type]
-        return estimate(2, 0.0, _server(), _trainer(), link, work).epoch_s
+        return estimate(2, 0.0, server_profile(), trainer_profile(), link, work).epoch_s
 
     assert epoch() == pytest.approx(3 * 0.8 + 1.3)
-    in_order = estimate(2, 0.0, _server(), _trainer(), link, Workload(samples=400, chunk_size=100))
+    in_order = estimate(
+        2, 0.0, server_profile(), trainer_profile(), link, Workload(samples=400, chunk_size=100)
+    )
     assert in_order.bound_s == pytest.approx(3.2)
     assert in_order.fill_s == pytest.approx(0.5)  # first chunk's link + last chunk's trainer
     # Two in flight: each is read before the server is done with the next, so no wait.
@@ -166,8 +122,8 @@ def test_fill_and_drain_depend_on_the_chunks_in_flight() -> None:
     slow = estimate(
         2,
         0.0,
-        _server(),
-        _trainer(),
+        server_profile(),
+        trainer_profile(),
         LinkProfile(bytes_per_s=1e6, latency_s=0.4),
         Workload(samples=400, chunk_size=100, prefetch=4),
     )
@@ -180,7 +136,7 @@ def test_back_to_back_an_epoch_fills_while_the_one_before_drains() -> None:
     # Cut 2 per chunk of 100: server 0.8, link 0.2, trainer 0.3; 4 chunks.
     def epoch(**kw: object) -> float:
         work = Workload(samples=400, chunk_size=100, back_to_back=True, **kw)  # type: ignore[arg-type]
-        return estimate(2, 0.0, _server(), _trainer(), link, work).epoch_s
+        return estimate(2, 0.0, server_profile(), trainer_profile(), link, work).epoch_s
 
     # The next epoch's first chunk is served while this one's last crosses and trains:
     # from step to step, the server's 4 x 0.8 alone (on its own, 3 x 0.8 + 1.3).
@@ -191,19 +147,21 @@ def test_back_to_back_an_epoch_fills_while_the_one_before_drains() -> None:
     # epoch is what the second of two takes when they run as one epoch of 8 chunks.
     one = Workload(samples=400, chunk_size=100)
     two = Workload(samples=800, chunk_size=100)
-    alone = estimate(1, 0.25, _server(), _trainer(), link, one).epoch_s
-    both = estimate(1, 0.25, _server(), _trainer(), link, two).epoch_s
+    alone = estimate(1, 0.25, server_profile(), trainer_profile(), link, one).epoch_s
+    both = estimate(1, 0.25, server_profile(), trainer_profile(), link, two).epoch_s
     ahead = Workload(samples=400, chunk_size=100, back_to_back=True)
-    assert estimate(1, 0.25, _server(), _trainer(), link, ahead).epoch_s < alone
+    assert estimate(1, 0.25, server_profile(), trainer_profile(), link, ahead).epoch_s < alone
     # Two epochs of 1/4 run as one of 8 chunks have the same local chunks (0 and 4).
-    assert estimate(1, 0.25, _server(), _trainer(), link, ahead).epoch_s == pytest.approx(
-        both - alone
-    )
+    assert estimate(
+        1, 0.25, server_profile(), trainer_profile(), link, ahead
+    ).epoch_s == pytest.approx(both - alone)
 
 
 def test_partial_last_chunk_spreads_over_the_chunks() -> None:
     link = LinkProfile(bytes_per_s=1e6)
-    est = estimate(2, 0.0, _server(), _trainer(), link, Workload(samples=250, chunk_size=100))
+    est = estimate(
+        2, 0.0, server_profile(), trainer_profile(), link, Workload(samples=250, chunk_size=100)
+    )
     assert est.server_s == pytest.approx(250 * 0.008)
     assert est.epoch_s == pytest.approx(250 * 0.008 + (250 / 3) * (0.002 + 0.003))
 
@@ -211,7 +169,7 @@ def test_partial_last_chunk_spreads_over_the_chunks() -> None:
 def test_share_rounds_to_whole_chunks() -> None:
     # Server 0.003 per sample pushed down, 0 local; trainer 0 pushed down, 0.007 local:
     # the lines cross at f = 0.3.
-    server = _one_cut(head_s=0.002, input_bytes=12_288, raw_bytes=1_000)
+    server = one_cut(head_s=0.002, input_bytes=12_288, raw_bytes=1_000)
     trainer = TrainerProfile(decode_s=0.004, head_s=(0.0, 0.003), tail_s=(0.003, 0.0))
     link = LinkProfile(bytes_per_s=1e12)
     assert best_share(1, server, trainer, link, Workload(samples=100, chunk_size=10)) == 0.3
@@ -227,7 +185,7 @@ def test_share_rounds_to_whole_chunks() -> None:
 
 
 def test_a_local_chunk_on_a_slow_link_leaves_the_server_waiting() -> None:
-    server = _one_cut(head_s=0.02, input_bytes=150_000, raw_bytes=100_000)
+    server = one_cut(head_s=0.02, input_bytes=150_000, raw_bytes=100_000)
     trainer = TrainerProfile(decode_s=0.002, head_s=(0.0, 0.003), tail_s=(0.004, 0.0))
     link = LinkProfile(bytes_per_s=1e6)
     work = Workload(samples=60, chunk_size=10, prefetch=2)  # 6 chunks, 2 in flight a route
@@ -261,12 +219,16 @@ def test_a_long_epoch_is_extrapolated_from_its_steady_state(
     work = Workload(samples=100_000, chunk_size=100)  # 1,000 chunks: past what is run
     # A pure cut by hand: server 0.8 per chunk holds it, after the first chunk's server
     # and before the last chunk's link and trainer.
-    pure = estimate(2, 0.0, _server(), _trainer(), link, work)
+    pure = estimate(2, 0.0, server_profile(), trainer_profile(), link, work)
     assert pure.epoch_s == pytest.approx(999 * 0.8 + 1.3)
     # A hybrid, against running all 1,000 chunks one by one.
-    long = [estimate(1, f, _server(), _trainer(), link, work).epoch_s for f in (0.25, 0.3)]
+    long = [
+        estimate(1, f, server_profile(), trainer_profile(), link, work).epoch_s for f in (0.25, 0.3)
+    ]
     monkeypatch.setattr(cost, "_SIMULATED", 10_000)
-    every = [estimate(1, f, _server(), _trainer(), link, work).epoch_s for f in (0.25, 0.3)]
+    every = [
+        estimate(1, f, server_profile(), trainer_profile(), link, work).epoch_s for f in (0.25, 0.3)
+    ]
     assert long == pytest.approx(every, rel=1e-9)
 
 
@@ -277,13 +239,13 @@ def test_the_trainer_pays_for_the_bytes_it_receives() -> None:
     # 2's 2 kB 0.04 ms.
     link = LinkProfile(bytes_per_s=1e12)
     work = Workload(samples=1000, chunk_size=100)
-    receiving = _trainer(receive_s=2e-8)
-    est = estimate(1, 0.0, _server(), receiving, link, work)
+    receiving = trainer_profile(receive_s=2e-8)
+    est = estimate(1, 0.0, server_profile(), receiving, link, work)
     assert est.trainer_s == pytest.approx(1000 * (0.004 + 50_000 * 2e-8))
-    raw = estimate(RAW, 0.0, _server(), receiving, link, work)
+    raw = estimate(RAW, 0.0, server_profile(), receiving, link, work)
     assert raw.trainer_s == pytest.approx(1000 * (0.004 + 0.006 + 100_000 * 2e-8))
     # A local chunk's raw bytes cost the trainer as much as RAW's.
-    hybrid = estimate(2, 0.5, _server(), receiving, link, work)
+    hybrid = estimate(2, 0.5, server_profile(), receiving, link, work)
     local = 0.004 + 0.003 + 0.003 + 100_000 * 2e-8
     assert hybrid.trainer_s == pytest.approx(500 * (0.003 + 2_000 * 2e-8) + 500 * local)
     # Per sample, the slowest stage of each pure cut. Receiving for free: INPUT's trainer
@@ -293,11 +255,11 @@ def test_the_trainer_pays_for_the_bytes_it_receives() -> None:
     pure = PlannerConfig(hybrid=False)
 
     def chosen(trainer: TrainerProfile) -> int:
-        return choose_plan(_server(), trainer, link, work, freeze=2, config=pure).cut
+        return choose_plan(server_profile(), trainer, link, work, freeze=2, config=pure).cut
 
-    assert chosen(_trainer()) == INPUT
+    assert chosen(trainer_profile()) == INPUT
     assert chosen(receiving) == 1
-    assert chosen(_trainer(receive_s=1e-7)) == 2
+    assert chosen(trainer_profile(receive_s=1e-7)) == 2
 
 
 def test_the_server_pays_for_serving_raw_objects_beside_its_heads() -> None:
@@ -305,12 +267,12 @@ def test_the_server_pays_for_serving_raw_objects_beside_its_heads() -> None:
     # 2 ms, not its 1 ms read: a hybrid's local chunks cost its core that much each.
     link = LinkProfile(bytes_per_s=1e12)
     work = Workload(samples=1000, chunk_size=100)
-    server = _server(raw_s=0.002)
-    hybrid = estimate(2, 0.5, server, _trainer(), link, work)
+    server = server_profile(raw_s=0.002)
+    hybrid = estimate(2, 0.5, server, trainer_profile(), link, work)
     assert hybrid.server_s == pytest.approx(500 * (0.001 + 0.004 + 0.003) + 500 * 0.002)
-    assert estimate(RAW, 0.0, server, _trainer(), link, work).server_s == pytest.approx(2.0)
+    assert estimate(RAW, 0.0, server, trainer_profile(), link, work).server_s == pytest.approx(2.0)
     # Not measured apart: the read stands for it (500 ms for the same local share).
-    unmeasured = estimate(2, 0.5, _server(), _trainer(), link, work)
+    unmeasured = estimate(2, 0.5, server_profile(), trainer_profile(), link, work)
     assert hybrid.server_s - unmeasured.server_s == pytest.approx(500 * (0.002 - 0.001))
     assert server.scaled(2.0).compute_s(RAW) == pytest.approx(0.004)
 
@@ -320,11 +282,11 @@ def test_the_server_pays_for_every_byte_it_sends() -> None:
     # for each 100 KB object served raw, 0.02 ms for each 2 KB feature.
     link = LinkProfile(bytes_per_s=1e12)
     work = Workload(samples=1000, chunk_size=100)
-    server = _server(raw_s=0.002, send_s=1e-8)
-    hybrid = estimate(2, 0.5, server, _trainer(), link, work)
+    server = server_profile(raw_s=0.002, send_s=1e-8)
+    hybrid = estimate(2, 0.5, server, trainer_profile(), link, work)
     assert hybrid.server_s == pytest.approx(500 * (0.008 + 0.00002) + 500 * (0.002 + 0.001))
-    assert estimate(RAW, 0.0, server, _trainer(), link, work).server_s == pytest.approx(3.0)
-    assert estimate(INPUT, 0.0, server, _trainer(), link, work).server_s == pytest.approx(
+    assert estimate(RAW, 0.0, server, trainer_profile(), link, work).server_s == pytest.approx(3.0)
+    assert estimate(INPUT, 0.0, server, trainer_profile(), link, work).server_s == pytest.approx(
         1000 * (0.005 + 0.0015)
     )
     # What the chunks report, which the re-planner weighs them against, leaves it out.
@@ -385,115 +347,6 @@ def test_best_share_is_the_best_whole_chunk_share(
         assert (best * m) == pytest.approx(round(best * m))
 
 
-def test_a_first_plan_takes_the_fastest_and_a_replan_keeps_the_plan_in_force_among_ties() -> None:
-    # Server-bound; cut 2's head costs 0.1% more than cut 1's, so cut 1 is a hair faster.
-    server = _server(read_s=0.0, decode_s=0.0, head_s=(0.0, 0.002, 0.002002))
-    trainer = _trainer(decode_s=0.01, head_s=(0.0, 0.004, 0.004), tail_s=(0.004, 0.0, 0.0))
-    work = Workload(samples=1000, chunk_size=100)
-    link = LinkProfile(bytes_per_s=1e12)
-    pure = PlannerConfig(hybrid=False)
-    first = choose_plan(server, trainer, link, work, freeze=2, config=pure)
-    assert first.cut == 1 and "chosen over" not in first.reason
-    # Re-planning keeps the plan in force among ties, though another is a hair faster.
-    slower = _server(read_s=0.0, decode_s=0.0, head_s=(0.0, 0.002002, 0.002))
-    kept = choose_plan(slower, trainer, link, work, freeze=2, config=pure, current=first)
-    assert kept.cut == 1
-    assert "chosen over cut 2 2" in kept.reason and "within tolerance, the plan in force" in (
-        kept.reason
-    )
-    # Beyond the tolerance it moves.
-    much = _server(read_s=0.0, decode_s=0.0, head_s=(0.0, 0.0024, 0.002))
-    assert choose_plan(much, trainer, link, work, freeze=2, config=pure, current=first).cut == 2
-    # An exact tie goes to the simpler option (the higher cut), whatever the order.
-    tie = _server(read_s=0.0, decode_s=0.0, head_s=(0.0, 0.002, 0.002))
-    assert choose_plan(tie, trainer, link, work, freeze=2, config=pure).cut == 2
-
-
-def test_a_hybrid_one_percent_faster_wins_a_first_plan_not_a_replan() -> None:
-    server = ServerProfile(
-        read_s=0.0,
-        decode_s=0.001,
-        head_s=(0.0, 0.003),
-        out_bytes=(12_288, 1_000),
-        memory_bytes=(0, 0),
-        raw_bytes=1_000,
-    )
-    trainer = TrainerProfile(decode_s=0.001, head_s=(0.0, 0.003), tail_s=(0.0079, 0.0039))
-    link = LinkProfile(bytes_per_s=1e12)
-    work = Workload(samples=100_000, chunk_size=100)  # 1000 chunks: shares of 0.1%
-    first = choose_plan(server, trainer, link, work, freeze=1)
-    assert first.cut == 1 and 0.0 < first.share < 0.02
-    pure = choose_plan(server, trainer, link, work, freeze=1, config=PlannerConfig(hybrid=False))
-    assert (pure.cut, pure.share) == (1, 0.0)
-    assert pure.epoch_s * 0.98 < first.epoch_s < pure.epoch_s
-    # The pure cut in force, within tolerance of the hybrid, is kept when re-planning.
-    kept = choose_plan(server, trainer, link, work, freeze=1, current=pure)
-    assert (kept.cut, kept.share) == (1, 0.0)
-
-
-def test_the_plan_explains_itself() -> None:
-    plan = choose_plan(
-        _server(),
-        _trainer(),
-        LinkProfile(bytes_per_s=1e6),
-        Workload(samples=1000),
-        freeze=2,
-        names=NAMES,
-    )
-    text = plan.explain()
-    assert text.splitlines()[0] == plan.reason
-    assert plan.reason.startswith("cut 2 pool: predicted")
-    assert "held by the server" in plan.reason and "RAW" in plan.reason
-    assert "* cut 2 pool" in text
-    rows = plan.rows()
-    assert [r["chosen"] for r in rows].count(True) == 1
-    assert {r["option"] for r in rows} >= {"RAW", "INPUT", "cut 1 block1", "cut 2 pool"}
-    assert [r["epoch_s"] for r in rows] == sorted(r["epoch_s"] for r in rows)
-    assert json.loads(json.dumps(plan.to_dict()))["cut"] == 2
-
-
-def test_freeze_limits_the_cuts_weighed() -> None:
-    plan = choose_plan(
-        _server(), _trainer(), LinkProfile(bytes_per_s=1e6), Workload(samples=1000), freeze=1
-    )
-    assert max(o.cut for o in plan.options) == 1
-    assert plan.cut in (RAW, INPUT, 1)
-    assert plan.option(2) is None
-
-
-def test_profiles_round_trip_through_json() -> None:
-    key = ProfileKey.of("sha256:ab", (3, 32, 32), {"ops": [{"op": "resize", "size": 32}]}, "cpu")
-    server = _server(key=key, wire_dtype="fp16", batch_size=8, raw_s=0.002, send_s=3e-9)
-    trainer = _trainer(batch_size=32, device="cuda:0")
-    link = LinkProfile(bytes_per_s=12.5e6, latency_s=0.002)
-    for profile in (server, trainer, link, key):
-        data = json.loads(json.dumps(profile.to_dict()))
-        assert type(profile).from_dict(data) == profile
-    same = ProfileKey.of("sha256:ab", [3, 32, 32], {"ops": [{"size": 32, "op": "resize"}]}, "cpu")
-    assert same == key
-
-
-def test_profiles_refuse_bad_values() -> None:
-    with pytest.raises(InvalidRequest, match="one entry per cut"):
-        _server(out_bytes=(1, 2))
-    with pytest.raises(InvalidRequest, match="read_s"):
-        _server(read_s=-1.0)
-    with pytest.raises(InvalidRequest, match="raw_s"):
-        _server(raw_s=float("nan"))
-    with pytest.raises(InvalidRequest, match="send_s"):
-        _server(send_s=-1e-9)
-    with pytest.raises(InvalidRequest, match="wire_dtype"):
-        _server(wire_dtype="int4")
-    with pytest.raises(InvalidRequest, match="no field"):
-        ServerProfile.from_dict({**_server().to_dict(), "extra": 1})
-    with pytest.raises(InvalidRequest, match="missing"):
-        TrainerProfile.from_dict({"decode_s": 0.0})
-    with pytest.raises(InvalidRequest, match="bytes_per_s"):
-        LinkProfile(bytes_per_s=0)
-    with pytest.raises(InvalidRequest, match="not profiled"):
-        estimate(3, 0.0, _server(), _trainer(), LinkProfile(bytes_per_s=1), Workload(samples=1))
-
-
 def test_a_link_observed_without_its_latency() -> None:
     link = LinkProfile.observed(1_000_000, 1.2, requests=2, latency_s=0.1)
     assert link.bytes_per_s == pytest.approx(1e6)
@@ -503,9 +356,9 @@ def test_a_link_observed_without_its_latency() -> None:
 
 
 def test_wire_dtype_scales_feature_bytes_only() -> None:
-    half = _server().with_wire_dtype("bf16")
+    half = server_profile().with_wire_dtype("bf16")
     assert half.out_bytes == (75_000, 25_000, 1_000)
-    assert half.raw_bytes == _server().raw_bytes
+    assert half.raw_bytes == server_profile().raw_bytes
     assert half.wire_bytes(RAW) == 100_000
 
 
@@ -520,8 +373,10 @@ def test_a_hybrids_local_chunk_waits_for_the_one_before_it_to_be_read() -> None:
     # with 4 local chunks in flight: the server reads chunks 0-3 back to back and has
     # chunk 4 at 0.4 s (not 0.43 s), on the link to 1.515 s, while the trainer is free at
     # 1.51 s: 5 ms later than that, then as before. The stages' busy times are the same.
-    server = _server(decode_s=0.010, head_s=(0.0, 0.010, 0.020))
-    trainer = _trainer(decode_s=0.002, head_s=(0.0, 0.0005, 0.001), tail_s=(0.0015, 0.001, 0.0005))
+    server = server_profile(decode_s=0.010, head_s=(0.0, 0.010, 0.020))
+    trainer = trainer_profile(
+        decode_s=0.002, head_s=(0.0, 0.0005, 0.001), tail_s=(0.0015, 0.001, 0.0005)
+    )
     link = LinkProfile(bytes_per_s=1e9)
     one = Workload(samples=1000, chunk_size=100)
     four = Workload(samples=1000, chunk_size=100, local_window=4)
