@@ -42,9 +42,9 @@ def measure_codec(
     """Encode `features` (N, *shape) as a stream would send them and decode them back.
 
     Times are the best of `repeats` runs of this thread's CPU time (`time.thread_time`),
-    so other processes on the machine do not count; `pack` compresses on the calling
-    thread, so its codec is in them (Arrow's thread pool had hidden it: ZSTD measured
-    70x cheaper than it is).
+    so other processes on the machine do not count; `pack` and `unpack` run their codec
+    on the calling thread, so it is in them (Arrow's thread pool had hidden it: ZSTD
+    measured some 30-70x cheaper than it is).
     """
     n = features.shape[0]
     schema = feature_schema(tuple(features.shape[1:]), wire_dtype)
