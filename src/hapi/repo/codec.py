@@ -3,7 +3,8 @@
 A float's bytes differ in kind: the byte holding the sign and most of the exponent repeats
 across a tensor and compresses well; the low mantissa bytes are close to random. So the
 tensor's bytes are split into planes (byte 0 of every element, byte 1, ...), as ZipNN
-does, and each plane is zstd-compressed on its own, or stored raw when zstd saves nothing.
+does, and each plane is zstd-compressed on its own, or stored raw when zstd saves less
+than a tenth of it.
 A delta stores the XOR of the tensor's bit patterns with a base tensor of the same dtype
 and shape (a fine-tune's parent): small changes leave the sign, the exponent and the top
 of the mantissa equal, so those planes XOR to zeros (ZipLLM's BitX).
