@@ -218,8 +218,8 @@ def _report(result: dict[str, Any], args: argparse.Namespace) -> str:
         f"{result['index_requests']['webdataset']} (WebDataset) and "
         f"{result['index_requests']['parquet']} (Parquet) requests once, kept after.",
         "",
-        "Where the server's core goes at RAW (CPU ms per sample, medians: SeaweedFS + "
-        "`hapi serve`): "
+        "Where the server's core goes at RAW (CPU ms per sample over the epoch's call, "
+        "its listing and session included; medians: SeaweedFS + `hapi serve`): "
         + "; ".join(
             f"{setting}: "
             + ", ".join(
@@ -233,6 +233,20 @@ def _report(result: dict[str, Any], args: argparse.Namespace) -> str:
         + ".",
         "",
     ]
+    for setting, per in result.get("cpu_ms_per_sample", {}).items():
+        cost = {f: [statistics.median(r[i] for r in rs) for i in (0, 1)] for f, rs in per.items()}
+        if all(per.values()):
+            busy = {f: med[setting][f + " raw"] * sum(cost[f]) / 1e3 for f in FORMATS}
+            lines.append(
+                f"At RAW ({setting}) the server's core was busy {busy['objects']:.0%} of the "
+                f"epoch for objects, {busy['webdataset']:.0%} for WebDataset and "
+                f"{busy['parquet']:.0%} for Parquet: a single object costs it "
+                f"{sum(cost['objects']):.2f} ms, and SeaweedFS alone spends "
+                f"{cost['webdataset'][0]:.2f} ms per WebDataset sample, so shards could be at "
+                f"most {sum(cost['objects']) / cost['webdataset'][0]:.1f}x as fast on this core "
+                "were `hapi serve` free."
+            )
+    lines.append("")
     for setting in settings:
         m = med[setting]
         ratios = {f: m[f + " raw"] / m["objects raw"] for f in ("webdataset", "parquet")}
