@@ -231,7 +231,8 @@ def _report(
             f"| {_median(runs['auto warm'], 'before_epochs_s'):.1f} s |"
         )
     lines += ["", "![whole run per option and link](out/startup.png)", DETAILS]
-    lines += ["The plans `auto` ran (last epoch's cut and share, per run):", ""]
+    lines += ["The plans `auto` ran (last epoch's cut and share, the run's whole script and "
+              "its re-plans):", ""]  # fmt: skip
     for row in rows:
         for name in OPTIONS[:2]:
             chosen = ", ".join(_choice(r) for r in row["runs"][name])
@@ -246,7 +247,8 @@ def _cold_ratio(runs: dict[str, list[dict]]) -> float:
 
 
 def _choice(run: dict) -> str:
-    return f"{'RAW' if run['cut'] == -1 else run['cut']}+{run['share']:.0%}"
+    cut = "RAW" if run["cut"] == -1 else run["cut"]
+    return f"{cut}+{run['share']:.0%} ({run['wall_s']:.1f} s, {run['replans']} re-plans)"
 
 
 def _plot(rows: list[dict], path: Path) -> None:
