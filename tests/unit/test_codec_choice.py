@@ -109,7 +109,7 @@ def test_the_chosen_plan_carries_its_codec_and_a_replan_keeps_it() -> None:
         [plain, _zstd()],
         _server(),
         _trainer(),
-        LinkProfile(bytes_per_s=10 * MBIT),
+        LinkProfile(bytes_per_s=3 * MBIT),
         Workload(samples=1000),
         freeze=2,
     )

@@ -14,6 +14,7 @@ from hapi.plan import (
     Workload,
     choose_codec,
 )
+from hapi.plan.codecs import CODEC_MIN_GAIN
 from hapi.wire.codec_cost import measure_codec
 
 NAMES = ("block1", "pool")
@@ -68,7 +69,7 @@ def _choose(rate: float, *, lossy: bool):  # type: ignore[no-untyped-def]
 
 
 def test_a_slow_link_sends_the_fewest_bytes_and_the_plan_says_so() -> None:
-    choice = _choose(10 * MBIT, lossy=True)
+    choice = _choose(1 * MBIT, lossy=True)
     assert choice.codec.label == "int8+zstd"
     assert choice.plan.reason.startswith("int8+zstd features, ")
     assert "fp32 " in choice.plan.reason  # the codecs not chosen, with their times
@@ -77,9 +78,19 @@ def test_a_slow_link_sends_the_fewest_bytes_and_the_plan_says_so() -> None:
 
 
 def test_lossy_codecs_are_weighed_only_when_asked() -> None:
-    choice = _choose(10 * MBIT, lossy=False)
+    choice = _choose(1 * MBIT, lossy=False)
     assert choice.codec.label == "fp32+zstd"
     assert all(not c.lossy for c, _ in choice.plans)
+
+
+def test_a_codec_within_a_few_percent_of_a_simpler_one_is_not_chosen() -> None:
+    # 10 Mbit/s: the server binds, and zstd (1.2%) and int8+zstd (2.1%) are predicted
+    # barely faster than fp32 - inside what a codec's CPU measurement can be wrong by.
+    near = _choose(10 * MBIT, lossy=True)
+    fastest = min(p.epoch_s for _, p in near.plans)
+    assert near.codec.label == "fp32" and near.plan.epoch_s * (1 - CODEC_MIN_GAIN) <= fastest
+    # 3 Mbit/s: zstd saves 60%; int8+zstd 3% more than that: lossless wins the close call.
+    assert _choose(3 * MBIT, lossy=True).codec.label == "fp32+zstd"
 
 
 def test_a_fast_link_spends_no_cpu_on_codecs() -> None:
