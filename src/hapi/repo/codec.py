@@ -23,7 +23,7 @@ import math
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, cast
 
 import numpy as np
 import torch
@@ -196,13 +196,19 @@ def decode(data: bytes | memoryview, info: BlobInfo, base: Base | None = None) -
         IntegrityError: a plane does not inflate to its size, or the base does not fit.
     """
     base_planes = _base_planes(info, base)
+    # A plain base is one contiguous tensor: XOR-ed once after the interleave, in wide
+    # words, rather than plane by plane through its strided byte views.
+    whole = isinstance(base, torch.Tensor)
     rows = np.empty((_count(info), len(info.planes)), np.uint8)
     # Column writes are numpy's fastest interleave (about 2.5 GB/s on one core; shifts into
     # wider words, transposed copies and torch's strided copies measured slower), and with
     # inflating the exponent plane most of what a compressed blob costs a reader.
     for i, plane in _stored_planes(data, info):
-        rows[:, i] = plane if base_planes is None else _xor(plane, base_planes[i])
-    return torch.from_numpy(rows.reshape(-1)).view(_DTYPES[info.dtype]).reshape(info.shape)
+        rows[:, i] = plane if base_planes is None or whole else _xor(plane, base_planes[i])
+    flat = rows.reshape(-1)
+    if whole:
+        _xor_into(flat, _raw(cast(torch.Tensor, base)))
+    return torch.from_numpy(flat).view(_DTYPES[info.dtype]).reshape(info.shape)
 
 
 def decode_planes(
@@ -298,6 +304,14 @@ def _group(raw: np.ndarray[Any, Any], itemsize: int) -> list[np.ndarray[Any, Any
     for i, plane in enumerate(planes):
         plane[:] = rows[:, i]
     return planes
+
+
+def _xor_into(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> None:
+    """a ^= b, for contiguous byte arrays of one length."""
+    if a.size % 8 == 0:
+        np.bitwise_xor(a.view(np.uint64), b.view(np.uint64), out=a.view(np.uint64))
+    else:
+        np.bitwise_xor(a, b, out=a)
 
 
 def _xor(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
