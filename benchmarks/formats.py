@@ -171,7 +171,9 @@ def _report(result: dict[str, Any], args: argparse.Namespace) -> str:
     lines = [
         "## Dataset formats (`benchmarks/formats.py`)",
         "",
-        f"`python benchmarks/formats.py --results`: {args.images} JPEGs of "
+        f"`python benchmarks/formats.py --images {args.images} --repeats {args.repeats} "
+        f"--cut-samples {args.cut_samples} --results` (10,000 in the issue: fewer, so the run "
+        f"fits the shared machine's benchmark lock): {args.images} JPEGs of "
         f"{result['mean_image_bytes'] / 1e3:.0f} KB on average (shards of {args.shard_size}) "
         "on SeaweedFS; SeaweedFS and one `hapi serve` (one torch thread) share one pinned "
         "core, the trainer takes the other; chunks of "
@@ -240,7 +242,8 @@ def _report(result: dict[str, Any], args: argparse.Namespace) -> str:
             lines.append(
                 f"At RAW ({setting}) the server's core was busy {busy['objects']:.0%} of the "
                 f"epoch for objects, {busy['webdataset']:.0%} for WebDataset and "
-                f"{busy['parquet']:.0%} for Parquet: a single object costs it "
+                f"{busy['parquet']:.0%} for Parquet (its CPU over the whole call against the "
+                "timed fetch: over 100% where listing weighs): a single object costs it "
                 f"{sum(cost['objects']):.2f} ms, and SeaweedFS alone spends "
                 f"{cost['webdataset'][0]:.2f} ms per WebDataset sample, so shards could be at "
                 f"most {sum(cost['objects']) / cost['webdataset'][0]:.1f}x as fast on this core "
