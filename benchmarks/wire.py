@@ -73,7 +73,14 @@ def main() -> None:
     parser.add_argument("--skip-accuracy", action="store_true")
     parser.add_argument("--out", type=Path, default=HERE / "out")
     parser.add_argument("--results", action="store_true", help="write benchmarks/RESULTS.md")
+    parser.add_argument("--from-json", type=Path, help="report a saved run (its wire.json) again")
     args = parser.parse_args()
+    if args.from_json:
+        text = _section(json.loads(args.from_json.read_text()))
+        print(text)
+        if args.results:
+            write_section("wire", text)
+        return
     torch.manual_seed(0)
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -278,8 +285,9 @@ def _section(out: dict) -> str:
         f"({out['seconds'] / 60:.0f} min). Plot: `out/wire.png`.",
         "",
     ]
+    tables: list[str] = []  # the byte tables go to out/wire.md; their summaries stay
     for where in ("last frozen", "before last stage"):
-        lines += [
+        tables += [
             f"Bytes per sample at the {where} cut, as a fraction of the JPEG "
             "(encode / decode ms per sample for int8+zstd):",
             "",
@@ -289,7 +297,7 @@ def _section(out: dict) -> str:
         for m in models:
             mine = {r["codec"]: r for r in rows if r["model"] == m and r["where"] == where}
             z = mine["int8+zstd"]
-            lines.append(
+            tables.append(
                 f"| {m} | {z['cut']} | "
                 + " | ".join(f"{mine[c]['of_jpeg']:.3g}" for c in codecs)
                 + f" | {z['encode_ms']:.2f} / {z['decode_ms']:.2f} |"
@@ -304,9 +312,9 @@ def _section(out: dict) -> str:
             c: sum(1 for r in rows if r["where"] == where and r["codec"] == c and r["of_jpeg"] <= 1)
             for c in codecs
         }
+        tables.append("")
         lines += [
-            "",
-            "Median x fewer bytes than the JPEG: "
+            f"At the {where} cut, median x fewer bytes than the JPEG: "
             + ", ".join(f"{c} {medians[c]:.2g}x" for c in codecs)
             + ". Models at most the JPEG: "
             + ", ".join(f"{c} {under[c]}/{len(models)}" for c in codecs)
@@ -331,9 +339,10 @@ def _section(out: dict) -> str:
         lines.append("")
     lines += [
         DETAILS,
+        *tables,
         "Plan for ResNet-18 at 224 px frozen to layer3 (*predicted* epoch of 10,000 samples; "
         "the same choices measured on real epochs through a shaped link: [Wire codecs "
-        "measured](#wire-codecs-measured-epochs-through-a-shaped-link-benchmarkswire_epochspy)):",
+        "measured](../RESULTS.md#wire-codecs-measured-epochs-through-a-shaped-link-benchmarkswire_epochspy)):",
         "",
         "| link | trainer | fp32 only | lossless codecs | all codecs |",
         "|---|---|---|---|---|",
