@@ -61,7 +61,10 @@ def _run_jobs(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     results = []
     for proc in procs:
         out, _ = proc.communicate(timeout=600)
-        results.append(json.loads(out.decode().strip().splitlines()[-1]))
+        lines = out.decode().strip().splitlines()
+        if proc.returncode or not lines:  # its traceback went to stderr, above
+            raise RuntimeError(f"a job exited with {proc.returncode} and no result")
+        results.append(json.loads(lines[-1]))
     return results
 
 

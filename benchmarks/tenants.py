@@ -333,19 +333,21 @@ def _run(
     names = {"alone": ["a"], "weights": ["a", "b"]}.get(run, ["c"] * args.jobs)
     with _cgroup(sizes["cap"]) as group:
         server = _Server(root, tenants, group, **options)
-        start = time.time() + 2.0
-        jobs = [
-            _job_spec(
-                args, server.address, tenants["tokens"][n], n, start, args.seconds, args.warmup
-            )
-            for n in names
-        ]
-        results = _run_jobs(jobs)
-        stats = None
-        with contextlib.suppress(Exception):
-            stats = server.stats(tenants["tokens"]["c"])
-        charged = server.charged(peak=True)
-        code = server.stop()
+        try:  # a failed job must not leave its server running
+            start = time.time() + 2.0
+            jobs = [
+                _job_spec(
+                    args, server.address, tenants["tokens"][n], n, start, args.seconds, args.warmup
+                )
+                for n in names
+            ]
+            results = _run_jobs(jobs)
+            stats = None
+            with contextlib.suppress(Exception):
+                stats = server.stats(tenants["tokens"]["c"])
+            charged = server.charged(peak=True)
+        finally:
+            code = server.stop()
         oom = _oom_kills(group)
     rates = [r["samples_per_s"] for r in results]
     weights = [tenants["weights"][n] for n in names]
