@@ -10,7 +10,9 @@ keeps a bounded number of series.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import socket
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -263,7 +265,7 @@ class Metrics:
         httpd, thread = self._httpd, self._thread
         self._httpd, self._thread, self._url = None, None, None
         if httpd is not None:
-            httpd.shutdown()
+            _shutdown(httpd)
             httpd.server_close()
         if thread is not None:
             thread.join()
@@ -314,3 +316,18 @@ def _url_host(host: str) -> str:
         return f"[{host}]" if ipaddress.ip_address(host).version == 6 else host
     except ValueError:
         return host
+
+
+def _shutdown(httpd: Any) -> None:
+    """`httpd.shutdown()` without waiting out `serve_forever`'s half-second poll: a
+    connection wakes its `select`, and the loop then sees the shutdown (a server's stop,
+    and every test that starts one, waited 0.5 s for it)."""
+    stopper = threading.Thread(target=httpd.shutdown, daemon=True)
+    stopper.start()
+    host, port = httpd.server_address[:2]
+    if host in ("0.0.0.0", "::", ""):  # bound to every address: loopback is one of them
+        host = "::1" if ":" in host else "127.0.0.1"
+    while stopper.is_alive():
+        with contextlib.suppress(OSError):
+            socket.create_connection((host, port), timeout=0.1).close()
+        stopper.join(0.02)
