@@ -104,13 +104,12 @@ def test_the_plan_predicts_the_freeze_cut_at_what_its_probe_chunks_reported(
     # Measured, not kept ones; uncompressed, as the probes are (a codec adds its encoding).
     job = _job(server, replan=False, reuse_profiles=False, wire_compression="none")
     assert job.plan is not None
-    # The probes: a pass at the freeze cut that warms, RAW measured, the freeze cut
-    # measured - its chunks ran twice, the second measured.
+    # The probes: RAW first (the link, both tiers idle), then at the freeze cut a chunk of
+    # a few objects that warms the session, and the measured chunks.
     sessions = list(dict.fromkeys(session for session, _, _ in seen))
     assert len(sessions) == 2
-    at_freeze = [chunk for chunk in seen if chunk[0] == sessions[0]]
-    assert len(at_freeze) % 2 == 0 and at_freeze
-    measured = at_freeze[len(at_freeze) // 2 :]
+    warm, *measured = [chunk for chunk in seen if chunk[0] == sessions[-1]]
+    assert measured and warm[1] < sum(n for _, n, _ in measured)
     reported = sum(r for *_, r in measured) / sum(n for _, n, _ in measured)
     assert reported > 0.0
     assert job.plan.server.compute_s(job.freeze) == pytest.approx(reported, rel=1e-9)
