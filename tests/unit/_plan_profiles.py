@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from hapi.plan import (
-    LinkProfile,
-    ServerProfile,
-    TrainerProfile,
-)
+from hapi.plan import LinkProfile, ServerProfile, TrainerProfile, Workload
 
 NAMES = ("block1", "pool")
 
@@ -56,3 +52,20 @@ def equal_cores() -> tuple[ServerProfile, TrainerProfile, LinkProfile]:
     )
     trainer = TrainerProfile(decode_s=0.001, head_s=(0.0, 0.003), tail_s=(0.003, 0.0))
     return server, trainer, LinkProfile(bytes_per_s=1e12)
+
+
+# The re-planner's tests: a plan at 1 MB/s whose link turns they account.
+REPLAN_SERVER = ServerProfile(
+    read_s=0.001,
+    decode_s=0.010,
+    head_s=(0.0, 0.010, 0.020),
+    out_bytes=(150_000, 50_000, 2_000),
+    memory_bytes=(0, 0, 0),
+    raw_bytes=100_000,
+)
+REPLAN_TRAINER = TrainerProfile(
+    decode_s=0.002, head_s=(0.0, 0.0005, 0.001), tail_s=(0.0015, 0.001, 0.0005)
+)
+REPLAN_WORK = Workload(samples=6400, chunk_size=64, local_window=4)
+"""A hybrid's raw chunks in flight as many as its pushed ones: the most a turn can carry
+of others' bytes, which these tests of the link's accounting are about."""

@@ -14,25 +14,13 @@ from hapi.plan import (
     ReadMeasurement,
     ReplanConfig,
     Replanner,
-    ServerProfile,
-    TrainerProfile,
     TrainMeasurement,
-    Workload,
     choose_plan,
 )
 
-SERVER = ServerProfile(
-    read_s=0.001,
-    decode_s=0.010,
-    head_s=(0.0, 0.010, 0.020),
-    out_bytes=(150_000, 50_000, 2_000),
-    memory_bytes=(0, 0, 0),
-    raw_bytes=100_000,
-)
-TRAINER = TrainerProfile(
-    decode_s=0.002, head_s=(0.0, 0.0005, 0.001), tail_s=(0.0015, 0.001, 0.0005)
-)
-WORK = Workload(samples=6400, chunk_size=64, local_window=4)
+from ._plan_profiles import REPLAN_SERVER as SERVER
+from ._plan_profiles import REPLAN_TRAINER as TRAINER
+from ._plan_profiles import REPLAN_WORK as WORK
 
 
 def _plan() -> Plan:
