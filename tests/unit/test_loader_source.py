@@ -18,7 +18,7 @@ from hapi.client._trainer_cache import TrainerCache
 from hapi.client.sessions import Sessions
 from hapi.client.testing import MemorySource, feature_of
 from hapi.data import DatasetManifest, Transforms
-from hapi.errors import ServerUnavailable, StoreUnavailable
+from hapi.errors import InvalidRequest, ServerUnavailable, StoreUnavailable
 from hapi.wire import ChunkTicket, SessionRequest
 
 KEYS = tuple(f"d/c{i % 2}/{i:02d}.jpg" for i in range(23))
@@ -274,3 +274,35 @@ def test_a_resumed_epochs_chunks_keep_the_epochs_boundaries(source: MemorySource
     resumed = [keys for keys, _ in loader.chunks(0, start=7)]
     # The rest of the chunk it stopped in, then the epoch's own chunks from there on.
     assert resumed[0] == whole[1][3:] and resumed[1:] == whole[2:]
+
+
+def test_the_loaders_state_resumes_where_the_batches_handed_on_stopped(
+    source: MemorySource,
+) -> None:
+    loader = _loader(source)
+    with loader.servers:
+        taken: list[str] = []
+        batches = loader.batches(0)
+        for _ in range(2):
+            taken += next(batches).keys
+        state = loader.state_dict()
+        batches.close()  # stopped mid-epoch, as by a crash after two steps
+    assert state == {"epoch": 0, "position": len(taken)} and len(taken) == 10
+
+    again = _loader(MemorySource())
+    again.load_state_dict(state)
+    with again.servers:
+        rest = _epoch(again, 0)
+        # The same order's remaining places, once; then the next epoch from its start.
+        assert taken + rest == _in_order(again, 0)
+        assert again.state_dict() == {"epoch": 1, "position": 0}
+        assert _epoch(again, 1) == _in_order(again, 1)
+        # A state of another epoch does not cut into this one.
+        again.load_state_dict({"epoch": 5, "position": 3})
+        assert len(_epoch(again, 2)) == len(KEYS)
+
+
+@pytest.mark.parametrize("state", [{}, {"epoch": "x", "position": 0}, {"epoch": 0, "position": -1}])
+def test_a_state_that_is_not_a_loaders_is_refused(state: dict[str, object]) -> None:
+    with pytest.raises(InvalidRequest, match="state"):
+        _loader(MemorySource()).load_state_dict(state)  # type: ignore[arg-type]

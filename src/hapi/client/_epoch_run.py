@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 
 from hapi.client._epoch_keys import Chunks, EpochKeys
@@ -135,7 +135,7 @@ class EpochRun:
         """The route of the next chunk to issue, once it has one and waits for its window."""
         self._held = -(-context.batch_size // context.keys.chunk_size) + 1
 
-    def run(self) -> Iterator[Batch]:
+    def run(self) -> Generator[Batch, None, None]:
         batch_size = self.context.batch_size
         rebatcher = Rebatcher(self.context.fetch.convert, clock=self.clock)
         delivered: set[str] = set()

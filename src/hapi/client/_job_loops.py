@@ -154,6 +154,9 @@ class JobLoops:
             start = state.next_epoch
             # Before anything is in flight: a stats call now does not wait behind streams.
             accounts = EpochAccounts(loader, model.dp.totals if model.dp is not None else None)
+            # The loader owns the position from here; `state` keeps a copy, step by step,
+            # for a `state_dict` taken between steps or after `fit` raised.
+            loader.load_state_dict({"epoch": start, "position": state.position})
             for epoch in range(start, start + epochs):
                 state.epoch = epoch
                 self._train_mode(True)
@@ -165,13 +168,10 @@ class JobLoops:
                     # plan; per rank too, or the ranks' slices would share their masks.
                     seed = self.config.training.seed
                     torch.manual_seed(seed * 1_000_003 + epoch + (self.rank << 32))
-                order = loader.order(epoch)
-                keys = loader.manifest.keys
-                place = {keys[j]: i for i, j in enumerate(order)}
                 total_loss = correct = seen = compute = 0.0
                 # The next epoch's first chunks are fetched while this one drains.
                 then = epoch + 1 if epoch + 1 < start + epochs else None
-                batches: Iterable[Batch] = loader.batches(epoch, start=offset, then=then)
+                batches: Iterable[Batch] = loader.batches(epoch, then=then)
                 if model.dp is not None:  # every rank takes every step, its shard or not
                     batches = pad(batches, len(loader) - state.step, model.empty_batch)
                 for step, batch in enumerate(batches, state.step + 1):
@@ -184,9 +184,8 @@ class JobLoops:
                     correct += right
                     seen += n
                     compute += time.thread_time() - t1
-                    # Batches arrive in epoch order: the last key's place bounds the rest.
-                    if batch.keys:
-                        state.position = place[batch.keys[-1]] + 1
+                    if batch.keys:  # not a rank's padding, after its loader's epoch ended
+                        state.position = loader.state_dict()["position"]
                     state.step = step
                     if progress is not None:
                         progress(step, len(loader))

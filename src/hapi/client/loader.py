@@ -9,8 +9,10 @@ works the way it does - windows, reading in order, epochs back to back, the feat
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -37,6 +39,14 @@ __all__ = ["HYBRID_LOCAL_WINDOW", "FeatureLoader", "LoaderStats"]
 
 # Called in the fetching thread after each part of a chunk is handed on: (chunk, keys).
 OnPart = Callable[[int, list[str]], None]
+
+
+@dataclass(frozen=True)
+class LoaderPosition:
+    """Where a loader's batches stand: places of `epoch`'s order handed on."""
+
+    epoch: int = 0
+    position: int = 0
 
 
 class FeatureLoader:
@@ -163,6 +173,8 @@ class FeatureLoader:
         )
         self._run: EpochRun | None = None
         """The last epoch asked for: it may have started the next one (`ahead`)."""
+        self._at = LoaderPosition()
+        """Where the batches handed on stand (`state_dict`)."""
 
     @property
     def sessions(self) -> Sessions:
@@ -196,12 +208,39 @@ class FeatureLoader:
         for batch in self.batches(epoch):
             yield batch.features, batch.labels
 
-    def batches(self, epoch: int, *, start: int = 0, then: int | None = None) -> Iterator[Batch]:
+    def state_dict(self) -> dict[str, int]:
+        """Where the batches handed on stand, as torchdata's `Loader.state_dict`: the
+        epoch, and the places of its order handed on so far (after an epoch's last
+        batch: the next epoch, at 0). `load_state_dict` of it makes `batches` of that
+        epoch go on from there, as if never stopped."""
+        return {"epoch": self._at.epoch, "position": self._at.position}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """Go on from a `state_dict()`: the next `batches` of its epoch, given no
+        `start`, leaves out the places it had handed on.
+
+        Raises:
+            InvalidRequest: not a loader's state.
+        """
+        try:
+            at = LoaderPosition(int(state["epoch"]), int(state["position"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidRequest(
+                f"not a FeatureLoader state ({exc!r}): pass what loader.state_dict() returned"
+            ) from None
+        if at.epoch < 0 or at.position < 0:
+            raise InvalidRequest(f"a loader state's epoch and position are >= 0, got {state}")
+        self._at = at
+
+    def batches(
+        self, epoch: int, *, start: int | None = None, then: int | None = None
+    ) -> Iterator[Batch]:
         """Yield the epoch's training batches, each at one cut, in epoch order.
 
         `start` resumes an epoch: its order's first `start` places are left out (they
         were trained before an interruption). At a multiple of `batch_size` the batches
-        are those the whole epoch would have had from there on.
+        are those the whole epoch would have had from there on. None: where
+        `state_dict` stands, if that is in this epoch, else 0.
 
         `then` is the epoch the caller asks for next: its first chunks are fetched while
         this one drains (see the module's note). Asked for anything else next, they are
@@ -218,6 +257,8 @@ class FeatureLoader:
             NotDecoded: raw bytes arrived for a chunk routed as pushed down.
         """
         samples = len(self.order(epoch))
+        if start is None:
+            start = self._at.position if self._at.epoch == epoch else 0
         if not 0 <= start <= samples:
             raise InvalidRequest(f"start must be 0..{samples} (the epoch's samples), got {start}")
         run = self._run.take_ahead() if self._run is not None else None
@@ -232,7 +273,19 @@ class FeatureLoader:
         self._run = run
         run.then = then
         self.stats = run.stats
-        return run.run()
+        self._at = LoaderPosition(epoch, start)
+        return self._handed_on(epoch, run.run())
+
+    def _handed_on(self, epoch: int, batches: Generator[Batch, None, None]) -> Iterator[Batch]:
+        """`batches`, moving `state_dict`'s position past each batch as it is handed on.
+
+        Batches hold consecutive places of the order (chunks are consecutive, and every
+        key arrives once or the epoch fails), so a count of keys is the position."""
+        with contextlib.closing(batches):
+            for batch in batches:
+                self._at = LoaderPosition(epoch, self._at.position + len(batch.keys))
+                yield batch
+        self._at = LoaderPosition(epoch + 1, 0)
 
     def recall(self) -> None:
         """Cut every server's chunk streams in flight (`Router.recall`): each chunk asks
