@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -13,8 +15,9 @@ from hapi.plan import (
     TrainerProfile,
     Workload,
     choose_codec,
+    choose_plan,
 )
-from hapi.plan.codecs import CODEC_MIN_GAIN
+from hapi.plan.codecs import CODEC_MIN_GAIN, server_speed
 from hapi.wire.codec_cost import measure_codec
 
 NAMES = ("block1", "pool")
@@ -125,3 +128,33 @@ def test_measured_codec_costs_order_as_expected() -> None:
     assert fp32.bytes_per_sample >= 32 * 14 * 14 * 4
     assert int8.bytes_per_sample < zstd.bytes_per_sample < fp32.bytes_per_sample
     assert min(fp32.encode_s, zstd.decode_s, int8.encode_s) > 0
+
+
+def test_a_slower_server_pays_more_for_the_same_encoding() -> None:
+    zstd = _codecs()[1]
+    same, _ = zstd.apply(_server(), _trainer())
+    # The server runs the same head 3x slower than the trainer that timed the codec.
+    slow = dataclasses.replace(_server(), head_s=tuple(3 * t for t in _server().head_s))
+    assert server_speed(slow, _trainer()) == pytest.approx(3.0)
+    slower, decoded = zstd.apply(slow, _trainer())
+    for k in range(3):
+        assert same.head_s[k] == pytest.approx(_server().head_s[k] + zstd.encode_s[k])
+        assert slower.head_s[k] == pytest.approx(slow.head_s[k] + 3 * zstd.encode_s[k])
+        assert decoded.tail_s[k] == pytest.approx(_trainer().tail_s[k] + zstd.decode_s[k])
+
+
+@pytest.mark.parametrize("mbit", [1, 3, 10, 30, 100, 1000, 10_000])
+def test_no_codec_where_a_free_link_would_save_less_than_the_margin(mbit: float) -> None:
+    # A codec that sends no bytes and costs no CPU: the most any codec could save.
+    free = CodecProfile(compression="zstd", out_bytes=(0,) * 3, encode_s=(0.0,) * 3,
+                        decode_s=(0.0,) * 3)  # fmt: skip
+    fp32 = _codecs()[0]
+    work = Workload(samples=1000, chunk_size=50)
+    plain = choose_plan(_server(), _trainer(), LinkProfile(bytes_per_s=mbit * MBIT), work,
+                        freeze=2)  # fmt: skip
+    unbound = choose_plan(_server(), _trainer(), LinkProfile(bytes_per_s=1e15), work, freeze=2)
+    choice = choose_codec([fp32, free], _server(), _trainer(), LinkProfile(bytes_per_s=mbit * MBIT),
+                          work, freeze=2)  # fmt: skip
+    link_binds = unbound.epoch_s < plain.epoch_s * (1 - CODEC_MIN_GAIN)
+    assert choice.codec.label == ("fp32+zstd" if link_binds else "fp32")
+    assert choice.plan.epoch_s >= unbound.epoch_s - 1e-9  # nothing beats a free link

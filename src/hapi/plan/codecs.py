@@ -21,15 +21,16 @@ from hapi.plan.cost import Workload
 from hapi.plan.plan import Plan
 from hapi.plan.profiles import WIRE_ITEMSIZE, LinkProfile, ServerProfile, TrainerProfile
 
-__all__ = ["CodecChoice", "CodecProfile", "choose_codec"]
+__all__ = ["CodecChoice", "CodecProfile", "choose_codec", "server_speed"]
 
 CODEC_MIN_GAIN = 0.05
 """A codec is chosen over a simpler one (earlier in the order weighed: lossless before lossy,
 no compression before lz4 before zstd) only when its plan is predicted this fraction
-faster. A codec's CPU is measured once, on a few samples, on the trainer's core and charged
-to the server's: on a fast link its predicted gain (0.5-1.3% at 1 Gbit/s in
-`benchmarks/wire_epochs.py`) is inside that error, and a codec chosen on it ran 2x slower
-there. Where the link binds, the gains are tens of percent and pass."""
+faster. A codec's CPU is measured once, on a few samples, on the trainer's core: on a fast
+link its predicted gain (0.5-1.3% at 1 Gbit/s in `benchmarks/wire_epochs.py`) is inside
+that error. It also keeps codecs off wherever the link does not bind: no codec's plan beats
+the simplest codec's with a free link, so where a free link would save less than this, no
+codec clears it. Where the link binds, the gains are tens of percent and pass."""
 
 _COMPRESSIONS = ("none", "lz4", "zstd")
 
@@ -45,8 +46,9 @@ class CodecProfile:
     out_bytes: tuple[int, ...]
     """Bytes on the wire per sample at each cut, compressed (measured)."""
     encode_s: tuple[float, ...]
-    """Server CPU seconds per sample to encode each cut's features (cast, quantize,
-    compress), beyond an uncompressed fp32 batch's."""
+    """CPU seconds per sample to encode each cut's features (cast, quantize, compress),
+    beyond an uncompressed fp32 batch's, as the trainer's CPU measured them: `apply`
+    charges them to the server at its own speed."""
     decode_s: tuple[float, ...]
     """Trainer CPU seconds per sample to decode them (decompress, dequantize)."""
     lossy: bool = False
@@ -110,14 +112,17 @@ class CodecProfile:
         link, its encoding in the server's head time and its decoding in the trainer's
         tail time, at each cut both cover.
 
-        A local chunk's tail time carries the decoding too, which it does not do (int8's
-        rounding it does): an over-charge of the decoding's CPU, small beside the tail's.
+        The encoding runs on the server's core: its time measured on the trainer's is
+        scaled by how much slower the server ran the same head (`server_speed`). A local
+        chunk's tail time carries the decoding too, which it does not do (int8's rounding
+        it does): an over-charge of the decoding's CPU, small beside the tail's.
         """
         m = min(server.last_cut, trainer.last_cut, len(self.out_bytes) - 1)
+        slower = server_speed(server, trainer)
         sized = dataclasses.replace(
             server,
             out_bytes=self.out_bytes[: m + 1],
-            head_s=tuple(server.head_s[k] + self.encode_s[k] for k in range(m + 1)),
+            head_s=tuple(server.head_s[k] + self.encode_s[k] * slower for k in range(m + 1)),
             memory_bytes=server.memory_bytes[: m + 1],
             wire_dtype=self.wire_dtype,
         )
@@ -127,6 +132,16 @@ class CodecProfile:
             tail_s=tuple(trainer.tail_s[k] + self.decode_s[k] for k in range(m + 1)),
         )
         return sized, decoded
+
+
+def server_speed(server: ServerProfile, trainer: TrainerProfile) -> float:
+    """The server's seconds per second of the trainer's on the same work: their heads to the
+    last cut both measured (the layers' relative costs are the model's, this ratio the
+    machines'). 1 where no head ran (INPUT alone)."""
+    m = min(server.last_cut, trainer.last_cut)
+    if m < 1 or server.head_s[m] <= 0.0 or trainer.head_s[m] <= 0.0:
+        return 1.0
+    return server.head_s[m] / trainer.head_s[m]
 
 
 @dataclass(frozen=True)
