@@ -66,3 +66,26 @@ def test_a_job_run_again_plans_from_the_profiles_the_first_run_measured(
     assert fresh.history.of_kind("plan")[0].data["kept_profiles"] is False
     (epoch,) = again.fit(1, lr=0.05).epochs
     assert epoch.samples == 18
+
+
+def test_a_job_weighing_fewer_codecs_plans_from_what_one_weighing_more_measured(
+    server: HapiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HAPI_CACHE_DIR", str(tmp_path / "cache"))
+    auto = _job(server)  # none, lz4 and zstd weighed
+    assert auto.plan is not None
+    assert auto.history.of_kind("plan")[0].data["kept_profiles"] is False
+    sent = _bytes_sent(server)
+
+    off = _job(server, wire_compression="none")
+    assert off.plan is not None
+    assert off.history.of_kind("plan")[0].data["kept_profiles"] is True
+    assert _bytes_sent(server) == sent
+    assert off.plan.compression == "none"
+    assert off.plan.link == auto.plan.link  # one measurement
+
+    # Lossy dtypes were never measured: the job measures them (and all else) again.
+    lossy = _job(server, lossy_wire=True)
+    assert lossy.plan is not None
+    assert lossy.history.of_kind("plan")[0].data["kept_profiles"] is False
+    assert _bytes_sent(server) > sent

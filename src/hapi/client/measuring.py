@@ -132,14 +132,13 @@ def plan_job(
         graph, freeze, batch_size, server=connection.address,
         job={"dataset": dataset, "samples": len(manifest),
              "request": request(RAW).model_dump(mode="json"),
-             "chunk_size": workload.chunk_size, "probe": samples,
-             **({"codecs": [list(c) for c in codecs]} if codecs else {})},
+             "chunk_size": workload.chunk_size, "probe": samples},
     )  # fmt: skip
     if list(codecs) == [(wire_dtype, "none")]:
         codecs = ()  # the server's profile sizes it already
-    kept = cache.job(key) if cache is not None else None
+    kept = _covering(cache.job(key), codecs) if cache is not None else None
     if kept is not None:
-        profiles = Profiles(*kept)
+        profiles = kept
     else:
         profiles = measure_job(
             connection, request, manifest, graph, freeze, transforms,
@@ -164,6 +163,26 @@ def plan_job(
         config=config,
     )
     return Planned(plan, kept is not None)
+
+
+def _covering(
+    kept: tuple[ServerProfile, TrainerProfile, LinkProfile, tuple[CodecProfile, ...]] | None,
+    codecs: Sequence[Codec],
+) -> Profiles | None:
+    """Kept profiles that measured every codec in `codecs`, with those codecs alone, in
+    their order; None where some codec was not measured. The codecs a job weighs are not
+    part of its key: a run with fewer of them (`wire_compression="none"` after `auto`)
+    plans from the same measurement, so its plan differs from the other's by the codec
+    alone."""
+    if kept is None:
+        return None
+    server, trainer, link, measured = kept
+    by_codec: dict[tuple[str, str], CodecProfile] = {
+        (c.wire_dtype, c.compression): c for c in measured
+    }
+    if any(c not in by_codec for c in codecs):
+        return None
+    return Profiles(server, trainer, link, tuple(by_codec[c] for c in codecs))
 
 
 def measure_job(
