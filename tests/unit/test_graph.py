@@ -67,8 +67,8 @@ def test_resnet18_every_cut_is_exact_and_named_by_block(zoo: Zoo) -> None:
         pytest.param("resnet50", 23, marks=pytest.mark.slow),
         pytest.param("vgg11", 30, marks=pytest.mark.slow),
         pytest.param("alexnet", 22, marks=pytest.mark.slow),
-        ("densenet121", 16),
-        ("mobilenet_v3_large", 36),
+        pytest.param("densenet121", 16, marks=pytest.mark.slow),
+        pytest.param("mobilenet_v3_large", 36, marks=pytest.mark.slow),
         # EfficientNet's family is in the fast tier by efficientnet_lite0 (below).
         pytest.param("efficientnet_b0", 42, marks=pytest.mark.slow),
     ],

@@ -26,7 +26,9 @@ def test_standard_layout_views_hidden_permutations_and_copies_real_ones() -> Non
 
 
 # 28M parameters each to initialise: the fast tier keeps one model that permutes.
-@pytest.mark.parametrize("name", ["convnext_tiny", pytest.param("swin_t", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) for n in ("convnext_tiny", "swin_t")]
+)
 def test_permuted_activations_cross_the_wire_in_every_dtype(name: str) -> None:
     model = build_model(ModelSpec(name=name))
     graph = trace(model, (3, 64, 64))
