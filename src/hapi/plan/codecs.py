@@ -112,8 +112,8 @@ class CodecProfile:
         link, its encoding in the server's head time and its decoding in the trainer's
         tail time, at each cut both cover.
 
-        The encoding runs on the server's core: its time measured on the trainer's is
-        scaled by how much slower the server ran the same head (`server_speed`). A local
+        The encoding runs on the server's CPU: its time measured on the trainer's is
+        scaled by how much slower the server decodes the same objects (`server_speed`). A local
         chunk's tail time carries the decoding too, which it does not do (int8's rounding
         it does): an over-charge of the decoding's CPU, small beside the tail's.
         """
@@ -135,13 +135,13 @@ class CodecProfile:
 
 
 def server_speed(server: ServerProfile, trainer: TrainerProfile) -> float:
-    """The server's seconds per second of the trainer's on the same work: their heads to the
-    last cut both measured (the layers' relative costs are the model's, this ratio the
-    machines'). 1 where no head ran (INPUT alone)."""
-    m = min(server.last_cut, trainer.last_cut)
-    if m < 1 or server.head_s[m] <= 0.0 or trainer.head_s[m] <= 0.0:
+    """How many times slower the server's CPU is than the trainer's: both decode the job's
+    objects with its transforms (not their heads: one may run on a GPU, the codec runs on
+    the CPU). At least 1: on two cores of one machine this ratio read 0.3-1.2 between
+    runs, and a codec's CPU under-counted costs a whole epoch's worth where it binds."""
+    if server.decode_s <= 0.0 or trainer.decode_s <= 0.0:
         return 1.0
-    return server.head_s[m] / trainer.head_s[m]
+    return max(1.0, server.decode_s / trainer.decode_s)
 
 
 @dataclass(frozen=True)
