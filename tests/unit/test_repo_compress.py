@@ -67,6 +67,19 @@ def test_a_fine_tune_is_stored_as_deltas_and_pulls_bit_exact() -> None:
     assert repo.store.exists(marker)
 
 
+def test_without_compress_whole_only_deltas_are_compressed() -> None:
+    repo = new_repo(RepoConfig(compress=True, deltas=True, compress_whole=False))
+    base = base_state()
+    ft = tuned(base, ("fc.weight",), 1)
+    repo.push(base, "m")
+    repo.push(ft, "ft", parent="m")
+    assert same(repo.pull("ft"), ft) and same(repo.pull("m"), base)
+    # The base and what the fine-tune shares with it stay plain; the change is a delta.
+    assert {codec_of(repo, t).codec for t in base.values()} == {PLAIN}
+    assert codec_of(repo, ft["fc.weight"]).codec == DELTA
+    assert codec_of(repo, ft["conv.weight"]).codec == PLAIN
+
+
 def test_tensors_under_16_kib_stay_plain_however_well_they_compress() -> None:
     repo = new_repo()
     small, large = torch.ones(4095), torch.ones(4096)  # float32: just under and at 16 KiB
@@ -176,6 +189,8 @@ def test_bad_compression_settings_say_how_to_fix_them() -> None:
         RepoConfig(compress=True, deltas=True, max_delta_depth=0)
     with pytest.raises(InvalidRequest, match="min_saving"):
         RepoConfig(compress=True, min_saving=1.0)
+    with pytest.raises(InvalidRequest, match="compress_whole=False compresses only deltas"):
+        RepoConfig(compress=True, compress_whole=False)
 
 
 ACTIONS = st.lists(

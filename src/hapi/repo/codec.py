@@ -36,6 +36,7 @@ __all__ = [
     "ZSTD",
     "Base",
     "BlobInfo",
+    "compresses",
     "decode",
     "decode_planes",
     "encode_compressed",
@@ -98,6 +99,11 @@ class BlobInfo:
     @property
     def is_delta(self) -> bool:
         return self.codec == DELTA
+
+
+def compresses(dtype: torch.dtype) -> bool:
+    """Whether `encode_compressed` takes tensors of `dtype`."""
+    return str(dtype).removeprefix("torch.") in _DTYPES
 
 
 def read_info(data: bytes | memoryview) -> BlobInfo:
@@ -199,13 +205,18 @@ def decode(data: bytes | memoryview, info: BlobInfo, base: Base | None = None) -
     # A plain base is one contiguous tensor: XOR-ed once after the interleave, in wide
     # words, rather than plane by plane through its strided byte views.
     whole = isinstance(base, torch.Tensor)
-    rows = np.empty((_count(info), len(info.planes)), np.uint8)
-    # Column writes are numpy's fastest interleave (about 2.5 GB/s on one core; shifts into
-    # wider words, transposed copies and torch's strided copies measured slower), and with
-    # inflating the exponent plane most of what a compressed blob costs a reader.
-    for i, plane in _stored_planes(data, info):
-        rows[:, i] = plane if base_planes is None or whole else _xor(plane, base_planes[i])
-    flat = rows.reshape(-1)
+    if len(info.planes) == 2 and (base_planes is None or whole):
+        low, high = (plane for _, plane in _stored_planes(data, info))
+        flat = _interleave_pair(low, high)
+    else:
+        rows = np.empty((_count(info), len(info.planes)), np.uint8)
+        # Column writes are numpy's fastest interleave of 4 and 8 planes (about 2.5 GB/s
+        # on one core; shifts into wider words, transposed copies and torch's strided
+        # copies measured slower), and with inflating the exponent plane most of what a
+        # compressed blob costs a reader.
+        for i, plane in _stored_planes(data, info):
+            rows[:, i] = plane if base_planes is None or whole else _xor(plane, base_planes[i])
+        flat = rows.reshape(-1)
     if whole:
         _xor_into(flat, _raw(cast(torch.Tensor, base)))
     return torch.from_numpy(flat).view(_DTYPES[info.dtype]).reshape(info.shape)
@@ -227,6 +238,20 @@ def decode_planes(
     for i, plane in _stored_planes(data, info):
         planes.append(plane if base_planes is None else _xor(plane, base_planes[i]))
     return planes
+
+
+def _interleave_pair(low: np.ndarray[Any, Any], high: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """The bytes of a 2-byte dtype (bf16, fp16, int16), from its two byte planes.
+
+    As little-endian words `low | high << 8`: each ufunc widens its byte plane in
+    cache-sized chunks as it goes, so this writes each word twice at memory speed, where two
+    byte column writes cost a third more (4.5 against 6.5 ms for 8.5 M elements on one
+    core). Both planes are held at once, at most the tensor's size when both are inflated.
+    """
+    words = np.empty(low.shape[0], "<u2")
+    np.left_shift(high, 8, out=words, dtype=words.dtype)
+    np.bitwise_or(words, low, out=words, dtype=words.dtype)
+    return words.view(np.uint8)
 
 
 def _base_planes(info: BlobInfo, base: Base | None) -> Sequence[np.ndarray[Any, Any]] | None:

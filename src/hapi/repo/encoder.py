@@ -5,7 +5,8 @@ plain safetensors files any tool reads. `CompressingEncoder` (`RepoConfig.compre
 tries, for tensors of 16 KiB and more, the byte-grouped zstd blob and, for a tensor that
 changed from the parent's tensor of the same name, dtype and shape (`RepoConfig.deltas`),
 the XOR delta against it; it keeps the smallest, and falls back to the plain blob unless
-that saves `min_saving` of it.
+that saves `min_saving` of it. With `RepoConfig.compress_whole` off it tries only deltas:
+tensors stored whole stay plain.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 from hapi.data.store import ObjectStore
 from hapi.errors import IntegrityError, UnknownCodec
 from hapi.repo.blobs import read_blobs
-from hapi.repo.codec import encode_compressed
+from hapi.repo.codec import compresses, encode_compressed
 from hapi.repo.manifest import VersionManifest
 from hapi.repo.repo_config import RepoConfig
 from hapi.repo.tensors import encode_blob
@@ -81,26 +82,29 @@ class CompressingEncoder:
         bases: Mapping[str, str],
         min_saving: float,
         max_depth: int,
+        whole: bool = True,
     ) -> None:
         self.store = store
         self.bases = bases
         self.min_saving = min_saving
         self.max_depth = max_depth
+        self.whole = whole
 
     def encode(self, digest: str, tensor: torch.Tensor) -> EncodedBlob:
         plain = encode_blob(tensor)
-        if tensor.numel() * tensor.element_size() < _MIN_BYTES:
+        if (
+            tensor.numel() * tensor.element_size() < _MIN_BYTES
+            or not compresses(tensor.dtype)
+            or not (self.whole or digest in self.bases)
+        ):
             return EncodedBlob(plain)
-        try:
-            best = EncodedBlob(encode_compressed(tensor))
-        except ValueError:
-            return EncodedBlob(plain)  # a dtype hapi does not compress
+        candidates = [EncodedBlob(encode_compressed(tensor))] if self.whole else []
         base = self._base(digest)
         if base is not None:
-            delta = EncodedBlob(encode_compressed(tensor, base), base[0])
-            if len(delta.data) < len(best.data):
-                best = delta
-        if len(best.data) > (1.0 - self.min_saving) * len(plain):
+            candidates.append(EncodedBlob(encode_compressed(tensor, base), base[0]))
+        # The first of equals: a delta only when it is smaller than the tensor compressed.
+        best = min(candidates, key=lambda blob: len(blob.data), default=None)
+        if best is None or len(best.data) > (1.0 - self.min_saving) * len(plain):
             return EncodedBlob(plain)
         return best
 
@@ -149,5 +153,9 @@ def encoder_for(
         return PLAIN_ENCODER
     bases = delta_bases(manifest, parent) if config.deltas and parent is not None else {}
     return CompressingEncoder(
-        store, bases=bases, min_saving=config.min_saving, max_depth=config.max_delta_depth
+        store,
+        bases=bases,
+        min_saving=config.min_saving,
+        max_depth=config.max_delta_depth,
+        whole=config.compress_whole,
     )
