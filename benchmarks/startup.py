@@ -12,12 +12,16 @@ interleaved in each repeat in a rotated order:
 - `auto cold`: `cut="auto"` with nothing measured before - an empty profile cache;
 - `auto warm`: `cut="auto"` after another job on the same model (the server's profile
   and the trainer's kept profile are reused; the link is measured again);
-- `freeze cut`, `RAW`: the two fixed options a user would otherwise pick.
+- `freeze cut`, `RAW`: the two fixed options a user would otherwise pick;
+- `peer`: what a user writes without hapi (`peer.py`'s): a PyTorch DataLoader whose 4
+  workers GET each object over HTTP/1.1 from a file server beside the store (on the
+  server's core), torchvision's transforms, ResNet-18 training `fc`.
 
     python benchmarks/startup.py                 # writes benchmarks/out/startup.{json,png}
     python benchmarks/startup.py --results       # ... and its section of benchmarks/RESULTS.md
 
-Goal (issue 37, item 9): `auto cold` within 1.05x of the best fixed option at every rate.
+Goal (issue 37, item 9): `auto cold` within 1.05x of the best fixed option at every rate,
+and never slower than the peer.
 """
 
 from __future__ import annotations
@@ -35,10 +39,11 @@ from typing import Any
 
 from _host import machine, pin
 from _results import DETAILS, write_section
+from peer import _FileServer
 from plan import Stage
 
 HERE = Path(__file__).resolve().parent
-OPTIONS = ("auto cold", "auto warm", "freeze cut", "RAW")
+OPTIONS = ("auto cold", "auto warm", "freeze cut", "RAW", "peer")
 GOAL = 1.05
 """`auto cold` over the best fixed option's whole script, at most."""
 
@@ -70,17 +75,20 @@ def main() -> None:
     started, load_before = time.time(), os.getloadavg()[0]
     rows = []
     with tempfile.TemporaryDirectory(prefix="hapi-startup-") as root:
-        manifest = _make_dataset(root, args)
+        object_bytes, keys, labels = _make_dataset(root, args)
         rates = args.rates.split(",")
-        with Stage(root, rates[0], argparse.Namespace(shaping="netns")) as stage:
+        with (
+            Stage(root, rates[0], argparse.Namespace(shaping="netns")) as stage,
+            _FileServer(root, stage) as files,
+        ):
             for rate in rates:
                 stage.set_rate(rate)
-                rows.append(_rate(stage, root, rate, args))
+                rows.append(_rate(stage, files, (keys, labels), rate, args))
                 print(json.dumps(_summary(rows[-1])), flush=True)
     result = {
         "machine": machine(),
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "mean_object_bytes": manifest,
+        "mean_object_bytes": object_bytes,
         "minutes": (time.time() - started) / 60,
         "load_average": {"before": load_before, "after": os.getloadavg()[0]},
         "rates": rows,
@@ -100,10 +108,21 @@ def _finish(result: dict, args: argparse.Namespace) -> None:
         write_section("startup", text)
 
 
-def _rate(stage: Stage, root: str, rate: str, args: argparse.Namespace) -> dict:
+def _rate(
+    stage: Stage,
+    files: _FileServer,
+    dataset: tuple[list[str], list[int]],
+    rate: str,
+    args: argparse.Namespace,
+) -> dict:
     job = {
         "freeze": args.freeze, "image_size": args.image_size, "classes": args.classes,
         "epochs": args.epochs,
+    }  # fmt: skip
+    peer_job = {
+        "base": files.base, "keys": dataset[0], "labels": dataset[1],
+        "image_size": args.image_size, "batch_size": 32, "classes": args.classes,
+        "epochs": args.epochs, "workers": 4,
     }  # fmt: skip
     runs: dict[str, list[dict]] = {name: [] for name in OPTIONS}
     for r in range(args.repeats):
@@ -115,15 +134,18 @@ def _rate(stage: Stage, root: str, rate: str, args: argparse.Namespace) -> dict:
                 stage._start()
                 if name == "auto warm":  # another job on the same model came first
                     _run(stage, {**job, "option": "auto"}, cache)
-                runs[name].append(_run(stage, {**job, "option": name}, cache))
+                if name == "peer":
+                    runs[name].append(_run(stage, peer_job, cache, script=HERE / "peer.py"))
+                else:
+                    runs[name].append(_run(stage, {**job, "option": name}, cache))
     return {"rate": rate, "runs": runs}
 
 
-def _run(stage: Stage, job: dict, cache: str) -> dict:
+def _run(stage: Stage, job: dict, cache: str, script: Path = Path(__file__)) -> dict:
     """One user's script in the trainer's namespace on the trainer's core, timed whole."""
     assert stage.link is not None
     cmd = stage.link.trainer_cmd(
-        [sys.executable, __file__, "--worker", json.dumps({**job, "address": stage.address})]
+        [sys.executable, str(script), "--worker", json.dumps({**job, "address": stage.address})]
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HAPI_CACHE_DIR": cache}
     t0 = time.perf_counter()
@@ -176,6 +198,11 @@ def _script(spec: dict) -> None:
                 "share": job.history.epochs[-1].share,
                 "plan": plan[0].message if plan else None,
                 "replans": len(job.history.plan_changes),
+                "events": [
+                    [e.kind, e.epoch, e.chunk, e.message]
+                    for e in job.history.events
+                    if e.kind in ("plan", "plan-deferred", "replan")
+                ],
             }
         )
     )
@@ -197,6 +224,8 @@ def _report(
 ) -> str:
     cold = [_cold_ratio(row["runs"]) for row in rows]
     met = sum(r <= GOAL for r in cold)
+    peer = [_median(row["runs"]["auto cold"], "wall_s") / _median(row["runs"]["peer"], "wall_s")
+            for row in rows if row["runs"].get("peer")]  # fmt: skip
     lines = [
         "## What a user waits for: a whole script, planning included",
         "",
@@ -204,7 +233,9 @@ def _report(
         f"{machine()}: ResNet-18 at {args.image_size} px frozen to `{args.freeze}`, "
         f"{args.images} photos of {object_bytes / 1e3:.0f} KB, {args.epochs} epochs, server "
         "and trainer pinned to a core each across a `tc tbf` veth; each run a new process, "
-        f"timed from start to exit; medians of {args.repeats} repeats, options interleaved"
+        f"timed from start to exit; medians of {args.repeats} repeats, options interleaved; "
+        "the peer: a PyTorch DataLoader (4 workers) GETting the objects over HTTP from a file "
+        "server beside the store"
         + (
             f"; load average {load['before']:.1f} before, {load['after']:.1f} after (2 shared "
             "cores: other jobs ran beside it)."
@@ -213,22 +244,28 @@ def _report(
         ),
         "",
         f"Goal: `auto cold` within {GOAL:.2f}x of the best fixed option at every rate - "
-        f"met at {met} of {len(rows)} ({', '.join(f'{r:.2f}x' for r in cold)}).",
+        f"met at {met} of {len(rows)} ({', '.join(f'{r:.2f}x' for r in cold)})"
+        + (
+            f"; never slower than the peer - met at {sum(r <= 1 for r in peer)} of {len(peer)} "
+            f"({', '.join(f'{r:.2f}x' for r in peer)})."
+            if peer
+            else "."
+        ),
         "",
-        "| link | auto cold | auto warm | freeze cut | RAW | cold / best fixed "
-        "| warm / best fixed | cold: before epoch 1 | warm: before epoch 1 |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| link | auto cold | auto warm | freeze cut | RAW | peer | cold / best fixed "
+        "| cold / peer | warm / best fixed | cold: before epoch 1 |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         runs = row["runs"]
-        wall = {k: _median(v, "wall_s") for k, v in runs.items()}
+        wall = {k: _median(v, "wall_s") if v else float("nan") for k, v in runs.items()}
         best = min(wall["freeze cut"], wall["RAW"])
         lines.append(
             f"| {row['rate']} | {wall['auto cold']:.1f} s | {wall['auto warm']:.1f} s "
-            f"| {wall['freeze cut']:.1f} s | {wall['RAW']:.1f} s "
-            f"| {wall['auto cold'] / best:.2f}x | {wall['auto warm'] / best:.2f}x "
-            f"| {_median(runs['auto cold'], 'before_epochs_s'):.1f} s "
-            f"| {_median(runs['auto warm'], 'before_epochs_s'):.1f} s |"
+            f"| {wall['freeze cut']:.1f} s | {wall['RAW']:.1f} s | {wall.get('peer', 0):.1f} s "
+            f"| {wall['auto cold'] / best:.2f}x | {wall['auto cold'] / wall.get('peer', 1):.2f}x "
+            f"| {wall['auto warm'] / best:.2f}x "
+            f"| {_median(runs['auto cold'], 'before_epochs_s'):.1f} s |"
         )
     lines += ["", "![whole run per option and link](out/startup.png)", DETAILS]
     lines += ["The plans `auto` ran (last epoch's cut and share, the run's whole script and "
@@ -258,10 +295,11 @@ def _plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    width = 0.2
+    width = 0.8 / len(OPTIONS)
     for i, name in enumerate(OPTIONS):
-        walls = [_median(row["runs"][name], "wall_s") for row in rows]
-        xs = [j + (i - 1.5) * width for j in range(len(rows))]
+        walls = [_median(row["runs"][name], "wall_s") if row["runs"].get(name) else 0.0
+                 for row in rows]  # fmt: skip
+        xs = [j + (i - (len(OPTIONS) - 1) / 2) * width for j in range(len(rows))]
         ax.bar(xs, walls, width, label=name)
     ax.set_xticks(range(len(rows)), [row["rate"] for row in rows])
     ax.set_ylabel("whole script, s (median)")
@@ -271,16 +309,16 @@ def _plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def _make_dataset(root: str, args: argparse.Namespace) -> float:
-    """The photo-like JPEGs; their mean size in bytes."""
+def _make_dataset(root: str, args: argparse.Namespace) -> tuple[float, list[str], list[int]]:
+    """The photo-like JPEGs: their mean size in bytes, their keys and labels (the peer's)."""
     from hapi.data import open_store, synth_dataset
 
-    synth_dataset(
+    manifest = synth_dataset(
         open_store(root), "train", classes=args.classes,
         per_class=max(1, args.images // args.classes), size=args.stored_size, seed=0, quality=90,
     )  # fmt: skip
     sizes = [p.stat().st_size for p in Path(root, "train").rglob("*.jpg")]
-    return statistics.mean(sizes)
+    return statistics.mean(sizes), list(manifest.keys), list(manifest.labels)
 
 
 if __name__ == "__main__":
