@@ -10,10 +10,13 @@ sessions' opening). Options, interleaved in each repeat in a rotated order:
 - `auto`: the default - the planner chooses a lossless compression with the cut;
 - `auto + lossy`: `lossy_wire=True` - fp16, int8 and fp8 weighed too.
 
-Each run measures its own plan, as a job does; the report gives each plan's predicted
-binding stage and the machine's load average beside it, since on shared cores a run's
-profiles move with the load. At 10 Mbit/s this CPU server's head to layer3 takes about as
-long as the link carries its features, so 3 Mbit/s is measured too: a link that binds.
+By default each repeat measures the pipeline once (a job with `lossy_wire=True`, which
+measures every codec) and the three options' jobs plan from those kept profiles: their
+plans then differ by the codec alone, not by where two measurements on shared cores put
+the cut (`--profiles own`: each run measures its own, as a job does). The report gives
+each plan's predicted binding stage and the machine's load average beside it. At
+10 Mbit/s this CPU server's head to layer3 takes about as long as the link carries its
+features, so 3 Mbit/s is measured too: a link that binds.
 
     python benchmarks/wire_epochs.py            # writes benchmarks/out/wire_epochs.{json,png}
     python benchmarks/wire_epochs.py --results  # ... and its section of benchmarks/RESULTS.md
@@ -37,7 +40,7 @@ from _results import write_section
 from plan import Stage
 
 HERE = Path(__file__).resolve().parent
-OPTIONS = {
+OPTIONS: dict[str, dict[str, object]] = {
     "codecs off": {"wire_compression": "none"},
     "auto": {},
     "auto + lossy": {"lossy_wire": True},
@@ -54,6 +57,10 @@ def main() -> None:
     parser.add_argument("--freeze", default="layer3")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--profiles", choices=("shared", "own"), default="shared",
+        help="shared: a repeat's options plan from one measurement; own: each run measures",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=HERE / "out")
     parser.add_argument("--results", action="store_true", help="write benchmarks/RESULTS.md")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one trainer
@@ -64,7 +71,10 @@ def main() -> None:
         return
     if args.report:  # the same run's figures, its text rewritten
         saved = json.loads((args.out / "wire_epochs.json").read_text())
-        args = argparse.Namespace(**{**vars(args), **saved["args"], "results": args.results})
+        # A JSON from before `--profiles` was made with each run measuring its own.
+        args = argparse.Namespace(
+            **{**vars(args), "profiles": "own", **saved["args"], "results": args.results}
+        )
         text = _report(saved, args)
         print(text)
         if args.results:
@@ -104,18 +114,27 @@ def _rate(stage: Stage, rate: str, args: argparse.Namespace) -> dict:
     names = list(OPTIONS)
     runs: dict[str, list[dict]] = {name: [] for name in names}
     for r in range(args.repeats):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            runs[name].append(_run(stage, {**job, "options": OPTIONS[name]}))
+        with tempfile.TemporaryDirectory(prefix="hapi-profiles-") as kept:
+            shared = args.profiles == "shared"
+            if shared:  # every codec measured once, for the repeat's three plans
+                measure = {**OPTIONS["auto + lossy"], "reuse_profiles": True}
+                _run(stage, {**job, "options": measure, "plan_only": True}, kept)
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                options = {**OPTIONS[name], "reuse_profiles": shared}
+                runs[name].append(_run(stage, {**job, "options": options}, kept))
     return {"rate": rate, "runs": runs}
 
 
-def _run(stage: Stage, job: dict) -> dict:
-    """One trainer process in the trainer's namespace, on the trainer's core."""
+def _run(stage: Stage, job: dict, kept: str) -> dict:
+    """One trainer process in the trainer's namespace, on the trainer's core, with the
+    profiles kept in `kept` (a fresh cache otherwise: no run reads another's features)."""
     assert stage.link is not None
     cmd = stage.link.trainer_cmd(
         [sys.executable, __file__, "--worker", json.dumps({**job, "address": stage.address})]
     )
     with tempfile.TemporaryDirectory(prefix="hapi-cache-") as cache:
+        Path(kept).mkdir(exist_ok=True)
+        os.symlink(kept, Path(cache) / "profiles")
         env = {**os.environ, "OMP_NUM_THREADS": "1", "HAPI_CACHE_DIR": cache}
         done = subprocess.run(
             cmd, capture_output=True, text=True, env=env, preexec_fn=lambda: pin(1), check=False
@@ -138,11 +157,14 @@ def _worker(spec: dict) -> None:
         freeze=spec["freeze"],
         image_size=spec["image_size"],
         batch_size=32,
-        reuse_profiles=False,
-        **spec["options"],
+        **{"reuse_profiles": False, **spec["options"]},
     )
     plan = job.plan
     assert plan is not None
+    kept = job.history.of_kind("plan")[0].data["kept_profiles"]
+    if spec.get("plan_only"):
+        print(json.dumps({"reason": plan.reason}))
+        return
     job.fit(spec["epochs"], lr=0.01)
     last = job.history.epochs[-1]
     print(
@@ -157,6 +179,7 @@ def _worker(spec: dict) -> None:
                 "cut": last.cut,
                 "share": last.share,
                 "replans": len(job.history.plan_changes),
+                "kept_profiles": kept,
                 "reason": plan.reason,
                 "load": os.getloadavg()[0],
             }
@@ -178,17 +201,25 @@ def _summary(row: dict) -> dict:
 
 def _report(result: dict, args: argparse.Namespace) -> str:
     names = list(OPTIONS)
+    shared = getattr(args, "profiles", "own") == "shared"  # older JSON: each run measured
+    flags = f" --repeats {args.repeats}" + ("" if shared else " --profiles own")
+    profiles = (
+        "the options of a repeat plan from one measurement (a `lossy_wire=True` job's kept "
+        "profiles, every codec measured), so their plans differ by the codec alone"
+        if shared
+        else "each run measures its own profiles"
+    )
     lines = [
         "## Wire codecs measured: epochs through a shaped link (`benchmarks/wire_epochs.py`)",
         "",
-        f"`python benchmarks/wire_epochs.py{' --results' if args.results else ''}` on "
+        f"`python benchmarks/wire_epochs.py{' --results' if args.results else ''}{flags}` on "
         f"{result['machine']} ({result['minutes']:.0f} min): ResNet-18 at {args.image_size} px "
         f"frozen to `{args.freeze}`, {args.images} photos of "
         f"{result['mean_object_bytes'] / 1e3:.0f} KB, `cut=\"auto\"`; server and trainer "
         "pinned to a core each (one torch thread) across a `tc tbf` veth; each run a new "
         f"trainer process, epoch {args.epochs} of {args.epochs} reported (bytes as they "
-        f"crossed); medians of {args.repeats} repeats, options interleaved. Plot: "
-        "`out/wire_epochs.png`.",
+        f"crossed); {profiles}; medians of {args.repeats} repeats, options interleaved. "
+        "Plot: `out/wire_epochs.png`.",
         "",
         "| link | " + " | ".join(f"{n}: epoch, MB" for n in names)
         + " | auto / off | auto + lossy / off |",
@@ -220,13 +251,28 @@ def _report(result: dict, args: argparse.Namespace) -> str:
         )
         for row in result["rates"]
     }  # fmt: skip
-    missed = [rate for rate, ratio in worst.items() if ratio > 1.0]
+    # Where the link binds: most of the codecs-off plans were predicted held by it.
+    bound = [
+        row["rate"] for row in result["rates"]
+        if 2 * sum(_held(r) == "link-bound" for r in row["runs"]["codecs off"])
+        > len(row["runs"]["codecs off"])
+    ]  # fmt: skip
+    missed = [
+        rate for rate, ratio in worst.items() if ratio > 1.0 or (rate in bound and ratio >= 1.0)
+    ]
     lines += [
         "",
         "Goal (issue 40): with codecs at least as fast as without at every rate, faster where "
-        "the link binds - "
+        f"the link binds (codecs off predicted link-bound: {', '.join(bound) or 'none'}) - "
         + ("met." if not missed else f"not met at {', '.join(missed)} (see the plans below)."),
     ]
+    same = [row["rate"] for row in result["rates"] if _same_plans(row["runs"])]
+    if same:
+        lines += [
+            "",
+            f"At {', '.join(same)} the three options chose the same plan (codec and cut) in "
+            "each repeat: the ratios there are run-to-run noise.",
+        ]
     gains = {
         row["rate"]: [g for n in names[1:] for r in row["runs"][n] if (g := _codec_gain(r))]
         for row in result["rates"]
@@ -236,8 +282,9 @@ def _report(result: dict, args: argparse.Namespace) -> str:
         "What the codec itself was predicted to save, within each run (its profiles): the "
         "chosen plan's predicted epoch over the best fp32-only plan's on the same profiles - "
         + "; ".join(f"{rate}: {min(g):.2f}x-{max(g):.2f}x" for rate, g in gains.items() if g)
-        + ". Between runs the profiles, measured on shared cores, move with the load, and "
-        "with them the cut chosen; a run's cut is the larger part of its epoch.",
+        + (". Between repeats" if shared else ". Between runs")
+        + " the profiles, measured on shared cores, move with the load, and with them the "
+        "cut chosen; a run's cut is the larger part of its epoch.",
     ]
     lines += [
         "",
@@ -254,6 +301,12 @@ def _report(result: dict, args: argparse.Namespace) -> str:
             )
             lines.append(f"- {row['rate']}, {n}: {chosen}")
     return "\n".join(lines)
+
+
+def _same_plans(runs: dict[str, list[dict]]) -> bool:
+    """Whether every option of each repeat ran the same codec and option."""
+    repeats = zip(*runs.values(), strict=True)
+    return all(len({(r["codec"], r["option"]) for r in repeat}) == 1 for repeat in repeats)
 
 
 def _codec_gain(run: dict) -> float | None:
