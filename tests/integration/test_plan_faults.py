@@ -50,9 +50,6 @@ def _job(address: str, **options: object) -> TransferJob:
         chunk_size=4,
         probe_samples=6,
         seed=2,
-        # Faults while the plan is measured before the first chunk (a cold job's default
-        # measures beside its first chunks: the deferred path these faults lead to).
-        plan_first=True,
         **options,
     )
 

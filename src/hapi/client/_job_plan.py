@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
 
 from hapi.cache import Cacheability
 from hapi.client._codec_choice import job_codecs
@@ -15,7 +14,7 @@ from hapi.client._profile_cache import ProfileCache
 from hapi.client.connection import Connection
 from hapi.client.history import Event
 from hapi.client.job_config import JobConfig
-from hapi.client.measuring import has_kept_profiles, plan_job
+from hapi.client.measuring import plan_job
 from hapi.client.plan_in_force import PlanInForce
 from hapi.client.retry import RetryPolicy
 from hapi.graph import RAW
@@ -49,11 +48,6 @@ def job_plans(
         record=record,
         shared=dp.from_rank0 if dp is not None else None,
         cached=lambda: data.all_cached(next_epoch()),
-        measure_first=lambda: (
-            config.planning.plan_first
-            or config.planning.replan is False
-            or _kept(config, model, data)
-        ),
     )
 
 
@@ -99,18 +93,31 @@ def measure_plan(
     it. `aside`: while the job trains - the trainer is timed on a copy of the model, as
     timing runs backward passes that would race the training step's.
     """
+    manifest = data.manifest(config.dataset)
     transforms = config.train_transforms
+    fetch, training = config.fetch, config.training
+    world = model.dp.world if model.dp is not None else 1
     planned = plan_job(
         connection,
         data.requests(transforms, connection),
-        data.manifest(config.dataset),
+        manifest,
         model.graph_aside() if aside else model.graph,
         model.freeze,
         transforms,
-        _workload(config, model, data),
-        seed=config.training.seed,
+        Workload(
+            samples=-(-len(manifest) // world),  # a rank's epoch is its shard
+            chunk_size=fetch.chunk_size,
+            prefetch=fetch.prefetch,
+            servers=len(data.connections),
+            back_to_back=True,  # `fit` fetches each epoch while the one before drains
+        ),
+        dataset=config.dataset,
+        samples=config.planning.probe_samples,
+        batch_size=training.batch_size,
+        seed=training.seed,
+        wire_dtype=config.wire.dtype,
         cache=ProfileCache() if config.planning.reuse_profiles else None,
-        **_measured_as(config),
+        codecs=job_codecs(config),
     )
     plan = planned.plan
     message = plan.reason
@@ -119,43 +126,3 @@ def measure_plan(
     details = {**plan.to_dict(), "kept_profiles": planned.kept}
     record(Event("plan", None, None, message, details))
     return plan
-
-
-def _kept(config: JobConfig, model: JobModel, data: JobData) -> bool:
-    """Whether the job's first server has the plan at once: from profiles an earlier run
-    of this job kept, measuring nothing."""
-    if not config.planning.reuse_profiles:
-        return False
-    connection = data.connections[0]
-    return has_kept_profiles(
-        connection,
-        data.requests(config.train_transforms, connection),
-        data.manifest(config.dataset),
-        model.graph,
-        model.freeze,
-        _workload(config, model, data),
-        cache=ProfileCache(),
-        **_measured_as(config),
-    )
-
-
-def _workload(config: JobConfig, model: JobModel, data: JobData) -> Workload:
-    world = model.dp.world if model.dp is not None else 1
-    return Workload(
-        samples=-(-len(data.manifest(config.dataset)) // world),  # a rank's epoch is its shard
-        chunk_size=config.fetch.chunk_size,
-        prefetch=config.fetch.prefetch,
-        servers=len(data.connections),
-        back_to_back=True,  # `fit` fetches each epoch while the one before drains
-    )
-
-
-def _measured_as(config: JobConfig) -> dict[str, Any]:
-    """`plan_job`'s options that say what is measured (and key the kept profiles)."""
-    return {
-        "dataset": config.dataset,
-        "samples": config.planning.probe_samples,
-        "batch_size": config.training.batch_size,
-        "wire_dtype": config.wire.dtype,
-        "codecs": job_codecs(config),
-    }

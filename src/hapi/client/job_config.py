@@ -222,7 +222,6 @@ class JobOptions(TypedDict, total=False):
     replan: bool | ReplanConfig
     probe_samples: int
     reuse_profiles: bool
-    plan_first: bool
     wire_dtype: WireDtype
     wire_compression: Compression | Literal["auto"]
     lossy_wire: bool

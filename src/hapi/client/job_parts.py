@@ -149,11 +149,6 @@ class PlanningConfig:
     reuse_profiles: bool = True
     """Keep the trainer's measured head and training times on disk (`$HAPI_CACHE_DIR`)
     for later jobs on the same model, batch size and machine; False measures every job."""
-    plan_first: bool = False
-    """With `cut="auto"`, re-planning on, and no profiles kept from an earlier run: measure
-    the plan before the first chunk (True), or start on the freeze cut and measure while
-    the first chunks train, the plan taking over when it comes (False: measuring first
-    cost a job's start 2-7 s, `benchmarks/startup.py`)."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("pushdown", "local"):

@@ -65,7 +65,7 @@ from hapi.wire import ActionType, SessionRequest
 from hapi.wire.messages import MAX_PROFILE_BATCH, MAX_PROFILE_KEYS, ProfileRequest
 from hapi.wire.replies import ProfileReply
 
-__all__ = ["Planned", "Profiles", "has_kept_profiles", "measure_job", "plan_job", "probe_keys"]
+__all__ = ["Planned", "Profiles", "measure_job", "plan_job", "probe_keys"]
 
 _WARM = 4
 """Samples (and objects) the trainer's warm-ups run on before its one timed run."""
@@ -128,9 +128,11 @@ def plan_job(
             only the job's dtype uncompressed: the plan sends that.
         Others: as `measure_job`'s.
     """
-    key = _key(
-        connection, request, manifest, graph, freeze, workload,
-        dataset=dataset, samples=samples, batch_size=batch_size,
+    key = job_key(
+        graph, freeze, batch_size, server=connection.address,
+        job={"dataset": dataset, "samples": len(manifest),
+             "request": request(RAW).model_dump(mode="json"),
+             "chunk_size": workload.chunk_size, "probe": samples},
     )  # fmt: skip
     if list(codecs) == [(wire_dtype, "none")]:
         codecs = ()  # the server's profile sizes it already
@@ -161,52 +163,6 @@ def plan_job(
         config=config,
     )
     return Planned(plan, kept is not None)
-
-
-def has_kept_profiles(
-    connection: Connection,
-    request: Callable[[int], SessionRequest],
-    manifest: DatasetManifest,
-    graph: ModelGraph,
-    freeze: int,
-    workload: Workload,
-    *,
-    dataset: str,
-    cache: ProfileCache,
-    samples: int = 16,
-    batch_size: int = 8,
-    wire_dtype: str = "fp32",
-    codecs: Sequence[Codec] = (),
-) -> bool:
-    """Whether `plan_job` would plan from kept profiles, measuring nothing (the same
-    arguments as its)."""
-    if list(codecs) == [(wire_dtype, "none")]:
-        codecs = ()
-    key = _key(
-        connection, request, manifest, graph, freeze, workload,
-        dataset=dataset, samples=samples, batch_size=batch_size,
-    )  # fmt: skip
-    return _covering(cache.job(key), codecs) is not None
-
-
-def _key(
-    connection: Connection,
-    request: Callable[[int], SessionRequest],
-    manifest: DatasetManifest,
-    graph: ModelGraph,
-    freeze: int,
-    workload: Workload,
-    *,
-    dataset: str,
-    samples: int,
-    batch_size: int,
-) -> str:
-    return job_key(
-        graph, freeze, batch_size, server=connection.address,
-        job={"dataset": dataset, "samples": len(manifest),
-             "request": request(RAW).model_dump(mode="json"),
-             "chunk_size": workload.chunk_size, "probe": samples},
-    )  # fmt: skip
 
 
 def _covering(

@@ -45,10 +45,6 @@ class PlanInForce:
             its plan; the ranks then never start on the default alone.
         cached: whether every feature of the next training epoch is in the trainer's
             cache: its chunks then need no server, and no plan is measured for them.
-        measure_first: whether the plan is measured before the first chunk (profiles
-            kept from an earlier run make it quick); else a training loop starts on
-            `default` and measures while it trains, as when no server answers. None:
-            always first.
     """
 
     def __init__(
@@ -63,7 +59,6 @@ class PlanInForce:
         record: Callable[[Event], None],
         shared: Callable[[Callable[[], Plan]], Plan] | None = None,
         cached: Callable[[], bool] | None = None,
-        measure_first: Callable[[], bool] | None = None,
     ) -> None:
         if fixed is not None:
             check_choice(*fixed)
@@ -73,7 +68,6 @@ class PlanInForce:
         self._measure_aside = measure_aside
         self._record, self._shared = record, shared
         self._cached = cached
-        self._measure_first = measure_first
         self._unmeasured = False
         """Every feature was cached when the plan was first needed: none was measured,
         and none is measured while the job trains (misses go at the default)."""
@@ -177,9 +171,8 @@ class PlanInForce:
         return measure() if self._shared is None else self._shared(measure)
 
     def _first_choice(self) -> Choice:
-        """The plan's choice, measured now; or the default when the plan is to be measured
-        while the job trains (`measure_first`), or when no server can be measured: the
-        plan is then measured in `running`."""
+        """The plan's choice, measured now; or the default when no server can be measured:
+        the plan is then measured while the job trains (`running`)."""
         if self._fixed is not None:
             return self._fixed
         if self._shared is None and self._cached is not None and self._cached():
@@ -199,11 +192,6 @@ class PlanInForce:
             plan = self.plan
             assert plan is not None  # a planned job has one
             return (plan.cut, plan.share)
-        if self._measure_first is not None and not self._measure_first():
-            # Measuring first held a cold job's start 2-7 s, more than its plan saved on
-            # a short job: the first chunks go at the freeze cut (the fewest bytes on the
-            # link: never the far-worst option), and `running` measures beside them.
-            return self._default
         try:
             self._plan = measure_round(self._connections, self._measure)
         except RETRYABLE as exc:
