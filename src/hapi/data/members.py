@@ -88,7 +88,10 @@ class MemberStore:
         inner: the store (a `Store`: ranged reads need `get_range_versioned`).
         max_gap: members of one shard less than this many bytes apart are read with one
             request (the gap is read and dropped).
-        max_span: at most this many bytes in one request.
+        max_span: at most this many bytes in one request; a longer span (a run of
+            members, a Parquet row group's column) is read as several requests at once,
+            so their first-byte latencies overlap. One request per chunk by default: on
+            SeaweedFS, pieces of 2 MiB cost the store's core half as much again per byte.
     """
 
     inner: Any
@@ -299,8 +302,10 @@ class MemberStore:
                 )
             return out
         span = self.indexes.read(read.container, read.start, read.end)
+        # Each member copied once out of the response's buffer (a view), not the span
+        # copied whole first.
         return {
-            p: span[o - read.start : o - read.start + n]
+            p: bytes(span[o - read.start : o - read.start + n])
             for p, (o, n) in zip(read.positions, read.offsets, strict=True)
         }
 
@@ -312,8 +317,10 @@ class MemberStore:
             if name in self._groups:
                 self._groups.move_to_end(name)
                 return self._groups[name]
-        span = self.indexes.read(read.container, read.start, read.end, image=read.image)
-        rows = index.read_group(read.group, span, name=read.container)
+        pieces = self.indexes.read_pieces(
+            read.container, read.start, read.end, piece=self.max_span, image=read.image
+        )
+        rows = index.read_group(read.group, pieces, name=read.container)
         with self._lock:
             self._groups[name] = rows
             while len(self._groups) > self.row_groups_cached:

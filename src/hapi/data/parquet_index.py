@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,7 @@ LABEL_COLUMNS = ("label", "labels", "cls", "class", "target")
 _TAIL = 64 << 10
 
 ReadRange = Callable[[int, int], bytes]
+Buffer = bytes | memoryview
 
 
 @dataclass(frozen=True)
@@ -99,9 +100,11 @@ class ParquetIndex:
             first += rg.num_rows
         return cls(size, column, tuple(groups), footer)
 
-    def read_group(self, group: int, span: bytes, *, name: str) -> list[bytes | None]:
-        """The image bytes of each row of `group`, decoded from `span` (its column's bytes,
-        as `read(start, end)` of the group gave them).
+    def read_group(
+        self, group: int, pieces: Sequence[tuple[int, Buffer]], *, name: str
+    ) -> list[bytes | None]:
+        """The image bytes of each row of `group`, decoded from `pieces` (its column's
+        bytes as (offset in the file, bytes), as ranged reads of the group gave them).
 
         Raises:
             CorruptObject: the bytes do not decode (the message names the file and group).
@@ -109,8 +112,8 @@ class ParquetIndex:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        rg = self.groups[group]
-        sparse = _Sparse(self.size, {rg.start: span, self.size - len(self.footer): self.footer})
+        known = {at: data for at, data in pieces}
+        sparse = _Sparse(self.size, {**known, self.size - len(self.footer): self.footer})
         try:
             table = pq.ParquetFile(pa.PythonFile(sparse, mode="r")).read_row_group(
                 group, columns=[self.image]
@@ -187,7 +190,7 @@ class _Sparse(io.RawIOBase):
     """A read-only file of `size` bytes of which only `pieces` (offset -> bytes) are known:
     enough for pyarrow to decode the row groups whose bytes were read."""
 
-    def __init__(self, size: int, pieces: dict[int, bytes]) -> None:
+    def __init__(self, size: int, pieces: Mapping[int, Buffer]) -> None:
         self.size, self.pieces, self.pos = size, sorted(pieces.items()), 0
 
     def readable(self) -> bool:
@@ -209,11 +212,14 @@ class _Sparse(io.RawIOBase):
         # it uses only the footer, and reads no column chunk it was not asked for.
         want = max(0, min(len(buffer), self.size - self.pos))
         view = memoryview(buffer).cast("B")
-        view[:want] = bytes(want)
-        end = self.pos + want
-        for at, data in self.pieces:
+        end, filled = self.pos + want, self.pos
+        for at, data in self.pieces:  # sorted by offset
             lo, hi = max(at, self.pos), min(at + len(data), end)
             if lo < hi:
+                if lo > filled:
+                    view[filled - self.pos : lo - self.pos] = bytes(lo - filled)
                 view[lo - self.pos : hi - self.pos] = data[lo - at : hi - at]
+                filled = max(filled, hi)
+        view[filled - self.pos : want] = bytes(end - filled)
         self.pos = end
         return want

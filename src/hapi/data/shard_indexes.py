@@ -13,6 +13,7 @@ import json
 import os
 import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +65,8 @@ class ShardIndexes:
         """The version of the shard that its kept index describes."""
         return self._entry(container, image)[0]
 
-    def read(self, container: str, start: int, end: int, *, image: str | None = None) -> bytes:
-        """Bytes `start` to `end` of the shard, in one request.
+    def read(self, container: str, start: int, end: int, *, image: str | None = None) -> memoryview:
+        """Bytes `start` to `end` of the shard, in one request (a view of the response).
 
         Raises:
             StaleIndex: the shard is not the version its index was built from (dropped).
@@ -90,7 +91,27 @@ class ShardIndexes:
             with _LOCK:
                 _MEMORY.pop(name, None)
             raise StaleIndex(f"shard {container} changed since it was indexed")
-        return bytes(data)
+        return memoryview(data)
+
+    def read_pieces(
+        self, container: str, start: int, end: int, *, piece: int, image: str | None = None
+    ) -> list[tuple[int, memoryview]]:
+        """Bytes `start` to `end` of the shard as (offset, bytes) pieces of at most `piece`
+        bytes, read in parallel: a store's first-byte latency is paid about once, not
+        once per piece.
+
+        Raises:
+            StaleIndex: as `read`.
+        """
+        cuts = list(range(start, end, max(piece, 1))) or [start]
+        spans = [(a, min(a + piece, end)) for a in cuts]
+        if len(spans) == 1:
+            return [(start, self.read(container, start, end, image=image))]
+        with ThreadPoolExecutor(len(spans) - 1, thread_name_prefix="hapi-piece") as pool:
+            rest = [pool.submit(self.read, container, a, b, image=image) for a, b in spans[1:]]
+            first = self.read(container, *spans[0], image=image)
+            later = [(a, f.result()) for (a, _), f in zip(spans[1:], rest, strict=True)]
+        return [(start, first), *later]
 
     def _entry(self, container: str, image: str | None) -> tuple[str, ShardIndex]:
         name = (self.inner.uri, container, image)
