@@ -152,6 +152,29 @@ def test_a_chunk_of_contiguous_members_costs_one_ranged_request(tmp_path: Path) 
     assert counting.ranged - before == 2
 
 
+def test_a_span_past_max_span_is_read_in_pieces_that_give_the_same_bytes(
+    tmp_path: Path,
+) -> None:
+    store = open_store(tmp_path)
+    store.put("s/a.tar", _tar(_samples(8)))
+    images = [_image(i) for i in range(20)]
+    store.put("s/b.parquet", _parquet({"image": images, "label": [0] * 20}, 10))
+    counting = Counting(store)
+    pieces = MemberStore(counting, max_span=7000)  # a tar sample is about 4 KiB
+    tar_keys = [f"s/a.tar#s{i:04d}" for i in (5, 0, 7, 2)]
+    rows = [f"s/b.parquet#row={i}" for i in (3, 12, 0)]
+    pieces.indexes.get("s/a.tar")
+    pieces.indexes.get("s/b.parquet")
+    before = counting.ranged
+    assert list(pieces.read(tar_keys + rows)) == [_image(i) for i in (5, 0, 7, 2, 3, 12, 0)]
+    whole = MemberStore(counting)
+    wide = counting.ranged - before
+    before = counting.ranged
+    list(whole.read(tar_keys + rows))
+    # One request per tar run and per row group when whole; more in pieces.
+    assert counting.ranged - before == 3 and wide > 3
+
+
 def test_a_missing_member_or_shard_is_an_error_for_that_key_alone(tmp_path: Path) -> None:
     store = open_store(tmp_path)
     store.put("s/a.tar", _tar(_samples(4)))
