@@ -31,6 +31,10 @@ def _worker(spec: dict) -> None:
         "chunk_size": spec.get("chunk_size", 16),
         "prefetch": spec.get("prefetch", PREFETCH),
         "retry_budget_s": 10,
+        # Every job plans cold, from its own measurements: kept profiles are keyed by the
+        # server's address, not the link's rate, so a sweep's next rate would plan from
+        # the last rate's link (what a warm start costs is `startup.py`'s to measure).
+        "reuse_profiles": False,
     }
     model = _spec(
         spec.get("model", "resnet18"), spec.get("image_size", 112), spec.get("classes", 4)
