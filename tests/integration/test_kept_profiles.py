@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from hapi.client import TransferJob, connect
+from hapi.client.measuring import STALE_LINK
 from hapi.data import open_store, synth_dataset
+from hapi.plan import LinkProfile
 from hapi.server import HapiServer, serve
 
 
@@ -26,6 +30,10 @@ def _job(server: HapiServer, **options: object) -> TransferJob:
     }  # fmt: skip
     settings.update(options)
     return TransferJob({"name": "resnet18", "num_classes": 3}, "train", server.address, **settings)
+
+
+def _object_sizes(root: Path) -> list[int]:
+    return [p.stat().st_size for p in (root / "train").rglob("*.jpg")]
 
 
 def _bytes_sent(server: HapiServer) -> int:
@@ -52,7 +60,9 @@ def test_a_job_run_again_plans_from_the_profiles_the_first_run_measured(
     assert planned.data["kept_profiles"] is True
     assert "earlier run" in planned.message
     assert (again.plan.cut, again.plan.share) == (first.plan.cut, first.plan.share)
-    assert _bytes_sent(server) == sent  # no probe ran
+    # Only the link was probed again (a RAW probe of at most `probe_samples` objects).
+    assert 0 < _bytes_sent(server) - sent <= 6 * max(_object_sizes(tmp_path))
+    sent = _bytes_sent(server)
 
     # What the measurements depend on changed (the probe's size): measured again.
     other = _job(server, probe_samples=5)
@@ -80,7 +90,8 @@ def test_a_job_weighing_fewer_codecs_plans_from_what_one_weighing_more_measured(
     off = _job(server, wire_compression="none")
     assert off.plan is not None
     assert off.history.of_kind("plan")[0].data["kept_profiles"] is True
-    assert _bytes_sent(server) == sent
+    assert _bytes_sent(server) - sent <= 6 * max(_object_sizes(tmp_path))  # the link's probe
+    sent = _bytes_sent(server)
     assert off.plan.compression == "none"
     assert off.plan.link == auto.plan.link  # one measurement
 
@@ -89,3 +100,44 @@ def test_a_job_weighing_fewer_codecs_plans_from_what_one_weighing_more_measured(
     assert lossy.plan is not None
     assert lossy.history.of_kind("plan")[0].data["kept_profiles"] is False
     assert _bytes_sent(server) > sent
+
+
+def test_a_kept_link_that_changed_since_is_measured_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same address, first unshaped, then behind a 500 kbit/s egress: the second job
+    plans from the link it measures, not the kept one, and keeps it for the next."""
+    monkeypatch.setenv("HAPI_CACHE_DIR", str(tmp_path / "cache"))
+    synth_dataset(open_store(tmp_path), "train", classes=3, per_class=6, size=72, seed=8)
+    with socket.socket() as s:  # one address for both servers: the profiles' key
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with serve(store=str(tmp_path), batch_size=4, port=port) as fast:
+        first = _job(fast)
+        assert first.plan is not None
+        kept_rate = first.plan.link.bytes_per_s
+    assert kept_rate > 5e5 / 8 * STALE_LINK * 2  # loopback: far past the shaped rate below
+    (kept_file,) = (tmp_path / "cache" / "profiles").glob("job-*.json")
+    before = json.loads(kept_file.read_text())
+
+    with serve(store=str(tmp_path), batch_size=4, port=port, egress_limit="500kbit") as slow:
+        assert slow.address == fast.address
+        second = _job(slow)
+        assert second.plan is not None
+        (planned,) = second.history.of_kind("plan")
+        assert planned.data["kept_profiles"] is True
+        assert planned.data["stale_link"] is True
+        assert "link measured again" in planned.message
+        assert second.plan.link.bytes_per_s < 5e5 / 8 * 1.5  # the shaped rate, give or take
+        # The kept file holds the fresh link, and the rest as the first job measured it.
+        after = json.loads(kept_file.read_text())
+        assert LinkProfile.from_dict(after["link"]) == second.plan.link
+        assert {k: after[k] for k in ("server", "trainer", "codecs")} == {
+            k: before[k] for k in ("server", "trainer", "codecs")
+        }
+
+        third = _job(slow)  # planned from the link the second job kept
+        assert third.plan is not None
+        (again,) = third.history.of_kind("plan")
+        assert (again.data["kept_profiles"], again.data["stale_link"]) == (True, False)
+        assert third.plan.link == second.plan.link

@@ -121,8 +121,15 @@ def measure_plan(
     )
     plan = planned.plan
     message = plan.reason
-    if planned.kept:
+    if planned.stale_link is not None:
+        message += (
+            f" (from the profiles an earlier run of this job measured, but the link measured "
+            f"again: {plan.link.bytes_per_s / 1e6:.3g} MB/s, kept "
+            f"{planned.stale_link.bytes_per_s / 1e6:.3g} MB/s)"
+        )
+    elif planned.kept:
         message += " (from the profiles an earlier run of this job measured)"
-    details = {**plan.to_dict(), "kept_profiles": planned.kept}
+    details = {**plan.to_dict(), "kept_profiles": planned.kept,
+               "stale_link": planned.stale_link is not None}  # fmt: skip
     record(Event("plan", None, None, message, details))
     return plan

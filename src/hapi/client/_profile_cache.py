@@ -11,9 +11,10 @@ more than the plan saved on a small job. Two things are kept, under
 - a job's three profiles - server, link, trainer - by everything the job's measurements
   depend on (`job_key`): the same script run again plans at once from them.
 
-A kept profile can be stale (a busier machine, a slower link than last time): the
-re-planner corrects the plan from the chunks' own times, as for any drift, and a job that
-re-planned keeps nothing new - what it measured is in its history.
+A kept profile can be stale (a busier machine, a slower link than last time). The link,
+which changes most with where a job runs, is probed again by every job (a RAW probe of a
+few objects) and replaced where it is 2x off (`hapi.client.measuring`); for the rest the
+re-planner corrects the plan from the chunks' own times, as for any drift.
 """
 
 from __future__ import annotations

@@ -65,10 +65,14 @@ from hapi.wire import ActionType, SessionRequest
 from hapi.wire.messages import MAX_PROFILE_BATCH, MAX_PROFILE_KEYS, ProfileRequest
 from hapi.wire.replies import ProfileReply
 
-__all__ = ["Planned", "Profiles", "measure_job", "plan_job", "probe_keys"]
+__all__ = ["STALE_LINK", "Planned", "Profiles", "measure_job", "plan_job", "probe_keys"]
 
 _WARM = 4
 """Samples (and objects) the trainer's warm-ups run on before its one timed run."""
+STALE_LINK = 2.0
+"""How far off (either way) a job's link must measure from the kept one to replace it..."""
+STALE_S = 0.05
+"""... and by how many seconds over the probe's bytes (`_stale_link`)."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,9 @@ class Planned:
     plan: Plan
     kept: bool
     """Chosen from the profiles an earlier run of the same job measured (`ProfileCache`)."""
+    stale_link: LinkProfile | None = None
+    """The kept link, where the job measured its link again and found it `STALE_LINK`
+    times off (the plan is the fresh link's); None otherwise."""
 
 
 def plan_job(
@@ -136,9 +143,15 @@ def plan_job(
     )  # fmt: skip
     if list(codecs) == [(wire_dtype, "none")]:
         codecs = ()  # the server's profile sizes it already
-    kept = _covering(cache.job(key), codecs) if cache is not None else None
+    stored = cache.job(key) if cache is not None else None
+    kept = _covering(stored, codecs)
+    stale: LinkProfile | None = None
     if kept is not None:
         profiles = kept
+        fresh = _stale_link(connection, request(RAW), manifest, kept.link, samples, seed)
+        if fresh is not None and cache is not None and stored is not None:
+            stale, profiles = kept.link, dataclasses.replace(kept, link=fresh)
+            cache.keep(key, stored[0], stored[1], fresh, stored[3])  # the next job's too
     else:
         profiles = measure_job(
             connection, request, manifest, graph, freeze, transforms,
@@ -149,20 +162,48 @@ def plan_job(
             cache.keep(key, profiles.server, profiles.trainer, profiles.link, profiles.codecs)
     if profiles.codecs:
         # The candidates are what the job allows (lossy ones only when it opted in).
-        return Planned(choose_codec(
+        plan = choose_codec(
             profiles.codecs, profiles.server, profiles.trainer, profiles.link, workload,
             freeze=freeze, names=graph.names(), lossy=True, config=config,
-        ).plan, kept is not None)  # fmt: skip
-    plan = choose_plan(
-        profiles.server,
-        profiles.trainer,
-        profiles.link,
-        workload,
-        freeze=freeze,
-        names=graph.names(),
-        config=config,
-    )
-    return Planned(plan, kept is not None)
+        ).plan  # fmt: skip
+    else:
+        plan = choose_plan(
+            profiles.server,
+            profiles.trainer,
+            profiles.link,
+            workload,
+            freeze=freeze,
+            names=graph.names(),
+            config=config,
+        )
+    return Planned(plan, kept is not None, stale)
+
+
+def _stale_link(
+    connection: Connection,
+    request: SessionRequest,
+    manifest: DatasetManifest,
+    kept: LinkProfile,
+    samples: int,
+    seed: int,
+) -> LinkProfile | None:
+    """The link measured again where the kept one is stale, else None.
+
+    Kept profiles are keyed by the server's address, and the path to one address can
+    change between jobs (a 1 Gbit/s link that is 10 Mbit/s today): the plan would follow
+    the old link until the re-planner caught up. The job's RAW probe alone (a few objects,
+    0.1-0.3 s) tells. Only a link both `STALE_LINK` times off and `STALE_S` off over the
+    probe's own bytes replaces the kept one, so a job run again on the same link plans
+    from the same measurement as the last: a probe over a fast link is over in a few
+    milliseconds, where a scheduler's pause alone read as a link 3x slower (loopback).
+    """
+    keys, labels = probe_keys(manifest, samples, seed)
+    with _session(connection, request) as session:
+        raw = probe_raw(connection, session, keys, labels)
+    fresh = link_of(raw)
+    ratio = fresh.bytes_per_s / kept.bytes_per_s
+    apart_s = abs(raw.nbytes / fresh.bytes_per_s - raw.nbytes / kept.bytes_per_s)
+    return fresh if not 1 / STALE_LINK <= ratio <= STALE_LINK and apart_s > STALE_S else None
 
 
 def _covering(
