@@ -195,3 +195,20 @@ def test_a_chunk_report_lists_its_skipped_keys() -> None:
     again = ChunkReport.model_validate_json(report.to_bytes())
     assert again == report
     assert isinstance(again.skipped[0].exception(), CorruptObject)
+
+
+@given(st.lists(st.binary(max_size=300), max_size=12), st.integers(0, 40))
+def test_a_raw_batch_of_views_and_bytes_decodes_to_the_same_bytes(
+    blobs: list[bytes], gap: int
+) -> None:
+    # Shard members arrive as views of one response with bytes between them (a tar's
+    # headers); whole objects as bytes. Both are copied into the batch's one buffer.
+    span = b"".join(b"\x00" * gap + b for b in blobs)
+    view, parts, at = memoryview(span), [], 0
+    for i, b in enumerate(blobs):
+        at += gap
+        parts.append(view[at : at + len(b)] if i % 2 else b)
+        at += len(b)
+    keys = [f"k{i}" for i in range(len(blobs))]
+    batch = encode_batch(raw_schema(), keys, list(range(len(blobs))), data=parts)
+    assert decode_batch(batch).data == blobs

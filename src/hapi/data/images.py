@@ -7,6 +7,7 @@ import io
 import torch
 from PIL import Image
 
+from hapi.data.blob import Blob
 from hapi.data.transforms import Transforms
 from hapi.errors import CorruptObject, shorten
 
@@ -18,7 +19,7 @@ server allocate gigabytes. Checked here rather than through PIL's global
 `Image.MAX_IMAGE_PIXELS`, which belongs to the user's program."""
 
 
-def decode_image(data: bytes, key: str) -> Image.Image:
+def decode_image(data: Blob, key: str) -> Image.Image:
     """Decode an object's bytes into an RGB image, fully (a truncated file fails here).
 
     Raises:
@@ -28,7 +29,7 @@ def decode_image(data: bytes, key: str) -> Image.Image:
     return _decode(data, key, None, 0)[0]
 
 
-def load_sample(data: bytes, key: str, transforms: Transforms, seed: int) -> torch.Tensor:
+def load_sample(data: Blob, key: str, transforms: Transforms, seed: int) -> torch.Tensor:
     """Decode and transform one object into a float32 CHW tensor; a JPEG no larger than
     the transforms need (`Transforms.reduced_decode`).
 
@@ -39,7 +40,7 @@ def load_sample(data: bytes, key: str, transforms: Transforms, seed: int) -> tor
     return transforms(image, seed=seed, full_size=full)
 
 
-def decoded_size(data: bytes, transforms: Transforms, seed: int) -> tuple[int, int] | None:
+def decoded_size(data: Blob, transforms: Transforms, seed: int) -> tuple[int, int] | None:
     """The (width, height) `load_sample` decodes the object at, from its header alone;
     None when the bytes are not an image or one over `MAX_PIXELS`: `load_sample` then
     refuses it, before decoding, saying why."""
@@ -50,7 +51,7 @@ def decoded_size(data: bytes, transforms: Transforms, seed: int) -> tuple[int, i
 
 
 def _open(
-    data: bytes, transforms: Transforms | None, seed: int
+    data: Blob, transforms: Transforms | None, seed: int
 ) -> tuple[Image.Image, tuple[int, int]]:
     """The image, its header read and its decoder set to the size `transforms` needs for
     the sample of `seed` (or the nearest larger one it can scale to: JPEG only), and the
@@ -71,7 +72,7 @@ def _open(
 
 
 def _decode(
-    data: bytes, key: str, transforms: Transforms | None, seed: int
+    data: Blob, key: str, transforms: Transforms | None, seed: int
 ) -> tuple[Image.Image, tuple[int, int]]:
     """The RGB image, decoded as `_open` sets it, and the stored size."""
     try:

@@ -8,7 +8,8 @@ keys them with the shard's version, a tenant's prefixes and a store's root hold 
 
 Reading a member is one ranged request, found through the shard's index (built once per
 shard version, `hapi.data.shard_indexes`); `read` reads many samples with one request per
-run of members that lie close together in one shard.
+run of members that lie close together in one shard, each member a view of its
+response (`hapi.data.blob`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from hapi.data.blob import Blob
 from hapi.data.parquet_index import ParquetIndex
 from hapi.data.shard_indexes import ShardIndexes, StaleIndex
 from hapi.data.store import ObjectStore
@@ -102,7 +104,7 @@ class MemberStore:
 
     def __post_init__(self) -> None:
         self.indexes = ShardIndexes(self.inner)
-        self._groups: OrderedDict[tuple[str, str, str, int], list[bytes | None]] = OrderedDict()
+        self._groups: OrderedDict[tuple[str, str, str, int], list[Blob | None]] = OrderedDict()
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -146,7 +148,9 @@ class MemberStore:
         return data, self.indexes.version(parts[0])
 
     def get_many(self, keys: Iterable[str]) -> list[bytes | BaseException]:
-        return list(self.read(list(keys)))
+        return [
+            r if isinstance(r, BaseException | bytes) else bytes(r) for r in self.read(list(keys))
+        ]
 
     def real_key(self, key: str) -> str:
         """Where a local store's symlinks lead the key: a member's shard is what is read."""
@@ -157,10 +161,11 @@ class MemberStore:
 
     def read(
         self, keys: Sequence[str], *, ahead: int = 16, max_bytes: int | None = None
-    ) -> Generator[bytes | BaseException, None, None]:
+    ) -> Generator[Blob | BaseException, None, None]:
         """Each key's bytes in order (or the exception its read raised), members of one
-        shard lying close together read with one request; `ahead` requests in flight, and
-        no new one while those read and not yet taken pass `max_bytes`."""
+        shard lying close together read with one request (a member is a view of it);
+        `ahead` requests in flight, and no new one while those read and not yet taken
+        pass `max_bytes`."""
         reads = self._plan(keys)
         if not reads:
             return
@@ -168,7 +173,7 @@ class MemberStore:
         left = [len(r.positions) for r in reads]
         limit = max_bytes if max_bytes is not None else float("inf")
         with ThreadPoolExecutor(min(ahead, len(reads)), thread_name_prefix="hapi-read") as pool:
-            futures: dict[int, Future[dict[int, bytes | BaseException]]] = {}
+            futures: dict[int, Future[dict[int, Blob | BaseException]]] = {}
             queue: deque[int] = deque(range(len(reads)))
             try:
                 for position in range(len(keys)):
@@ -269,7 +274,7 @@ class MemberStore:
 
     def _run(
         self, keys: Sequence[str], read: _Read, *, again: bool = True
-    ) -> dict[int, bytes | BaseException]:
+    ) -> dict[int, Blob | BaseException]:
         try:
             return self._run_once(keys, read)
         except StaleIndex:
@@ -277,7 +282,7 @@ class MemberStore:
                 raise
             # The shard was rewritten since it was indexed: plan these keys on the new one.
             mine = [keys[p] for p in read.positions]
-            out: dict[int, bytes | BaseException] = {}
+            out: dict[int, Blob | BaseException] = {}
             for sub in self._plan(mine):
                 for p, value in self._run(mine, sub, again=False).items():
                     out[read.positions[p]] = value
@@ -285,14 +290,14 @@ class MemberStore:
         except Exception as exc:
             return dict.fromkeys(read.positions, exc)
 
-    def _run_once(self, keys: Sequence[str], read: _Read) -> dict[int, bytes | BaseException]:
+    def _run_once(self, keys: Sequence[str], read: _Read) -> dict[int, Blob | BaseException]:
         if read.error is not None:
             raise read.error
         if not read.container:
             return {read.positions[0]: bytes(self.inner.get(keys[read.positions[0]]))}
         if read.group >= 0:
             rows = self._row_group(read)
-            out: dict[int, bytes | BaseException] = {}
+            out: dict[int, Blob | BaseException] = {}
             for position, (row, _) in zip(read.positions, read.offsets, strict=True):
                 value = rows[row]
                 out[position] = (
@@ -302,14 +307,13 @@ class MemberStore:
                 )
             return out
         span = self.indexes.read(read.container, read.start, read.end)
-        # Each member copied once out of the response's buffer (a view), not the span
-        # copied whole first.
+        # Views, not copies: a member is copied once, by whoever takes it (`Blob`).
         return {
-            p: bytes(span[o - read.start : o - read.start + n])
+            p: span[o - read.start : o - read.start + n]
             for p, (o, n) in zip(read.positions, read.offsets, strict=True)
         }
 
-    def _row_group(self, read: _Read) -> list[bytes | None]:
+    def _row_group(self, read: _Read) -> list[Blob | None]:
         index: ParquetIndex = read.index
         version = self.indexes.version(read.container, image=read.image)
         name = (read.container, version, index.image, read.group)

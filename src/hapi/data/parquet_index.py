@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hapi.data.blob import Blob
 from hapi.errors import CorruptObject, InvalidRequest, shorten
 
 __all__ = ["IMAGE_COLUMNS", "LABEL_COLUMNS", "ParquetIndex", "RowGroup"]
@@ -26,7 +27,6 @@ LABEL_COLUMNS = ("label", "labels", "cls", "class", "target")
 _TAIL = 64 << 10
 
 ReadRange = Callable[[int, int], bytes]
-Buffer = bytes | memoryview
 
 
 @dataclass(frozen=True)
@@ -101,10 +101,11 @@ class ParquetIndex:
         return cls(size, column, tuple(groups), footer)
 
     def read_group(
-        self, group: int, pieces: Sequence[tuple[int, Buffer]], *, name: str
-    ) -> list[bytes | None]:
+        self, group: int, pieces: Sequence[tuple[int, Blob]], *, name: str
+    ) -> list[Blob | None]:
         """The image bytes of each row of `group`, decoded from `pieces` (its column's
-        bytes as (offset in the file, bytes), as ranged reads of the group gave them).
+        bytes as (offset in the file, bytes), as ranged reads of the group gave them):
+        views of the decoded column's one buffer, not a `bytes` per row.
 
         Raises:
             CorruptObject: the bytes do not decode (the message names the file and group).
@@ -122,8 +123,10 @@ class ParquetIndex:
             raise CorruptObject(
                 f"row group {group} of {name} does not decode ({shorten(str(exc))}): rewrite it"
             ) from None
-        values = table.column(0).to_pylist()
-        return [_image_bytes(v) for v in values]
+        rows: list[Blob | None] = []
+        for chunk in table.column(0).chunks:
+            rows += _row_views(chunk)
+        return rows
 
     def labels(self, read: ReadRange, column: str, *, name: str) -> list[Any]:
         """Every row's label, read with one ranged request per row group."""
@@ -180,17 +183,33 @@ def _span(column: Any) -> tuple[int, int]:
     return start, start + column.total_compressed_size
 
 
-def _image_bytes(value: Any) -> bytes | None:
-    if isinstance(value, dict):  # Hugging Face's Image(): {"bytes": ..., "path": ...}
-        value = value.get("bytes")
-    return bytes(value) if isinstance(value, bytes | bytearray | memoryview) else None
+def _row_views(array: Any) -> list[Blob | None]:
+    """Each row's image bytes as a view of the array's data buffer (None: null, or not
+    bytes at all)."""
+    import numpy as np
+    import pyarrow as pa
+
+    if pa.types.is_struct(array.type):  # Hugging Face's Image(): {"bytes": ..., "path": ...}
+        names = [array.type.field(i).name for i in range(array.type.num_fields)]
+        if "bytes" not in names:
+            return [None] * len(array)
+        array = array.flatten()[names.index("bytes")]  # the parent's nulls included
+    if not (pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type)):
+        return [None] * len(array)
+    wide = np.int64 if pa.types.is_large_binary(array.type) else np.int32
+    _, offsets_buffer, data_buffer = array.buffers()
+    offsets = np.frombuffer(offsets_buffer, wide)[array.offset : array.offset + len(array) + 1]
+    data = memoryview(data_buffer if data_buffer is not None else b"")
+    valid = array.is_valid().to_numpy(zero_copy_only=False)
+    bounds = offsets.tolist()
+    return [data[bounds[i] : bounds[i + 1]] if valid[i] else None for i in range(len(array))]
 
 
 class _Sparse(io.RawIOBase):
     """A read-only file of `size` bytes of which only `pieces` (offset -> bytes) are known:
     enough for pyarrow to decode the row groups whose bytes were read."""
 
-    def __init__(self, size: int, pieces: Mapping[int, Buffer]) -> None:
+    def __init__(self, size: int, pieces: Mapping[int, Blob]) -> None:
         self.size, self.pieces, self.pos = size, sorted(pieces.items()), 0
 
     def readable(self) -> bool:
@@ -206,6 +225,18 @@ class _Sparse(io.RawIOBase):
 
     def tell(self) -> int:
         return self.pos
+
+    def read_buffer(self, size: int = -1) -> Blob:
+        """The next `size` bytes; a view of a piece where they lie within one, so pyarrow
+        decodes the column from the response's buffer, not from a copy of it (it asks
+        for `read_buffer` where a file has one)."""
+        want = max(0, min(size if size >= 0 else self.size, self.size - self.pos))
+        for at, data in self.pieces:
+            if at <= self.pos and self.pos + want <= at + len(data):
+                view = memoryview(data)[self.pos - at : self.pos - at + want]
+                self.pos += want
+                return view
+        return self.read(want) or b""
 
     def readinto(self, buffer: Any) -> int:
         # Bytes not read are zeros: pyarrow reads the last 64 KiB for the footer, of which

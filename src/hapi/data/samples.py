@@ -16,6 +16,7 @@ from typing import Protocol, cast
 
 import torch
 
+from hapi.data.blob import Blob
 from hapi.data.images import load_sample
 from hapi.data.members import MemberStore, split_member
 from hapi.data.store import ObjectStore
@@ -62,8 +63,9 @@ def skip_or_raise(key: str, exc: BaseException, *, skip: bool) -> Skipped:
 
 def read_objects(
     store: ObjectStore, keys: Sequence[str], *, ahead: int = 16, max_bytes: int | None = None
-) -> Generator[bytes | BaseException, None, None]:
-    """Each key's bytes, in order, or the exception its read raised.
+) -> Generator[Blob | BaseException, None, None]:
+    """Each key's bytes, in order, or the exception its read raised (a shard's member is
+    a view of the response it came in, `Blob`).
 
     Reads run `ahead` at a time in threads, so decoding overlaps reading and a chunk holds
     about `ahead` objects in memory, not all of them; with `max_bytes`, no new read starts
@@ -100,7 +102,7 @@ def read_objects(
 def load_one(
     key: str,
     label: int,
-    data: bytes | BaseException,
+    data: Blob | BaseException,
     transforms: Transforms,
     *,
     seed: int,
@@ -125,7 +127,7 @@ def load_one(
 def load_samples(
     keys: Sequence[str],
     labels: Sequence[int],
-    objects: Iterable[bytes | BaseException],
+    objects: Iterable[Blob | BaseException],
     transforms: Transforms,
     *,
     seed: int,
@@ -156,7 +158,7 @@ class MemberReader(Protocol):
 
     def read(
         self, keys: Sequence[str], *, ahead: int = 16, max_bytes: int | None = None
-    ) -> Iterator[bytes | BaseException]: ...
+    ) -> Iterator[Blob | BaseException]: ...
 
 
 def _members(store: ObjectStore, keys: Sequence[str]) -> MemberReader | None:

@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 
+from hapi.data.blob import Blob
 from hapi.wire import SessionStats
 
 __all__ = ["SessionCounters", "TimedReads"]
@@ -40,18 +41,18 @@ class SessionCounters:
 class TimedReads:
     """The objects of a chunk, counting the time spent waiting for them and their bytes."""
 
-    def __init__(self, objects: Iterable[bytes | BaseException]) -> None:
+    def __init__(self, objects: Iterable[Blob | BaseException]) -> None:
         self._objects = iter(objects)
         self.waited = 0.0
         self.nbytes = 0
 
-    def __iter__(self) -> Iterator[bytes | BaseException]:
+    def __iter__(self) -> Iterator[Blob | BaseException]:
         while True:
             t0 = time.perf_counter()
             data = next(self._objects, None)
             self.waited += time.perf_counter() - t0
             if data is None:
                 return
-            if isinstance(data, bytes):
+            if not isinstance(data, BaseException):
                 self.nbytes += len(data)
             yield data

@@ -40,6 +40,7 @@ from torch.utils._pytree import tree_flatten
 
 from hapi._fx_lock import TRACING
 from hapi.data import Transforms, decoded_size
+from hapi.data.blob import Blob
 from hapi.data.ops import CenterCrop, HorizontalFlip, Normalize, RandomResizedCrop, Resize
 from hapi.errors import OverBudget, shorten
 from hapi.graph import RAW, ModelGraph
@@ -362,7 +363,7 @@ def decode_bytes(transforms: Transforms, width: int, height: int) -> int:
     return max(peak, tensor, normalized)
 
 
-def object_decode_bytes(data: bytes, transforms: Transforms, seed: int) -> int:
+def object_decode_bytes(data: Blob, transforms: Transforms, seed: int) -> int:
     """What decoding the object `data` into a sample of `seed` holds in the budget, from
     its header alone; 0 when it is no image (decoding it fails at once, allocating little).
 

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from hapi.cache import FeatureCache, FeatureSpace, entry_name
+from hapi.data.blob import Blob
 from hapi.data.members import split_member
 from hapi.data.samples import read_objects
 from hapi.graph import INPUT, RAW
@@ -60,7 +61,7 @@ Wire = tuple[pa.RecordBatch, bytes | None]
 """A wire batch and, on a chunk's last, its report (`Session`'s outbox items)."""
 Sent = Callable[[pa.RecordBatch], None]
 """Told of each wire batch a chunk's head computed, once it is in the outbox."""
-Compute = Callable[["ChunkTicket", Iterable[bytes | BaseException], Sent], None]
+Compute = Callable[["ChunkTicket", Iterable[Blob | BaseException], Sent], None]
 """Runs the session's pipeline over some of a chunk's keys, given their objects in order."""
 
 log = logging.getLogger("hapi.server")
@@ -94,7 +95,7 @@ class ChunkLookup(Protocol):
         ...
 
     def produce(
-        self, compute: Compute, reads: Iterable[bytes | BaseException], out: Outbox[Wire]
+        self, compute: Compute, reads: Iterable[Blob | BaseException], out: Outbox[Wire]
     ) -> None:
         """Send the chunk's batches into `out`, in key order, computing the misses with
         `compute` from `reads` (the objects of `to_read`)."""
@@ -125,7 +126,7 @@ class _Uncached:
         return store
 
     def produce(
-        self, compute: Compute, reads: Iterable[bytes | BaseException], out: Outbox[Wire]
+        self, compute: Compute, reads: Iterable[Blob | BaseException], out: Outbox[Wire]
     ) -> None:
         compute(self.ticket, reads, _ignore)
 
@@ -300,7 +301,7 @@ class _VersionedMembers:
 
     def read(
         self, keys: Sequence[str], *, ahead: int = 16, max_bytes: int | None = None
-    ) -> Iterator[bytes | BaseException]:
+    ) -> Iterator[Blob | BaseException]:
         reads = self.members.read(keys, ahead=ahead, max_bytes=max_bytes)
         for key, data in zip(keys, reads, strict=True):
             parts = split_member(key)
@@ -345,7 +346,7 @@ class _CachedChunk:
         return self._source
 
     def produce(
-        self, compute: Compute, reads: Iterable[bytes | BaseException], out: Outbox[Wire]
+        self, compute: Compute, reads: Iterable[Blob | BaseException], out: Outbox[Wire]
     ) -> None:
         for start, end, hit in _runs(self.hit):
             if out.closed:

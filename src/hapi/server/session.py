@@ -15,6 +15,7 @@ from torch import nn
 
 from hapi._fx_lock import TRACING
 from hapi.data import ObjectStore, Transforms
+from hapi.data.blob import Blob
 from hapi.data.samples import (
     Sample,
     Skipped,
@@ -226,7 +227,7 @@ class Session:
                 return
             keys: list[str] = []
             labels: list[int] = []
-            data: list[bytes] = []
+            data: list[Blob] = []
             size = 0
             with self._grant(ticket, demand, clock, None, out):
                 if out.closed:  # the client left while the batch waited
@@ -251,7 +252,7 @@ class Session:
     def _feature_batches(
         self,
         ticket: ChunkTicket,
-        reads: Iterable[bytes | BaseException],
+        reads: Iterable[Blob | BaseException],
         skipped: list[SkippedKey],
         clock: _ChunkClock,
         out: _Out,
@@ -328,10 +329,10 @@ class Session:
         self.stats.add(transform_s=time.perf_counter() - t0)
         return loaded
 
-    def _item(self, item: tuple[str, int, bytes | BaseException], epoch: int) -> _Item:
+    def _item(self, item: tuple[str, int, Blob | BaseException], epoch: int) -> _Item:
         key, label, data = item
         decode = 0
-        if isinstance(data, bytes):
+        if not isinstance(data, BaseException):
             seed = self.transforms.seed(self.request.seed, epoch, key)
             decode = object_decode_bytes(data, self.transforms, seed)
         return _Item(key, label, data, decode)
@@ -376,5 +377,5 @@ class _Item:
 
     key: str
     label: int
-    data: bytes | BaseException
+    data: Blob | BaseException
     decode: int
