@@ -7,11 +7,13 @@ back `--delay-ms` by a proxy (`_delay_proxy.py`; these machines have no `netem`)
 store's first-byte latency. In each, interleaved in every repeat: an epoch of each format
 in the loader's order, 4 chunks of 64 in flight, at RAW (the server reads and sends, the
 trainer only counts) and at a pushed-down cut (ResNet-18 at 64 px to `layer2`, the first
-`--cut-samples`); the WebDataset epoch at RAW with the trainer decoding; and the peer (a
-`DataLoader` over `s3torchconnector`, `_formats_peer.py`) on the same shards, decoding the
-same way. Figures are medians. Store requests per epoch are counted at the proxy; index
-requests (once per shard version) by a counting store; the server core's CPU per sample
-from /proc.
+`--cut-samples`); the WebDataset epoch at RAW with the trainer decoding; what a job's
+training loop gets from the WebDataset shards, decoded images at cut INPUT, decoded by
+the server alone and with a share of the chunks decoded in the trainer (`_formats_job.py`);
+and the peer (a `DataLoader` over `s3torchconnector`, `_formats_peer.py`) on the same
+shards, decoding the same way. Figures are medians. Store requests per epoch are counted
+at the proxy; index requests (once per shard version) by a counting store; the server
+core's CPU per sample from /proc.
 
     python benchmarks/formats.py                 # writes benchmarks/out/formats.{json,png}
     python benchmarks/formats.py --results       # ... and its section of RESULTS.md
@@ -34,14 +36,22 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # the tests' SeaweedFS helper
 
 from _delay_proxy import DelayProxy  # noqa: E402
+from _formats_job import SHARE_NOTE, balanced_share, job_epoch  # noqa: E402
 from _formats_peer import peer_epoch  # noqa: E402
 from _formats_setup import FORMATS, Server, hapi_epoch, write_formats  # noqa: E402
 from _host import machine, pin  # noqa: E402
 from _results import write_section  # noqa: E402
 
-MODES = ("raw", "cut", "trainer")
-"""The server's delivery at RAW and at a pushed-down cut, and RAW with the trainer
-decoding (against the peer)."""
+MODES = ("raw", "cut", "trainer", "input", "hybrid")
+"""The server's delivery at RAW and at a pushed-down cut; RAW with the trainer decoding;
+a job's decoded inputs at INPUT, the server decoding all or a share decoded locally."""
+LABELS = {
+    "raw": "RAW",
+    "cut": "layer2",
+    "trainer": "RAW + trainer decodes",
+    "input": "job: server decodes",
+    "hybrid": "job: + local share",
+}
 
 
 def main() -> None:
@@ -55,6 +65,9 @@ def main() -> None:
     parser.add_argument("--delay-ms", type=float, default=20.0, help="added to each request")
     parser.add_argument("--cut-samples", type=int, default=1024, help="timed at the cut")
     parser.add_argument("--peer-workers", type=int, default=2)
+    parser.add_argument(
+        "--share", type=float, help="the hybrid's local share (default: balanced, measured)"
+    )
     parser.add_argument("--out", type=Path, default=HERE / "out")
     parser.add_argument("--results", action="store_true", help="write benchmarks/RESULTS.md")
     parser.add_argument("--from-json", type=Path, help="report a run's JSON, measuring nothing")
@@ -65,6 +78,8 @@ def main() -> None:
         for k, v in result["args"].items():
             if k in ("images", "chunk_size", "prefetch", "repeats", "cut_samples", "peer_workers"):
                 setattr(args, k, int(v))
+            elif k == "share":
+                setattr(args, k, None if v == "None" else float(v))
             elif k in ("shard_size", "delay_ms"):
                 setattr(args, k, float(v) if k == "delay_ms" else v)
         _finish(result, args)
@@ -77,7 +92,9 @@ def main() -> None:
     # Decoding in the trainer is the same work for every format: it is timed against
     # the peer on the shards the peer reads.
     options = [(f, m) for m in ("raw", "cut") for f in FORMATS]
-    options += [("webdataset", "trainer"), ("peer", "trainer")]
+    options += [("webdataset", m) for m in ("trainer", "input", "hybrid")]
+    options += [("peer", "trainer")]
+    shares: dict[str, float] = {}
     runs: dict[str, dict[str, list[float]]] = {
         s: {f"{f} {m}": [] for f, m in options} for s in settings
     }
@@ -113,10 +130,17 @@ def main() -> None:
                                 if n != args.images:
                                     raise RuntimeError(f"the peer read {n} of {args.images}")
                                 rate = n / s
+                            elif mode in ("input", "hybrid"):
+                                share = 0.0
+                                if mode == "hybrid":
+                                    share = shares.setdefault(setting, _share(runs[setting], args))
+                                rate = job_epoch(servers[setting], fmt, share, args)
                             else:
                                 rate = hapi_epoch(servers[setting], fmt, mode, args, repeat)
-                            if setting != settings[0] and mode != "cut":
-                                requests[f"{fmt} {mode}"] = proxy.requests() - before
+                            if setting != settings[0] and mode in ("raw", "trainer"):
+                                # The peer's process and a job read two epochs: the second is timed.
+                                epochs = 2 if fmt == "peer" else 1
+                                requests[f"{fmt} {mode}"] = (proxy.requests() - before) // epochs
                             runs[setting][f"{fmt} {mode}"].append(rate)
                             if mode == "raw":
                                 spent = [_cpu_s(p) - c for p, c in zip(pids, cpu0, strict=True)]
@@ -133,6 +157,7 @@ def main() -> None:
         # The server core's CPU ms per sample at RAW: [SeaweedFS, hapi serve] per repeat.
         "cpu_ms_per_sample": cpu,
         "index_requests": index_requests,
+        "local_share": shares,
         # Other jobs on the machine's cores bound every format's rate: say how many.
         "load_average": {"before": load_before, "after": os.getloadavg()[0]},
     }
@@ -146,6 +171,13 @@ def _finish(result: dict[str, Any], args: argparse.Namespace) -> None:
     print(report)
     if args.results:
         write_section("formats", report)
+
+
+def _share(runs: dict[str, list[float]], args: argparse.Namespace) -> float:
+    """The hybrid's local share: `--share`, or balanced from this run's first rates."""
+    if args.share is not None:
+        return float(args.share)
+    return balanced_share(runs["webdataset trainer"][0], runs["webdataset input"][0])
 
 
 def _pid(proc: subprocess.Popen[bytes] | None) -> int:
@@ -168,6 +200,7 @@ def _report(result: dict[str, Any], args: argparse.Namespace) -> str:
     }
     settings = list(med)
     load = result["load_average"]
+    shares = result.get("local_share", {})
     lines = [
         "## Dataset formats (`benchmarks/formats.py`)",
         "",
@@ -182,43 +215,60 @@ def _report(result: dict[str, Any], args: argparse.Namespace) -> str:
         "cloud store's first-byte latency) by a proxy on the trainer's core that passes "
         "responses back zero-copy. RAW: the server reads and sends, the trainer only counts; "
         f"layer2: pushed down to ResNet-18's `layer2` at 64 px (the epoch's first "
-        f"{args.cut_samples} samples); RAW + decode: the trainer decodes and transforms each "
-        "sample (`Transforms.eval(64)`) as the job does. The peer: a PyTorch `DataLoader` "
-        f"({args.peer_workers} workers on the trainer's core) over `s3torchconnector`'s "
-        "`S3IterableDataset`, streaming the same WebDataset shards and decoding with the "
-        "same function (epoch 2 of 2). Medians of "
-        f"{args.repeats} interleaved repeats. Machine: {result['machine']}, load average "
-        f"(1 min) {load['before']:.1f} before and {load['after']:.1f} after the run.",
+        f"{args.cut_samples} samples). Medians of {args.repeats} interleaved repeats. "
+        f"Machine: {result['machine']}, load average (1 min) {load['before']:.1f} before and "
+        f"{load['after']:.1f} after the run.",
         "",
         "| setting | format | RAW samples/s | vs objects | layer2 samples/s | vs objects "
-        "| RAW + decode samples/s | vs peer | store requests per epoch |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| store requests per epoch |",
+        "|---|---|---|---|---|---|---|",
     ]
     for setting in settings:
         m = med[setting]
-        peer = m["peer trainer"]
         for f in FORMATS:
             lines.append(
                 f"| {setting} | {f} | {m[f + ' raw']:.0f} "
                 f"| {m[f + ' raw'] / m['objects raw']:.1f}x | {m[f + ' cut']:.0f} "
-                f"| {m[f + ' cut'] / m['objects cut']:.2f}x | "
-                + (
-                    f"{m[f + ' trainer']:.0f} | {m[f + ' trainer'] / peer:.2f}x"
-                    if f + " trainer" in m
-                    else "- | -"
-                )
-                + f" | {req.get(f + ' raw', '-')} |"
+                f"| {m[f + ' cut'] / m['objects cut']:.2f}x | {req.get(f + ' raw', '-')} |"
             )
-        lines.append(
-            f"| {setting} | peer (webdataset) | - | - | - | - | {peer:.0f} | 1.00x "
-            f"| {req.get('peer trainer', '-')} |"
-        )
     lines += [
         "",
         "Store requests are counted at the proxy (the delayed setting's epochs, listings "
         "included: one LIST page per 1000 keys); indexing the shards took "
         f"{result['index_requests']['webdataset']} (WebDataset) and "
         f"{result['index_requests']['parquet']} (Parquet) requests once, kept after.",
+        "",
+        "Against the peer, decoded 64 px images (`Transforms.eval(64)`) from the same "
+        "WebDataset shards: the peer is a PyTorch `DataLoader` "
+        f"({args.peer_workers} workers on the trainer's core: where a DataLoader runs) over "
+        "`s3torchconnector`'s `S3IterableDataset`, streaming the shards and decoding with "
+        "hapi's function; `RAW + trainer decodes`: the server sends RAW and the trainer "
+        "decodes each batch as it arrives (the benchmark's own fetch, not the job's); "
+        "`job`: the batches a `TransferJob` at cut INPUT hands its training loop (its own "
+        "loader, `_formats_job.py`), the server decoding every chunk on the core beside "
+        "the data, or a fixed share of them decoded in the trainer from RAW ("
+        + SHARE_NOTE
+        + ": "
+        + ", ".join(f"{s} {v:.2f}" for s, v in shares.items())
+        + "). The peer and the job: epoch 2 of 2 (workers started, sessions opened).",
+        "",
+        "| setting | delivery | samples/s | vs peer | store requests per epoch |",
+        "|---|---|---|---|---|",
+    ]
+    for setting in settings:
+        m = med[setting]
+        peer = m["peer trainer"]
+        for mode in ("trainer", "input", "hybrid"):
+            key = f"webdataset {mode}"
+            if key not in m:
+                continue
+            label = LABELS[mode] + (f" ({shares[setting]:.2f})" if mode == "hybrid" else "")
+            lines.append(
+                f"| {setting} | {label} | {m[key]:.0f} | {m[key] / peer:.2f}x "
+                f"| {req.get(key, '-')} |"
+            )
+        lines.append(f"| {setting} | peer | {peer:.0f} | 1.00x | {req.get('peer trainer', '-')} |")
+    lines += [
         "",
         "Where the server's core goes at RAW (CPU ms per sample over the epoch's call, "
         "its listing and session included; medians: SeaweedFS + `hapi serve`): "
@@ -253,15 +303,18 @@ def _report(result: dict[str, Any], args: argparse.Namespace) -> str:
     for setting in settings:
         m = med[setting]
         ratios = {f: m[f + " raw"] / m["objects raw"] for f in ("webdataset", "parquet")}
-        peer = m["webdataset trainer"] / m["peer trainer"]
+        jobs = [m[k] for k in ("webdataset input", "webdataset hybrid") if k in m]
+        job = max(jobs) / m["peer trainer"] if jobs else float("nan")
+        alone = m["webdataset trainer"] / m["peer trainer"]
         lines.append(
             f"Goals (issue 41), {setting}: shards at least 5x the samples/s of single objects "
             "at RAW - "
             + ("met" if min(ratios.values()) >= 5 else "not met")
             + f" (webdataset {ratios['webdataset']:.1f}x, parquet {ratios['parquet']:.1f}x); "
             "at least as fast as the peer reading the same shards - "
-            + ("met" if peer >= 1 else "not met")
-            + f" ({peer:.2f}x)."
+            + ("met" if job >= 1 else "not met")
+            + f" (the job's best delivery {job:.2f}x; the trainer decoding RAW alone "
+            f"{alone:.2f}x)."
         )
     lines += ["", "![samples per second per format and setting](out/formats.png)"]
     return "\n".join(lines)
@@ -274,22 +327,22 @@ def _plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     settings = list(result["samples_per_s"])
-    fig, axes = plt.subplots(1, len(settings), figsize=(10, 3.8), sharey=True)
-    width = 0.27
+    fig, axes = plt.subplots(1, len(settings), figsize=(11, 4), sharey=True)
+    width = 0.16
     names = [*FORMATS, "peer"]
     for ax, setting in zip(axes, settings, strict=True):
         runs = result["samples_per_s"][setting]
-        for i, mode in enumerate(("raw", "cut", "trainer")):
+        for i, mode in enumerate(MODES):
             xs = [x + i * width for x, f in enumerate(names) if f"{f} {mode}" in runs]
             values = [
                 statistics.median(runs[f"{f} {mode}"]) for f in names if f"{f} {mode}" in runs
             ]
-            label = {"raw": "RAW", "cut": "layer2", "trainer": "RAW + decode"}[mode]
+            label = LABELS[mode] if mode != "trainer" else "RAW + trainer decodes (peer: decodes)"
             ax.bar(xs, values, width, label=label)
-        ax.set_xticks([x + width for x in range(len(names))], names)
+        ax.set_xticks([x + 2 * width for x in range(len(names))], names)
         ax.set_title(f"SeaweedFS, {setting}")
     axes[0].set_ylabel("samples/s")
-    axes[0].legend()
+    axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
