@@ -6,6 +6,8 @@ import io
 import itertools
 import json
 import tarfile
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -252,6 +254,28 @@ def test_parquet_columns_by_name_hugging_face_class_names_and_row_keys(tmp_path:
     assert store.get(named.keys[0]) == _image(50)
     with pytest.raises(InvalidRequest, match="names no Parquet row"):
         store.get("d/a.parquet#rows=1")
+
+
+def test_chunks_in_flight_together_read_a_row_group_they_share_once(tmp_path: Path) -> None:
+    # A chunk of the shard order straddles two row groups, so the chunk in flight beside
+    # it needs one of them too: the store is slow enough that both ask at once.
+    store = open_store(tmp_path)
+    store.put("d/a.parquet", _parquet({"image": [_image(i) for i in range(24)]}, 8))
+
+    class Slow(Counting):
+        def get_range_versioned(self, key: str, start: int, end: int) -> tuple[bytes, str, int]:
+            time.sleep(0.3)
+            return super().get_range_versioned(key, start, end)
+
+    counting = Slow(store)
+    members = MemberStore(counting)
+    members.indexes.get("d/a.parquet")
+    before = counting.ranged
+    chunks = [[f"d/a.parquet#row={r}" for r in rows] for rows in (range(4, 12), range(12, 20))]
+    with ThreadPoolExecutor(2) as pool:
+        read = list(pool.map(lambda keys: list(members.read(keys)), chunks))
+    assert read == [[_image(r) for r in rows] for rows in (range(4, 12), range(12, 20))]
+    assert counting.ranged - before == 3  # groups 0, 1 and 2, each once
 
 
 def test_key_lists_in_csv_and_jsonl(tmp_path: Path) -> None:

@@ -105,6 +105,7 @@ class MemberStore:
     def __post_init__(self) -> None:
         self.indexes = ShardIndexes(self.inner)
         self._groups: OrderedDict[tuple[str, str, str, int], list[Blob | None]] = OrderedDict()
+        self._loading: dict[tuple[str, str, str, int], Future[list[Blob | None]]] = {}
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -321,14 +322,29 @@ class MemberStore:
             if name in self._groups:
                 self._groups.move_to_end(name)
                 return self._groups[name]
-        pieces = self.indexes.read_pieces(
-            read.container, read.start, read.end, piece=self.max_span, image=read.image
-        )
-        rows = index.read_group(read.group, pieces, name=read.container)
+            # Chunks in flight together share row groups (a chunk of the shard order
+            # straddles two): one reads it, the others wait for its rows.
+            loading = self._loading.get(name)
+            if loading is None:
+                self._loading[name] = mine = Future[list[Blob | None]]()
+        if loading is not None:
+            return loading.result()
+        try:
+            pieces = self.indexes.read_pieces(
+                read.container, read.start, read.end, piece=self.max_span, image=read.image
+            )
+            rows = index.read_group(read.group, pieces, name=read.container)
+        except BaseException as exc:
+            with self._lock:
+                del self._loading[name]
+            mine.set_exception(exc)
+            raise
         with self._lock:
+            del self._loading[name]
             self._groups[name] = rows
             while len(self._groups) > self.row_groups_cached:
                 self._groups.popitem(last=False)
+        mine.set_result(rows)
         return rows
 
 
