@@ -148,7 +148,7 @@ def test_the_job_and_the_cli_give_the_same_answer(
     from hapi.cli import main
     from hapi.client import TransferJob
 
-    # Nothing connects before the freeze is resolved: port 9 is never reached.
+    # Nothing waits on a server before the freeze is resolved: port 9 answers nothing.
     with pytest.raises(InvalidCut, match=r"'layer5' names no module.*'layer4' \(cut 12\)"):
         TransferJob("resnet18", "d", "127.0.0.1:9", freeze="layer5", image_size=32)
     with pytest.raises(InvalidCut, match=r"'layer5' names no module"):

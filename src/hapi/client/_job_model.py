@@ -67,6 +67,15 @@ class JobModel:
         """The heads of the user's own module, exported and uploaded to servers."""
         self.model.to(self.device)
 
+    @staticmethod
+    def spec_of(config: JobConfig) -> ModelSpec | None:
+        """The spec both sides build the job's model from, known before it is built; None
+        for a repository version or a module of the user's own."""
+        model = config.model
+        if not isinstance(model, ModelSpec):
+            return None
+        return _with_classes(model, config.training.num_classes)
+
     @property
     def name(self) -> str:
         """The model's name for a person: its repository version, spec or class."""
@@ -194,8 +203,13 @@ class JobModel:
         if isinstance(model, nn.Module):
             return None, model
         if isinstance(model, ModelSpec):
-            spec = model if classes is None else dataclasses.replace(model, num_classes=classes)
+            spec = _with_classes(model, classes)
             return spec, build_model(spec)
         assert self.repo is not None  # JobConfig checks it
         self.base = self.repo.resolve(model)
         return build_from_repo(self.repo, self.base, num_classes=classes)
+
+
+def _with_classes(spec: ModelSpec, classes: int | None) -> ModelSpec:
+    """`spec` with its classifier replaced by one of `classes` outputs (None: as it is)."""
+    return spec if classes is None else dataclasses.replace(spec, num_classes=classes)

@@ -16,6 +16,7 @@ from hapi.client._job_data import JobData, connect_all
 from hapi.client._job_loops import EvalResult, JobLoops, OptimizerFactory, Progress
 from hapi.client._job_model import JobModel
 from hapi.client._job_plan import describe, job_plans
+from hapi.client._server_warmup import server_warmed, warmup_request
 from hapi.client.connection import Connection
 from hapi.client.distributed import DataParallel
 from hapi.client.history import EpochStats, History
@@ -77,7 +78,8 @@ class TransferJob:
         self.connection = self.connections[0]
         """The first server's: it lists datasets and is measured for the plan."""
         dp = DataParallel.start(config.training.device, config.training.distributed)
-        self._model = parts = JobModel(config, dp)
+        with server_warmed(self.connection, warmup_request(config)):
+            self._model = parts = JobModel(config, dp)
         self.repo: ModelRepo | None = parts.repo
         """The model repository (`repo=`), if the job has one."""
         self.model: nn.Module = parts.model

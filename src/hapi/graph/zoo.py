@@ -15,6 +15,7 @@ keyword arguments, or the Hugging Face config's fields.
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -110,13 +111,18 @@ def known_models() -> list[str]:
     return sorted([*models.list_models(module=models), _LITE0])
 
 
+_BUILDING = threading.Lock()
+
+
 def build_model(spec: ModelSpec) -> nn.Module:
     """Build the model `spec` names, in eval mode.
 
     Raises:
         UnknownModel: an unknown name, or weights that cannot be had offline.
     """
-    with torch.random.fork_rng(devices=[]):
+    # One build at a time in a process: the seed is the global generator's, and a server
+    # in the same process (tests, a trainer's own) builds while the trainer does.
+    with _BUILDING, torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
         if spec.name == _LITE0:
             if spec.config:
