@@ -2,24 +2,34 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import subprocess
 
 __all__ = ["end", "machine", "pin", "taskset"]
 
+_CORES = sorted(os.sched_getaffinity(0))
+"""The cores the benchmark was started on, read once: after `pin(0)` this process may run
+on core 0 alone, and numbering from its affinity then made `pin(1)` (and `taskset(1)`) a
+no-op - the formats benchmark's trainer, proxy and server all shared core 0."""
+
 
 def pin(core: int) -> None:
-    """Pin this process to the `core`-th core it may run on (a no-op on one core)."""
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) > 1:
-        os.sched_setaffinity(0, {cores[core % len(cores)]})
+    """Pin this process - every thread it has and those it starts after - to the
+    `core`-th core the benchmark was started on (a no-op on one core)."""
+    if len(_CORES) > 1:
+        # Affinity is a thread's: pinning only the caller left threads started before
+        # (gRPC's, a store client's) on the core the process had then.
+        tasks = os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["0"]
+        for tid in tasks:
+            with contextlib.suppress(ProcessLookupError):  # a thread that has ended
+                os.sched_setaffinity(int(tid), {_CORES[core % len(_CORES)]})
 
 
 def taskset(core: int) -> list[str]:
     """The command prefix that pins a child process as `pin` does."""
-    cores = sorted(os.sched_getaffinity(0))
-    return ["taskset", "-c", str(cores[core % len(cores)])] if len(cores) > 1 else []
+    return ["taskset", "-c", str(_CORES[core % len(_CORES)])] if len(_CORES) > 1 else []
 
 
 def machine() -> str:
