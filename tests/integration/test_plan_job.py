@@ -8,13 +8,13 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from hapi.client import FeatureLoader, TransferJob, connect
+from hapi.client import FeatureLoader, TransferJob, connect, measuring
 from hapi.client.connection import ChunkPart, Connection
 from hapi.data import open_store, synth_dataset
 from hapi.errors import InvalidCut
 from hapi.graph import INPUT, RAW
 from hapi.server import HapiServer, serve
-from hapi.wire import ChunkTicket, SessionRequest
+from hapi.wire import ActionType, ChunkTicket, SessionRequest
 
 SIZE = 64
 LAYER3 = 10  # resnet18's cut after layer3 (its 15 cuts: conv1, bn1, ..., fc)
@@ -83,13 +83,18 @@ def test_an_automatic_plan_is_a_valid_choice_and_trains(server: HapiServer) -> N
     assert all(torch.isfinite(torch.tensor(job.history.losses)))
 
 
+@pytest.mark.parametrize("own_profile", [True, False], ids=["profile-action", "scaled-trainer"])
 def test_the_plan_predicts_the_freeze_cut_at_what_its_probe_chunks_reported(
-    server: HapiServer, monkeypatch: pytest.MonkeyPatch
+    server: HapiServer, monkeypatch: pytest.MonkeyPatch, own_profile: bool
 ) -> None:
     """The server's profile is levelled on the probe at the freeze cut: its head, its wait
     for the store and the rest of its chunks' reported time, so the plan's server time at
     the freeze cut is what those chunks reported - the figure the re-planner weighs the
-    job's chunks against - not the profile action's reads, timed one by one."""
+    job's chunks against - not the profile action's reads, timed one by one. So it is
+    whether the server profiles itself (a server unlike the trainer: a GPU, more threads)
+    or its heads are the trainer's scaled (this in-process server runs them alike)."""
+    if own_profile:
+        monkeypatch.setattr(measuring, "alike", lambda *_: False)
     seen: list[tuple[str, int, float]] = []  # session, keys, reported server time
     stream = Connection.stream
 
@@ -101,9 +106,18 @@ def test_the_plan_predicts_the_freeze_cut_at_what_its_probe_chunks_reported(
         seen.append((ticket.session, len(ticket.keys), reported))
 
     monkeypatch.setattr(Connection, "stream", recorded)
+    actions: list[str] = []
+    action = Connection.action
+
+    def counted(self: Connection, kind: str, body: bytes = b"") -> bytes:
+        actions.append(kind)
+        return action(self, kind, body)
+
+    monkeypatch.setattr(Connection, "action", counted)
     # Measured, not kept ones; uncompressed, as the probes are (a codec adds its encoding).
     job = _job(server, replan=False, reuse_profiles=False, wire_compression="none")
     assert job.plan is not None
+    assert (ActionType.PROFILE in actions) == own_profile
     # The probes: RAW first (the link, both tiers idle), then at the freeze cut a chunk of
     # a few objects that warms the session, and the measured chunks.
     sessions = list(dict.fromkeys(session for session, _, _ in seen))

@@ -3,12 +3,19 @@ features, which one a loop asks for, and that plans and re-plans carry it."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 import numpy as np
 import pytest
 
-from hapi.client._codec_choice import codec_candidates, job_codecs, loop_codec, measure_codecs
+from hapi.client._codec_choice import (
+    codec_candidates,
+    codecs_may_pay,
+    job_codecs,
+    loop_codec,
+    measure_codecs,
+)
 from hapi.client.job_config import JobConfig
 from hapi.data import Transforms, synth_image
 from hapi.errors import InvalidRequest
@@ -124,6 +131,24 @@ def test_the_chosen_plan_carries_its_codec_and_a_replan_keeps_it() -> None:
     assert again.codec == "fp32+zstd"
     assert "features cross as fp32+zstd" in again.explain()
     assert plan.with_choice(1, 0.0, reason="set").codec == "fp32+zstd"
+
+
+@pytest.mark.parametrize("mbit", [0.3, 3, 30, 1000, 100_000])
+def test_codecs_are_measured_only_where_one_could_be_chosen(mbit: float) -> None:
+    """Where a free link would not make the plan CODEC_MIN_GAIN faster, no codec could be
+    chosen, whatever it measured: measuring them is left out. Checked against the choice
+    itself: a codec that sends nothing and costs no CPU - the best any codec can be."""
+    link = LinkProfile(bytes_per_s=mbit * MBIT)
+    plain = CodecProfile(out_bytes=(600_000, 200_000, 8_000), encode_s=(0,) * 3, decode_s=(0,) * 3)
+    perfect = CodecProfile(compression="zstd", out_bytes=(1,) * 3, encode_s=(0,) * 3,
+                           decode_s=(0,) * 3)  # fmt: skip
+    server = dataclasses.replace(_server(), send_s=2e-9)
+    trainer = dataclasses.replace(_trainer(), receive_s=2e-9)
+    workload = Workload(samples=1000)
+    chosen = choose_codec([plain, perfect], server, trainer, link, workload, freeze=2).codec
+    may = codecs_may_pay(server, trainer, link, workload, freeze=2)
+    assert may == (chosen is perfect)
+    assert may == (mbit <= 30)  # the slow links bind here, the fast ones do not
 
 
 def test_a_loop_asks_for_the_plans_codec_or_the_jobs_own() -> None:

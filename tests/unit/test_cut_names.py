@@ -78,6 +78,7 @@ def test_resolve_cut_takes_indices_names_aliases_raw_and_input(resnet18: ModelGr
         graph.resolve_cut(True)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow  # importing timm takes a second
 def test_timm_vit_is_cut_between_its_blocks() -> None:
     timm = pytest.importorskip("timm")
     model = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=3)

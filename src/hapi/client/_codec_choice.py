@@ -10,6 +10,7 @@ starts: its sessions, its local chunks and the trainer's cache then agree on it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import torch
@@ -18,14 +19,29 @@ from hapi.cache import cacheability
 from hapi.client.job_config import JobConfig
 from hapi.data import Transforms, load_sample
 from hapi.graph import ModelGraph
-from hapi.plan import Plan
-from hapi.plan.codecs import CodecProfile
+from hapi.plan import (
+    LinkProfile,
+    Plan,
+    PlannerConfig,
+    ServerProfile,
+    TrainerProfile,
+    Workload,
+    choose_plan,
+)
+from hapi.plan.codecs import CODEC_MIN_GAIN, CodecProfile
 from hapi.plan.measure import head_segments
 from hapi.wire.codec_cost import measure_codec
 from hapi.wire.codecs import COMPRESSIONS, Compression, check_compression, is_lossy
 from hapi.wire.dtypes import WireDtype, check_wire_dtype
 
-__all__ = ["Codec", "codec_candidates", "job_codecs", "loop_codec", "measure_codecs"]
+__all__ = [
+    "Codec",
+    "codec_candidates",
+    "codecs_may_pay",
+    "job_codecs",
+    "loop_codec",
+    "measure_codecs",
+]
 
 Codec = tuple[WireDtype, Compression]
 """A wire dtype and a buffer compression."""
@@ -114,6 +130,34 @@ def measure_codecs(
             )
         )
     return tuple(profiles)
+
+
+def codecs_may_pay(
+    server: ServerProfile,
+    trainer: TrainerProfile,
+    link: LinkProfile,
+    workload: Workload,
+    *,
+    freeze: int,
+    config: PlannerConfig | None = None,
+) -> bool:
+    """Whether any codec could be chosen over the job's dtype uncompressed: only where a
+    free link - no time on it, no CPU sending or receiving - would make the plan at least
+    `CODEC_MIN_GAIN` faster. A codec saves at most what the bytes cost and adds CPU, so
+    no codec's plan is faster than the free link's; where that is not faster by the
+    margin, `choose_codec` would keep the job's dtype whatever the codecs measured, and
+    measuring them (0.3-0.4 s of the trainer's core, `benchmarks/startup.py`'s job) is
+    left out."""
+    here = choose_plan(server, trainer, link, workload, freeze=freeze, config=config)
+    free = choose_plan(
+        dataclasses.replace(server, send_s=0.0),
+        dataclasses.replace(trainer, receive_s=0.0),
+        LinkProfile(bytes_per_s=1e18, latency_s=link.latency_s),
+        workload,
+        freeze=freeze,
+        config=config,
+    )
+    return free.epoch_s < here.epoch_s * (1 - CODEC_MIN_GAIN)
 
 
 def loop_codec(wire_dtype: WireDtype, compression: Compression | str, plan: Plan | None) -> Codec:

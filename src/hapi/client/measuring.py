@@ -6,20 +6,20 @@ wait for its store (the session's own counters, `stats`) and the request's round
 The trainer's CPU time receiving it, per byte, is what every byte costs the core that
 trains (`TrainerProfile.receive_s`); the server's time on it, as its report says, is what
 serving an object raw costs the server (`ServerProfile.raw_s`: reading and encoding).
-The server measures its side itself when it answers the `profile` action: reading,
-decoding and the head to every cut, on the same objects, the head in batches of the
-job's chunk size. A probe at the freeze cut then sets their level: it runs the path
-every chunk runs, in chunks of the job's size, and the session's counters give its
-decoding and head time per sample.
-An older server gets the probe alone, and the head to the other cuts is the trainer's
-measured head scaled by the server/trainer ratio at the freeze point: the layers'
-relative costs are the model's, the ratio is the machines'. A first small chunk at the
-freeze cut pays for what a session's first chunk pays once, so the probe does not count it.
+A probe at the freeze cut then runs the path every chunk runs, in chunks of the job's
+size, and the session's counters give its decoding and head time per sample: the level
+of the server's profile. The cuts' relative costs come from the trainer's own timed
+heads where the server runs heads as the trainer does (`_server_profile.alike`), else
+from the server's `profile` action, its heads timed in the job's batches; an older
+server gets the probe alone, scaled as an alike one. A first small chunk at the freeze
+cut pays for what a session's first chunk pays once, so the probe does not count it.
 
 It costs a job's start what the plan must save back, so each side measures roughly and
 once - one timed run after a warm-up on a few samples, a RAW probe of four objects where
-the link is slow - and the two sides measure at once: the re-planner corrects a plan from
-the chunks' own times (`benchmarks/startup.py` weighs the start against fixed plans).
+the link is slow, codecs only where one could be chosen (`codecs_may_pay`) or while the
+server is still measuring - and the two sides measure at once: the re-planner corrects
+a plan from the chunks' own times (`benchmarks/startup.py` weighs the start against
+fixed plans).
 """
 
 from __future__ import annotations
@@ -27,24 +27,29 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from hapi.client._codec_choice import Codec, measure_codecs
+from hapi.client._codec_choice import Codec, codecs_may_pay, measure_codecs
 from hapi.client._probe_chunks import (
-    Probe,
     link_of,
     probe,
     probe_raw,
-    raw_s,
-    send_s,
 )
 from hapi.client._profile_cache import ProfileCache, job_key
+from hapi.client._server_profile import (
+    alike,
+    calibrated,
+    device_of,
+    profile_action,
+    scaled_trainer,
+)
 from hapi.client.connection import Connection
 from hapi.data import DatasetManifest, Transforms
-from hapi.errors import HapiError, InvalidRequest, OverBudget
+from hapi.errors import HapiError, InvalidRequest
 from hapi.graph import INPUT, RAW, ModelGraph
 from hapi.plan import (
     CodecProfile,
@@ -58,17 +63,19 @@ from hapi.plan import (
     choose_plan,
     measure_decode,
     measure_trainer,
-    memory_per_sample,
-    wire_bytes,
 )
-from hapi.wire import ActionType, SessionRequest
-from hapi.wire.messages import MAX_PROFILE_BATCH, MAX_PROFILE_KEYS, ProfileRequest
-from hapi.wire.replies import ProfileReply
+from hapi.wire import SessionRequest
+from hapi.wire.replies import SessionInfo
 
 __all__ = ["STALE_LINK", "Planned", "Profiles", "measure_job", "plan_job", "probe_keys"]
 
 _WARM = 4
 """Samples (and objects) the trainer's warm-ups run on before its one timed run."""
+_CPU_HEAD_BATCH = 16
+"""Samples a CPU trainer times its heads on. A core's time per sample does not change with
+the batch beyond a few samples (ResNet-18 at 112 px: batches of 8, 16 and 32 within the
+runs' noise), and the heads at the job's batch of 32 took 0.85 s of a cold job's start; a
+GPU's does change (a small batch leaves it idle), so it times the job's batch."""
 STALE_LINK = 2.0
 """How far off (either way) a job's link must measure from the kept one to replace it..."""
 STALE_S = 0.05
@@ -143,8 +150,12 @@ def plan_job(
     )  # fmt: skip
     if list(codecs) == [(wire_dtype, "none")]:
         codecs = ()  # the server's profile sizes it already
+
+    def worth(server: ServerProfile, trainer: TrainerProfile, link: LinkProfile) -> bool:
+        return codecs_may_pay(server, trainer, link, workload, freeze=freeze, config=config)
+
     stored = cache.job(key) if cache is not None else None
-    kept = _covering(stored, codecs)
+    kept = _covering(stored, codecs, worth)
     stale: LinkProfile | None = None
     if kept is not None:
         profiles = kept
@@ -152,11 +163,14 @@ def plan_job(
         if fresh is not None and cache is not None and stored is not None:
             stale, profiles = kept.link, dataclasses.replace(kept, link=fresh)
             cache.keep(key, stored[0], stored[1], fresh, stored[3])  # the next job's too
-    else:
+        server, trainer, link = profiles.server, profiles.trainer, profiles.link
+        if codecs and not profiles.codecs and worth(server, trainer, link):
+            kept = stale = None  # no codec measured where none could pay, and now one may
+    if kept is None:
         profiles = measure_job(
             connection, request, manifest, graph, freeze, transforms,
             samples=samples, batch_size=batch_size, chunk_size=workload.chunk_size, seed=seed,
-            wire_dtype=wire_dtype, profiles=cache, codecs=codecs,
+            wire_dtype=wire_dtype, profiles=cache, codecs=codecs, codecs_worth=worth,
         )  # fmt: skip
         if cache is not None:
             cache.keep(key, profiles.server, profiles.trainer, profiles.link, profiles.codecs)
@@ -198,7 +212,8 @@ def _stale_link(
     milliseconds, where a scheduler's pause alone read as a link 3x slower (loopback).
     """
     keys, labels = probe_keys(manifest, samples, seed)
-    with _session(connection, request) as session:
+    with _session(connection, request) as info:
+        session = info.session
         raw = probe_raw(connection, session, keys, labels)
     fresh = link_of(raw)
     ratio = fresh.bytes_per_s / kept.bytes_per_s
@@ -209,18 +224,21 @@ def _stale_link(
 def _covering(
     kept: tuple[ServerProfile, TrainerProfile, LinkProfile, tuple[CodecProfile, ...]] | None,
     codecs: Sequence[Codec],
+    worth: Callable[[ServerProfile, TrainerProfile, LinkProfile], bool],
 ) -> Profiles | None:
     """Kept profiles that measured every codec in `codecs`, with those codecs alone, in
-    their order; None where some codec was not measured. The codecs a job weighs are not
-    part of its key: a run with fewer of them (`wire_compression="none"` after `auto`)
-    plans from the same measurement, so its plan differs from the other's by the codec
-    alone."""
+    their order - or none of them where none could pay (`codecs_may_pay`); None where
+    some codec was not measured. The codecs a job weighs are not part of its key: a run
+    with fewer of them (`wire_compression="none"` after `auto`) plans from the same
+    measurement, so its plan differs from the other's by the codec alone."""
     if kept is None:
         return None
     server, trainer, link, measured = kept
     by_codec: dict[tuple[str, str], CodecProfile] = {
         (c.wire_dtype, c.compression): c for c in measured
     }
+    if not measured and codecs and not worth(server, trainer, link):
+        return Profiles(server, trainer, link)
     if any(c not in by_codec for c in codecs):
         return None
     return Profiles(server, trainer, link, tuple(by_codec[c] for c in codecs))
@@ -241,6 +259,7 @@ def measure_job(
     wire_dtype: str = "fp32",
     profiles: ProfileCache | None = None,
     codecs: Sequence[Codec] = (),
+    codecs_worth: Callable[[ServerProfile, TrainerProfile, LinkProfile], bool] | None = None,
 ) -> Profiles:
     """Measure the server, the link and the trainer for a job (a few seconds).
 
@@ -260,17 +279,20 @@ def measure_job(
         profiles: where the trainer's head and step times are kept between jobs; None
             measures them.
         codecs: wire codecs to measure on the probe's features (`measure_codecs`), on
-            the trainer while the server profiles itself.
+            the trainer while the server profiles itself - or after, where
+            `codecs_worth` says they may pay (`codecs_may_pay`; None: always); none
+            measured: `Profiles.codecs` is empty, the job's dtype uncompressed.
 
     Raises:
         HapiError: the server refused a probe or cannot be reached.
     """
     keys, labels = probe_keys(manifest, samples, seed)
     with (
-        _session(connection, request(freeze)) as at_cut,
-        _session(connection, request(RAW)) as session,
+        _session(connection, request(freeze)) as at_cut_info,
+        _session(connection, request(RAW)) as raw_info,
         concurrent.futures.ThreadPoolExecutor(1, "hapi-measure") as pool,
     ):
+        at_cut, session = at_cut_info.session, raw_info.session
         # First, with both tiers idle: the trainer's CPU time receiving it is what
         # receiving costs, the server's what sending does. It reads the objects cold,
         # which `raw_s` takes out.
@@ -278,12 +300,20 @@ def measure_job(
         # Then the two tiers measure themselves side by side (two machines, or two cores:
         # one after the other they took twice as long): the trainer its heads, step,
         # decoding and codecs, the server its profile and a probe at the freeze cut.
-        trainer_side = pool.submit(
-            _time_trainer, graph, freeze, raw.blobs, transforms, seed, batch_size, profiles
-        )
-        coded = pool.submit(measure_codecs, graph, freeze, raw.blobs, transforms, codecs, seed=seed)
+        server_done = threading.Event()
+
+        def trainer_side() -> tuple[TrainerProfile, tuple[CodecProfile, ...] | None]:
+            timed = _time_trainer(graph, freeze, raw.blobs, transforms, seed, batch_size, profiles)
+            if not codecs or server_done.is_set():
+                return timed, None  # measured below if they may pay
+            # The server is still measuring, the trainer's core idle beside it: free.
+            return timed, measure_codecs(graph, freeze, raw.blobs, transforms, codecs, seed=seed)
+
+        trained = pool.submit(trainer_side)
         try:
-            profiled = _profile_action(connection, session, keys, chunk_size or batch_size)
+            profiled = None
+            if not alike(raw_info, graph):
+                profiled = profile_action(connection, session, keys, chunk_size or batch_size)
             if profiled is not None and profiled.last_cut < freeze:
                 profiled = None
             at_freeze = None
@@ -294,7 +324,8 @@ def measure_job(
                 probe(connection, at_cut, keys[:_WARM], labels[:_WARM])
                 at_freeze = probe(connection, at_cut, keys, labels, chunk_size)
         finally:
-            trainer_alone, codec_profiles = trainer_side.result(), coded.result()
+            server_done.set()
+            trainer_alone, codec_profiles = trained.result()
     link = link_of(raw)
     trainer = dataclasses.replace(
         trainer_alone,
@@ -303,10 +334,16 @@ def measure_job(
     )
     if profiled is None:
         assert at_freeze is not None  # probed just now
-        server = _scaled_trainer(graph, freeze, raw=raw, at_freeze=at_freeze, trainer=trainer,
-                                 wire_dtype=wire_dtype)  # fmt: skip
+        # The probe's chunks' batches: the job's chunk size, as far as the server batches.
+        batch = min(chunk_size or len(keys), len(keys), at_cut_info.batch_size or len(keys))
+        server = scaled_trainer(graph, freeze, raw=raw, at_freeze=at_freeze, trainer=trainer,
+                                wire_dtype=wire_dtype, batch_size=batch)  # fmt: skip
     else:
-        server = _calibrated(profiled, raw=raw, at_freeze=at_freeze, freeze=freeze)
+        server = calibrated(profiled, raw=raw, at_freeze=at_freeze, freeze=freeze)
+    if codec_profiles is None:
+        codec_profiles = ()
+        if codecs and (codecs_worth is None or codecs_worth(server, trainer, link)):
+            codec_profiles = measure_codecs(graph, freeze, raw.blobs, transforms, codecs, seed=seed)
     return Profiles(server=server, trainer=trainer, link=link, codecs=codec_profiles)
 
 
@@ -326,7 +363,10 @@ def _time_trainer(
         # One timed run after a warm-up on a few samples (`time_segments`): the rough
         # figure is corrected by the re-planner from the chunks' own times, and the median
         # of three cost a cold job's start a third of its measuring.
-        return measure_trainer(graph, freeze, batch_size=batch_size, repeats=1, warm=_WARM)
+        return measure_trainer(
+            graph, freeze, batch_size=batch_size, repeats=1, warm=_WARM,
+            head_batch=min(batch_size, _CPU_HEAD_BATCH) if device_of(graph).type == "cpu" else None,
+        )  # fmt: skip
 
     trainer = (
         measure() if profiles is None else profiles.trainer(graph, freeze, batch_size, measure)[0]
@@ -336,107 +376,16 @@ def _time_trainer(
 
 
 @contextlib.contextmanager
-def _session(connection: Connection, request: SessionRequest) -> Iterator[str]:
+def _session(connection: Connection, request: SessionRequest) -> Iterator[SessionInfo]:
     """A session for the probes, closed after them if its server still answers.
 
     The close is best effort: a server that died has no session left to close, and a
     failure of the probes themselves is the error to report (and retry), not the
     close's. A session nobody closes is freed by its lease (`session_idle_s`)."""
-    session = connection.open_session(request).session
+    info = connection.open_session(request)
+    session = info.session
     try:
-        yield session
+        yield info
     finally:
         with contextlib.suppress(HapiError):
             connection.close_session(session)
-
-
-def _calibrated(
-    profiled: ServerProfile, *, raw: Probe, at_freeze: Probe | None, freeze: int
-) -> ServerProfile:
-    """The server's own profile, its head, reading and decoding rescaled to a real chunk's.
-
-    The profile times each cut's head on a small batch of its own; the probe at the
-    freeze cut runs the path every chunk runs, in chunks of the job's size. The
-    profile gives the cuts' relative costs, the probe their level: its head, its wait
-    for the store, and the rest of what its chunks' reports say they cost - decoding and
-    transforming, and encoding and handing on each batch - as `decode_s`. So the plan
-    predicts the freeze cut at what its chunks will report, which is what the re-planner
-    weighs them against: the profile action's store reads, one after another on an idle
-    core, took a third of the 0.6 ms a sample a chunk waited for them beside its decoding
-    (ResNet-50's INPUT chunks reported 1.14x the plan), and a re-plan in the first epoch
-    answered a drift that was only the profile's.
-    """
-    raw_bytes = raw.nbytes / max(raw.samples, 1)  # what RAW carries per sample, as seen
-    if at_freeze is None or not at_freeze.samples:
-        return dataclasses.replace(
-            profiled, raw_bytes=raw_bytes, raw_s=raw_s(profiled.read_s, raw), send_s=send_s(raw)
-        )
-    m = at_freeze.samples
-    counters = at_freeze.server
-    head = counters.head_s / m
-    ratio = head / profiled.head_s[freeze] if profiled.head_s[freeze] > 0 else 1.0
-    read, decode = profiled.read_s, counters.transform_s / m
-    rest = (at_freeze.reported_s - counters.head_s - counters.read_s) / m
-    if rest >= decode:  # else an older server, which reports no time
-        read, decode = counters.read_s / m, rest
-    return dataclasses.replace(
-        profiled,
-        raw_bytes=raw_bytes,
-        read_s=read,
-        raw_s=raw_s(read, raw),  # serving an object raw reads it too
-        send_s=send_s(raw),
-        decode_s=decode,
-        head_s=tuple(t * ratio for t in profiled.head_s),
-    )
-
-
-def _profile_action(
-    connection: Connection, session: str, keys: list[str], batch_size: int
-) -> ServerProfile | None:
-    """The server's own profile of the session's cuts, its heads timed in batches of
-    `batch_size` (the job's chunks'), or None from a server without the `profile` action."""
-    body = ProfileRequest(
-        session=session,
-        keys=keys[:MAX_PROFILE_KEYS],
-        batch_size=min(batch_size, MAX_PROFILE_BATCH),
-    ).to_bytes()
-    try:
-        reply = connection.action(ActionType.PROFILE, body)
-    except OverBudget:  # the job's own samples do not fit: the job's error, said as such
-        raise
-    except InvalidRequest:  # an older server: "unknown action"
-        return None
-    return ServerProfile.from_dict(ProfileReply.model_validate_json(reply).server_profile())
-
-
-def _scaled_trainer(
-    graph: ModelGraph,
-    freeze: int,
-    *,
-    raw: Probe,
-    at_freeze: Probe,
-    trainer: TrainerProfile,
-    wire_dtype: str,
-) -> ServerProfile:
-    """The server's profile from the probe chunks alone (a server without the `profile`
-    action): the trainer's per-cut head times scaled to the server's at the freeze cut."""
-    n = max(raw.samples, 1)
-    m = max(at_freeze.samples, 1)
-    head_freeze = at_freeze.server.head_s / m if freeze > INPUT else 0.0
-    local = trainer.head_s[freeze]
-    ratio = head_freeze / local if local > 0 else 1.0
-    # Bytes on the wire beyond the tensor itself (key, label, Arrow's buffers), measured.
-    overhead = max(0, round(at_freeze.nbytes / m) - wire_bytes(graph, freeze, wire_dtype))
-    cuts = range(freeze + 1)
-    read_s = at_freeze.server.read_s / m  # warm: the RAW probe read the objects cold
-    return ServerProfile(
-        read_s=read_s,
-        raw_s=raw_s(read_s, raw),
-        send_s=send_s(raw),
-        decode_s=at_freeze.server.transform_s / m,
-        head_s=tuple(trainer.head_s[k] * ratio for k in cuts),
-        out_bytes=tuple(wire_bytes(graph, k, wire_dtype, overhead=overhead) for k in cuts),
-        memory_bytes=tuple(memory_per_sample(graph, k) for k in cuts),
-        raw_bytes=raw.nbytes / n,
-        wire_dtype=wire_dtype,
-    )

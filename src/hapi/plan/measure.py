@@ -161,6 +161,7 @@ def measure_trainer(
     repeats: int = 3,
     warm: int | None = None,
     exact: bool = False,
+    head_batch: int | None = None,
 ) -> TrainerProfile:
     """The trainer's profile for cuts 0..freeze.
 
@@ -180,8 +181,11 @@ def measure_trainer(
         repeats: timed runs per measurement (the median is kept).
         warm: samples the heads' warm-up runs on (`time_segments`); None: the batch.
         exact: measure the tail from every cut rather than derive it.
+        head_batch: samples the heads are timed on; None: `batch_size`.
     """
-    heads = measure_heads(graph, freeze, batch_size=batch_size, repeats=repeats, warm=warm)
+    heads = measure_heads(
+        graph, freeze, batch_size=head_batch or batch_size, repeats=repeats, warm=warm
+    )
     if exact:
         tails_by_cut = measure_tails(graph, freeze, batch_size=batch_size, repeats=repeats)
         tails = tuple(tails_by_cut[k] for k in range(freeze + 1))

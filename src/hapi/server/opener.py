@@ -126,6 +126,8 @@ class SessionOpener:
             head_bytes=tensor_bytes(head) if head is not None else 0,
             idle_s=self.config.session_idle_s,
             local_prefixes=[p.strip("/") for p in self.config.local_prefixes],
+            device=str(self.heads.device),
+            threads=torch.get_num_threads(),
         )
         session = Session(
             id=info.session,

@@ -74,6 +74,13 @@ class SessionInfo(_Reply):
         description="Prefixes of the store local to this server (its storage node): a "
         "trainer with several servers sends it the chunks whose keys lie there.",
     )
+    device: str = Field(
+        default="",
+        description="Where the server runs heads (cpu, cuda:0); empty from an older server.",
+    )
+    threads: int = Field(
+        default=0, ge=0, description="The server's torch intra-op threads; 0 from an older server."
+    )
 
 
 class HasHeadReply(_Reply):
