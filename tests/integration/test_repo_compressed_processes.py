@@ -149,8 +149,8 @@ def kill_mid_push(ctx, uri: str, config: RepoConfig, tag: int, kind: str, arg: f
                     break
     finally:
         # SIGKILL: the push cannot release its lock or finish a write. (A local store's
-        # write cut short leaves a `<key>#<n>` staging file; no listing shows it, so no
-        # reader or gc sees it, and it is not checked here.)
+        # write cut short leaves a `<key>#<n>` staging file; no listing shows it, and gc
+        # removes it only once older than the lock TTL: test_repo_partial_writes.py.)
         child.kill()
         child.join()
         # What it sent before it died (a "done" the loop above stopped short of reading).

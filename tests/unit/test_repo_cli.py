@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -116,3 +117,17 @@ def test_fsck_prints_every_finding_and_what_to_do(
     assert "belong to no version: hapi repo gc removes them" in out
     assert "restore the unreadable manifests from a copy or delete them" in out
     assert "--repair" not in out  # repair fixes blobs, not manifests
+
+
+def test_gc_names_the_partial_writes_it_removed(
+    repo_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert "partial" not in run(capsys, monkeypatch, "gc")[1]  # none: not mentioned
+    staged = repo_dir / "tensors" / "ff" / "ffff.safetensors#1"  # a killed write's
+    staged.parent.mkdir(parents=True)
+    staged.write_bytes(b"half a blob")
+    os.utime(staged, (0, 0))
+    out = run(capsys, monkeypatch, "gc", "--dry-run")[1]
+    assert "would remove" in out and "1 partial writes" in out and staged.exists()
+    assert "removed 0 of" in (out := run(capsys, monkeypatch, "gc")[1]) and "1 partial" in out
+    assert not staged.exists()

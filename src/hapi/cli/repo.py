@@ -268,9 +268,11 @@ def gc(
         console.print(f"gc skipped: {g.reason}; run it again later")
         return
     verb = "would remove" if dry_run else "removed"
+    # Named only when found: on S3 there are never any (a killed upload leaves nothing).
+    partial = f", {g.removed_partial} partial writes of killed pushes" if g.removed_partial else ""
     console.print(
         f"{verb} {g.removed_blobs} of {g.blobs} tensors ({_size(g.removed_bytes)}), "
-        f"{g.removed_manifests} abandoned manifests, {g.removed_locks} stale locks; "
+        f"{g.removed_manifests} abandoned manifests, {g.removed_locks} stale locks{partial}; "
         f"{g.manifests} versions kept"
     )
 

@@ -7,7 +7,9 @@ push lock exists (`locks.py`), so no push can be between "found blob X already s
 "wrote the manifest that references X" while blobs are deleted. Manifests that no ref
 names (left by pushes that died between the two writes) are removed too, once older than
 the lock TTL. A blob is referenced when a kept manifest names it or a referenced delta
-blob is a delta against it (`markers.py`), however deep the chain.
+blob is a delta against it (`markers.py`), however deep the chain. On a local directory
+store, the staging files of writes cut short (`hapi.data.partial`), which no listing shows,
+are removed too.
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from hapi.data.partial import sweep_partial
 from hapi.data.store import ObjectStore
 from hapi.errors import ObjectNotFound
 from hapi.repo.layout import (
+    DELTAS,
+    LOCKS,
     MANIFESTS,
     REFS,
     TENSORS,
@@ -55,10 +60,27 @@ class GcReport:
     """Unnamed manifests left by interrupted pushes."""
     removed_locks: int = 0
     """Stale locks of dead processes."""
+    removed_partial: int = 0
+    """Staging files of writes cut short (local directory stores only; no listing shows
+    them)."""
 
 
-def collect_garbage(store: ObjectStore, locks: Locks, *, dry_run: bool = False) -> GcReport:
-    """Delete unreferenced blobs and abandoned manifests, unless pushes are running.
+def collect_garbage(
+    store: ObjectStore,
+    locks: Locks,
+    *,
+    dry_run: bool = False,
+    partial_age_s: float | None = None,
+) -> GcReport:
+    """Delete unreferenced blobs, abandoned manifests and the staging files of killed
+    writes, unless pushes are running.
+
+    Args:
+        store: the repository's store.
+        locks: its locks.
+        dry_run: count, delete nothing.
+        partial_age_s: how long a staging file must have gone unwritten to be removed;
+            None: the lock TTL.
 
     Raises:
         IntegrityError: a manifest cannot be read; nothing is deleted.
@@ -100,6 +122,16 @@ def collect_garbage(store: ObjectStore, locks: Locks, *, dry_run: bool = False) 
                 store.delete(key)
             for m in abandoned:
                 store.delete(manifest_key(m.id))
+        # Aged by the lock TTL by default. Pushes that start now wait for this gc before
+        # writing blobs, but their own lock may be being written, and a push whose lock
+        # was ignored as older than the TTL may only be paused: a staging file written
+        # within the TTL may yet be renamed into place. The TTL also exceeds the clock
+        # skew of machines sharing a network directory (whose server stamps the mtime).
+        age = locks.ttl_s if partial_age_s is None else partial_age_s
+        removed_partial = sum(
+            sweep_partial(store, prefix, older_than_s=age, dry_run=dry_run)
+            for prefix in (TENSORS, DELTAS, MANIFESTS, REFS, LOCKS)
+        )
         return GcReport(
             dry_run=dry_run,
             manifests=len(kept),
@@ -108,6 +140,7 @@ def collect_garbage(store: ObjectStore, locks: Locks, *, dry_run: bool = False) 
             removed_bytes=removed_bytes,
             removed_manifests=len(abandoned),
             removed_locks=removed_locks,
+            removed_partial=removed_partial,
         )
     finally:
         held.release()

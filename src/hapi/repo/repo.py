@@ -204,14 +204,15 @@ class ModelRepo:
         return version
 
     def gc(self, *, dry_run: bool = False) -> GcReport:
-        """Delete the tensor blobs no manifest references (and abandoned manifests).
+        """Delete unreferenced tensor blobs (and abandoned manifests and partial writes).
 
         Does nothing, and says so in the report, while pushes are running.
 
         Raises:
             IntegrityError: a manifest cannot be read; nothing is deleted.
         """
-        report = collect_garbage(self.store, self.locks, dry_run=dry_run)
+        age = self.config.partial_age_s
+        report = collect_garbage(self.store, self.locks, dry_run=dry_run, partial_age_s=age)
         if report.removed_manifests:
             self.refresh()
         return report

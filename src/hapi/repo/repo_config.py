@@ -22,6 +22,10 @@ class RepoConfig:
     process is seen to be gone (same machine, pid not running) is stale at once."""
     lock_wait_s: float = 60.0
     """How long a push waits for a running gc to finish before giving up."""
+    partial_age_s: float | None = None
+    """On a local directory store, gc removes the staging file a killed write left
+    (`<key>#<n>`) once unwritten for this long; None: `lock_ttl_s`. Lower only when no
+    push can be paused that long."""
     verify: bool = True
     """Re-hash every tensor read from the store (detects corrupt and truncated blobs)."""
     relist_s: float = 30.0
@@ -75,6 +79,11 @@ class RepoConfig:
         if not 0.0 <= self.min_saving < 1.0:
             raise InvalidRequest(
                 f"min_saving must be in [0, 1) (a fraction of a blob), got {self.min_saving}"
+            )
+        if self.partial_age_s is not None and self.partial_age_s < 0:
+            raise InvalidRequest(
+                f"partial_age_s must be >= 0 seconds (or None: lock_ttl_s), got "
+                f"{self.partial_age_s}"
             )
         if self.lock_wait_s < 0:
             raise InvalidRequest(f"lock_wait_s must be >= 0 seconds, got {self.lock_wait_s}")
