@@ -32,7 +32,7 @@ SOURCES = (
     "plan-256-vit-1gbit-v7",
     "plan-256-vit-10mbit-v4",
     "plan-256-rest-10mbit",
-    "plan-256-r18-1gbit-v11",
+    "plan-256-r18-1gbit-v12+plan-256-r18-1gbit-v12b",
 )
 """The 256-image sweeps, through the 8 KB tc bucket (`_netns.BURST`), a later one
 replacing an earlier one's equal configurations; all with the server's send order, one
