@@ -30,12 +30,13 @@ def measure_any(
     policy: RetryPolicy,
     *,
     stop: threading.Event | None = None,
+    wake: threading.Event | None = None,
 ) -> Plan:
     """`measure` on the servers in turn until one answers, within `policy`'s budget.
 
     A failure moves to the next server at once; after every server failed, the next
     round waits the policy's backoff (any server has the whole store, and measures the
-    same job).
+    same job) - or until `wake` is set.
 
     Raises:
         ServerUnavailable, StoreUnavailable, SessionNotFound: the last failure, once the
@@ -50,7 +51,7 @@ def measure_any(
     def next_server(error: BaseException | None) -> bool:
         return tried % n != 0  # a server of this round not yet tried: no backoff
 
-    for attempt in policy.retrying(stop=stop, at_once=next_server):
+    for attempt in policy.retrying(stop=stop, at_once=next_server, wake=wake):
         if stop is not None and stop.is_set() and last is not None:
             raise last
         with attempt:
@@ -89,6 +90,9 @@ class DeferredPlan:
         policy: how long to keep trying.
         adopt: called with the plan, from the background thread, once it is measured.
         failed: called with the last error when the budget is spent.
+        wake: set when a chunk was served meanwhile: the next try goes at once rather
+            than at the end of its backoff (up to `RetryPolicy.max_wait_s`), so a short
+            job back on its server is planned before it ends.
     """
 
     def __init__(
@@ -99,9 +103,10 @@ class DeferredPlan:
         *,
         adopt: Callable[[Plan], None],
         failed: Callable[[HapiError], None],
+        wake: threading.Event | None = None,
     ) -> None:
         self._connections, self._measure, self._policy = connections, measure, policy
-        self._adopt, self._failed = adopt, failed
+        self._adopt, self._failed, self._wake = adopt, failed, wake
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hapi-plan", daemon=True)
 
@@ -117,7 +122,9 @@ class DeferredPlan:
 
     def _run(self) -> None:
         try:
-            plan = measure_any(self._connections, self._measure, self._policy, stop=self._stop)
+            plan = measure_any(
+                self._connections, self._measure, self._policy, stop=self._stop, wake=self._wake
+            )
         except HapiError as exc:
             if not self._stop.is_set():
                 self._failed(exc)

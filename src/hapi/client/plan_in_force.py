@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from collections.abc import Callable, Iterator, Sequence
 
 from hapi.client._plan_retry import DeferredPlan, measure_any, measure_round
@@ -147,14 +148,16 @@ class PlanInForce:
         config = replan if isinstance(replan, ReplanConfig) else None
         replans = train and self._fixed is None and replan is not False
         replanner = Replanner(self._plan, config) if replans and self._plan is not None else None
-        router = Router(cut, share, replanner=replanner, record=self._record, recall=recall)
+        served = threading.Event()  # a chunk was read while the plan is put off
+        router = Router(cut, share, replanner=replanner, record=self._record, recall=recall,
+                        served=served.set)  # fmt: skip
         deferred = replans and self._plan is None and not self._unmeasured
         if not train:
             yield router
             return
         self._router = router
         try:
-            with self._deferred(router, config) if deferred else contextlib.nullcontext():
+            with self._deferred(router, config, served) if deferred else contextlib.nullcontext():
                 yield router
         finally:
             router.settle()
@@ -208,7 +211,9 @@ class PlanInForce:
             return self._default
         return (self._plan.cut, self._plan.share)
 
-    def _deferred(self, router: Router, config: ReplanConfig | None) -> DeferredPlan:
+    def _deferred(
+        self, router: Router, config: ReplanConfig | None, served: threading.Event
+    ) -> DeferredPlan:
         """The plan no server could be measured for, measured in the background and put
         into force when it comes."""
 
@@ -228,5 +233,6 @@ class PlanInForce:
             )
 
         return DeferredPlan(
-            self._connections, self._measure_aside, self._retries, adopt=adopt, failed=failed
-        )
+            self._connections, self._measure_aside, self._retries, adopt=adopt, failed=failed,
+            wake=served,
+        )  # fmt: skip

@@ -9,6 +9,7 @@ what counts as transient is decided here, by error class, never by message.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -65,6 +66,7 @@ class RetryPolicy:
         on_retry: Callable[[tenacity.RetryCallState], None] | None = None,
         stop: threading.Event | None = None,
         at_once: Callable[[BaseException | None], bool] | None = None,
+        wake: threading.Event | None = None,
     ) -> tenacity.Retrying:
         """A tenacity controller for one chunk.
 
@@ -73,6 +75,8 @@ class RetryPolicy:
             stop: when set, a backoff ends early (the caller then gives up).
             at_once: says whether a failure is retried without a backoff (the chunk
                 moved to another server: nothing to wait for).
+            wake: when set, a backoff ends early and the call is tried again at once
+                (something says the server is back); cleared as it is taken.
         """
         until: tenacity.stop.stop_base = tenacity.stop_after_delay(self.budget_s)
         if self.retries is not None:
@@ -89,7 +93,9 @@ class RetryPolicy:
             return backoff(state)
 
         def sleep(seconds: float) -> None:
-            if stop is None:
+            if wake is not None:
+                _nap_until(seconds, stop, wake)
+            elif stop is None:
                 tenacity.nap.sleep(seconds)
             else:
                 stop.wait(seconds)
@@ -102,3 +108,15 @@ class RetryPolicy:
             sleep=sleep,
             reraise=True,
         )
+
+
+def _nap_until(seconds: float, stop: threading.Event | None, wake: threading.Event) -> None:
+    """Sleep `seconds`, or until `stop` or `wake` is set (`wake` is taken: cleared). Two
+    events cannot be waited on at once, so `stop` is looked at every 50 ms."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        if stop is not None and stop.is_set():
+            return
+        if wake.wait(min(left, 0.05)):
+            wake.clear()
+            return

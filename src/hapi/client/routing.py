@@ -89,12 +89,14 @@ class Router:
         replanner: Replanner | None = None,
         record: Callable[[Event], None] = ignore_event,
         recall: Callable[[], list[str]] = recall_nothing,
+        served: Callable[[], None] = lambda: None,
     ) -> None:
         check_choice(cut, share)
         self.cut, self.share = cut, share
         self.replanner = replanner
         self._record = record
         self._recall = recall
+        self._served = served
         self._lock = threading.Lock()
         # The re-planner's own: chunks are observed from the fetching threads (read) and
         # the training thread (trained). Never held while taking `_lock` in `observe`.
@@ -247,6 +249,8 @@ class Router:
         """Take in what a chunk measured (its server's and link's time when it is read, its
         trainer's when it is trained); re-plan when they call for it. Thread-safe."""
         if self.replanner is None:
+            if isinstance(measured, ReadMeasurement):
+                self._served()  # a server answers: a plan put off may be measured now
             return
         with self._replanning:
             if isinstance(measured, ReadMeasurement):
