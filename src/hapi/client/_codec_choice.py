@@ -4,7 +4,8 @@ features, and which one a loop's sessions ask for.
 The planner weighs every lossless compression unless the user named one, and lossy dtypes
 only when the user opted in (`lossy_wire=True`). A codec is measured on the features of
 the planner's probe objects at every cut (bytes on the wire, encode and decode CPU), on
-the trainer while the server profiles itself. A loop takes its codec once, when it
+the trainer while the server still measures itself - or after, and only where one could
+be chosen (`codecs_may_pay`). A loop takes its codec once, when it
 starts: its sessions, its local chunks and the trainer's cache then agree on it.
 """
 
