@@ -63,13 +63,9 @@ def calibrated(
             profiled, raw_bytes=raw_bytes, raw_s=raw_s(profiled.read_s, raw), send_s=send_s(raw)
         )
     m = at_freeze.samples
-    counters = at_freeze.server
-    head = counters.head_s / m
+    head = at_freeze.server.head_s / m
     ratio = head / profiled.head_s[freeze] if profiled.head_s[freeze] > 0 else 1.0
-    read, decode = profiled.read_s, counters.transform_s / m
-    rest = (at_freeze.reported_s - counters.head_s - counters.read_s) / m
-    if rest >= decode:  # else an older server, which reports no time
-        read, decode = counters.read_s / m, rest
+    read, decode = _level(at_freeze) or (profiled.read_s, at_freeze.server.transform_s / m)
     return dataclasses.replace(
         profiled,
         raw_bytes=raw_bytes,
@@ -125,14 +121,13 @@ def scaled_trainer(
     # Bytes on the wire beyond the tensor itself (key, label, Arrow's buffers), measured.
     overhead = max(0, round(at_freeze.nbytes / m) - wire_bytes(graph, freeze, wire_dtype))
     cuts = range(freeze + 1)
-    read_s = counters.read_s / m  # warm: the RAW probe read the objects cold
-    # An older server reports no time beyond its counters: the transforms' then stand.
-    rest = (at_freeze.reported_s - counters.head_s - counters.read_s) / m
+    # Warm reads: the RAW probe read the objects cold.
+    read_s, decode_s = _level(at_freeze) or (counters.read_s / m, counters.transform_s / m)
     return ServerProfile(
         read_s=read_s,
         raw_s=raw_s(read_s, raw),
         send_s=send_s(raw),
-        decode_s=max(counters.transform_s / m, rest),
+        decode_s=decode_s,
         head_s=tuple(trainer.head_s[k] * ratio for k in cuts),
         out_bytes=tuple(wire_bytes(graph, k, wire_dtype, overhead=overhead) for k in cuts),
         memory_bytes=tuple(memory_per_sample(graph, k) for k in cuts),
@@ -140,3 +135,16 @@ def scaled_trainer(
         wire_dtype=wire_dtype,
         batch_size=max(1, batch_size),
     )
+
+
+def _level(at_freeze: Probe) -> tuple[float, float] | None:
+    """The probe's read and decode seconds per sample, as its chunks reported them: its
+    wait for the store, and the rest of their time beside the head - decoding and
+    transforming, encoding and handing on each batch; None from an older server, which
+    reports no time beyond its counters (its transforms' then stand)."""
+    m = max(at_freeze.samples, 1)
+    counters = at_freeze.server
+    rest = (at_freeze.reported_s - counters.head_s - counters.read_s) / m
+    if rest < counters.transform_s / m:
+        return None
+    return counters.read_s / m, rest
