@@ -1,7 +1,8 @@
 """A real Azure Blob emulator (Azurite, the npm package) for tests, on 127.0.0.1, stopped by pid.
 
-`.ci/run` installs Azurite with npm into its cache (`$HAPI_CI_CACHE/azurite-VERSION`) and
-puts it on PATH; a developer can do the same, or point `HAPI_AZURITE` at `azurite-blob`.
+Azurite is not on PyPI, so the first test that needs it installs the pinned version with npm
+into the cache (`$HAPI_CI_CACHE/azurite-VERSION`, default `~/.cache/hapi-ci`), under a file
+lock so parallel workers install it once; `HAPI_AZURITE` or an `azurite-blob` on PATH wins.
 Containers are made with one Shared Key signed request (obstore has no call for it), with
 Azurite's well-known development account.
 """
@@ -10,10 +11,13 @@ from __future__ import annotations
 
 import base64
 import email.utils
+import fcntl
 import hashlib
 import hmac
 import os
 import shutil
+import subprocess
+import tempfile
 import urllib.request
 import uuid
 from dataclasses import dataclass
@@ -34,20 +38,55 @@ ACCOUNT_KEY = (
 
 
 def azurite_binary() -> str:
-    """The `azurite-blob` to run: `HAPI_AZURITE`, on PATH, or in .ci/run's cache.
+    """The `azurite-blob` to run: `HAPI_AZURITE`, on PATH, or the cached one, installed with
+    npm on first use.
 
     Raises:
-        RuntimeError: there is none, saying how to install it.
+        RuntimeError: it is missing and cannot be installed, saying the command that fixes it.
     """
-    cache = Path(os.environ.get("HAPI_CI_CACHE", Path.home() / ".cache" / "hapi-ci"))
-    cached = cache / f"azurite-{AZURITE_VERSION}" / "node_modules" / ".bin" / "azurite-blob"
-    for found in (os.environ.get("HAPI_AZURITE"), shutil.which("azurite-blob"), str(cached)):
+    for found in (os.environ.get("HAPI_AZURITE"), shutil.which("azurite-blob")):
         if found and os.access(found, os.X_OK):
             return found
-    raise RuntimeError(
-        "Azurite is missing: run .ci/run once, or `npm install --prefix "
-        f"{cached.parents[2]} azurite@{AZURITE_VERSION}` (or set HAPI_AZURITE)"
-    )
+    cache = Path(os.environ.get("HAPI_CI_CACHE", Path.home() / ".cache" / "hapi-ci"))
+    home = cache / f"azurite-{AZURITE_VERSION}"
+    binary = home / "node_modules" / ".bin" / "azurite-blob"
+    if not os.access(binary, os.X_OK):
+        _install(home)
+    return str(binary)
+
+
+def _install(home: Path) -> None:
+    """npm-install the pinned Azurite into `home`, once across processes.
+
+    It goes into a scratch folder renamed into place when whole, so an install killed
+    midway leaves nothing that looks installed.
+    """
+    npm = shutil.which("npm")
+    if npm is None:
+        raise RuntimeError(
+            "the Azure tests need Azurite, which comes from npm, and npm is missing: "
+            "install it with `apt-get install -y nodejs npm`"
+        )
+    home.parent.mkdir(parents=True, exist_ok=True)
+    with open(home.parent / f"{home.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another worker may be installing it: wait
+        if home.exists():
+            return
+        scratch = Path(tempfile.mkdtemp(prefix=f"{home.name}.", dir=home.parent))
+        try:
+            done = subprocess.run(
+                [npm, "install", "--prefix", str(scratch), "--no-audit", "--no-fund",
+                 "--loglevel=error", f"azurite@{AZURITE_VERSION}"],
+                capture_output=True, text=True, timeout=600, check=False,
+            )  # fmt: skip
+            if done.returncode != 0:
+                raise RuntimeError(
+                    f"`npm install azurite@{AZURITE_VERSION}` failed ({done.returncode}): "
+                    f"{done.stderr.strip()[-500:]}"
+                )
+            scratch.rename(home)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 @dataclass

@@ -18,7 +18,7 @@ from hapi.client._trainer_cache import TrainerCache
 from hapi.client.sessions import Sessions
 from hapi.client.testing import MemorySource, feature_of
 from hapi.data import DatasetManifest, Transforms
-from hapi.errors import InvalidRequest, ServerUnavailable, StoreUnavailable
+from hapi.errors import InvalidRequest, ServerUnavailable, StoreUnavailable, StreamRecalled
 from hapi.wire import ChunkTicket, SessionRequest
 
 KEYS = tuple(f"d/c{i % 2}/{i:02d}.jpg" for i in range(23))
@@ -119,10 +119,24 @@ def test_a_recall_asks_again_for_what_was_not_delivered() -> None:
     assert len(again) == 2 and len(again[1].keys) == len(again[0].keys) - source.batch_size
 
 
+def _until_fired(failing: MemorySource) -> Callable[[ChunkTicket, int], None]:
+    """An `on_part` that holds a server's first part until `failing` has failed a stream.
+
+    The held chunk keeps that server busy, so the next chunks go to `failing` and its
+    fault fires whatever the load: a fast in-memory server otherwise finishes each chunk
+    before the next is placed, and takes them all."""
+
+    def hold(ticket: ChunkTicket, part: int) -> None:
+        _eventually(lambda: failing.faults_fired > 0)
+
+    return hold
+
+
 def test_a_failed_server_hands_its_chunks_to_another() -> None:
     a = MemorySource(address="memory://a", batch_size=2)
     b = MemorySource(address="memory://b", batch_size=2)
     b.fail_next(ServerUnavailable("memory://b went away"), after=1)
+    a.on_part = _until_fired(b)
     loader = _loader(a, b)
     with loader.servers:
         keys = _epoch(loader, 0)
@@ -130,6 +144,25 @@ def test_a_failed_server_hands_its_chunks_to_another() -> None:
     assert loader.stats.failovers >= 1
     moved = {k for t in a.tickets for k in t.keys} & {k for t in b.tickets for k in t.keys}
     assert moved, "no chunk went from b to a"
+
+
+def test_a_fault_is_spent_only_when_it_fires() -> None:
+    """A stream recalled before its fault's part hands the fault on: a test that recalls
+    never races the failure it asked for."""
+    source = MemorySource(batch_size=2)
+    source.fail_next(ServerUnavailable("gone"), after=1)
+    session = source.open_session(_request(1)).session
+    ticket = ChunkTicket(session=session, chunk=0, keys=list(KEYS[:4]), labels=[0] * 4)
+    first = iter(source.stream(ticket))
+    next(first)
+    assert source.recall()
+    with pytest.raises(StreamRecalled):
+        next(first)
+    second = iter(source.stream(ticket))
+    next(second)
+    with pytest.raises(ServerUnavailable, match="gone"):
+        next(second)
+    assert list(source.stream(ticket)), "spent: the third stream is whole"
 
 
 def test_a_store_away_for_a_moment_is_retried(source: MemorySource) -> None:
@@ -259,7 +292,11 @@ def test_the_cache_fills_through_failover_and_recall(tmp_path: Path) -> None:
             recalled.set()
             loader.recall()
 
-    a.on_part = b.on_part = recall_once
+    def hold_then_recall(ticket: ChunkTicket, part: int) -> None:
+        _until_fired(b)(ticket, part)
+        recall_once(ticket, part)
+
+    a.on_part, b.on_part = hold_then_recall, recall_once
     with loader.servers:
         assert _epoch(loader, 0, then=1) == _in_order(loader, 0)
         assert loader.stats.failovers >= 1 and recalled.is_set()

@@ -106,6 +106,8 @@ class MemorySource:
     """The most streams open at once."""
     max_open_raw: int = 0
     """The most streams of RAW sessions open at once (a trainer's local chunks)."""
+    faults_fired: int = 0
+    """Faults of `fail_next` that failed a stream so far."""
     skip: set[str] = field(default_factory=set)
     """Keys it reports skipped (a corrupt object under `on_error="skip"`)."""
     _faults: list[_Fault] = field(default_factory=list)
@@ -116,7 +118,12 @@ class MemorySource:
     _ids: Iterator[int] = field(default_factory=itertools.count)
 
     def fail_next(self, error: HapiError, *, after: int = 0, times: int = 1) -> None:
-        """The next `times` streams fail with `error` after `after` parts."""
+        """The next `times` streams fail with `error` after `after` parts.
+
+        A fault is spent only when it fires: a stream recalled, cancelled or ended before
+        its part `after` hands it to the next stream, so a test that recalls does not race
+        the failure it asked for.
+        """
         with self._lock:
             self._faults.extend(_Fault(error, after) for _ in range(times))
 
@@ -176,6 +183,7 @@ class MemorySource:
             raw = sum(s.cut == RAW for s in self._streams)
             self.max_open_raw = max(self.max_open_raw, raw)
         if fault is not None and fault.after == 0:
+            stream.fire()
             stream.close()
             raise fault.error
         return stream
@@ -227,6 +235,9 @@ class MemorySource:
         with self._lock:
             if stream in self._streams:
                 self._streams.remove(stream)
+            if stream.fault is not None and not stream.fired:
+                self._faults.insert(0, stream.fault)
+                stream.fault = None
 
 
 class _MemoryStream:
@@ -238,6 +249,7 @@ class _MemoryStream:
         self.source, self.ticket, self.cut, self.fault = source, ticket, cut, fault
         self.cancelled = threading.Event()
         self.recalled = False
+        self.fired = False
 
     def __iter__(self) -> Iterator[ChunkPart]:
         source, ticket = self.source, self.ticket
@@ -281,7 +293,14 @@ class _MemoryStream:
         if self.cancelled.is_set():
             raise ServerUnavailable(f"chunk {self.ticket.chunk}'s stream was cancelled")
         if self.fault is not None and index >= self.fault.after:
+            self.fire()
             raise self.fault.error
+
+    def fire(self) -> None:
+        """Its fault fails it now: spent, and counted."""
+        self.fired = True
+        with self.source._lock:
+            self.source.faults_fired += 1
 
     def cancel(self) -> None:
         self.cancelled.set()
