@@ -7,6 +7,15 @@ convention for emulators). The emulator serves every request obstore makes excep
 an XML API upload (`PUT /bucket/object`, obstore's only way to write) is answered
 "400 invalid uploadType" (fsouza/fake-gcs-server#1164). So tests write objects through the
 emulator's JSON API (`upload`), and read, list, size and delete them through hapi's store.
+
+Every GCS emulator the package registries offer was tried against obstore 0.12's writes
+(2026-12): fake-gcs-server 1.54 (this wrapper's 0.1.1, the only release) stores an XML-API
+`PUT` only on a signed URL, answers without an `ETag` header, and has no XML multipart;
+`gcp-storage-emulator` 2026.7.19 answers a put without `ETag`, a get without
+`Last-Modified`, and multipart, listing, HEAD and DELETE with 501; `gcloud-storage-emulator`
+0.5.0 fails every request. No npm or Debian package is a GCS server. A proxy rewriting
+obstore's requests for fake-gcs-server makes writes pass, but would test the proxy, not
+GCS: writes stay untested here until an emulator takes them.
 """
 
 from __future__ import annotations

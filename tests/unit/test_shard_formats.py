@@ -126,14 +126,49 @@ def test_long_member_names_and_json_labels_are_understood(fmt: int) -> None:
     )
 
 
-def test_a_damaged_header_and_a_sample_without_an_image_name_the_shard() -> None:
+def test_a_damaged_header_keeps_the_samples_before_it_and_names_the_byte() -> None:
     data = bytearray(_tar(_samples(3)))
     second = 512 + 512 + 512 + 3072  # after s0000.cls and s0000.jpg
     data[second + 10] ^= 0xFF
-    with pytest.raises(CorruptObject, match=r"x\.tar.*damaged tar header"):
-        _index(bytes(data))
+    index, _ = _index(bytes(data))
+    assert [m.key for m in index.samples] == ["s0000"]
+    damage = index.damage
+    assert damage is not None and damage.at == second and damage.size == len(data)
+    assert "damaged tar header" in damage.reason and damage.lost == ()
+    assert damage.lost_keys() == [f"x.tar@bytes={second}-{len(data)}"]
     with pytest.raises(CorruptObject, match="'only'.*no image member"):
         _index(_tar([("only.cls", b"1")]))
+
+
+@pytest.mark.parametrize(
+    ("cut", "kept", "lost"),
+    [
+        # s0001's header is at 4608: .cls (header + a block), then .jpg's header at 5632.
+        (4608 + 512 + 200, ["s0000"], ["s0001"]),  # inside s0001.cls
+        (5632 + 512 + 1000, ["s0000"], ["s0001"]),  # inside s0001.jpg: it has a label only
+        (5632 + 100, ["s0000"], ["s0001"]),  # a partial header: s0001 has no image yet
+        (9216, ["s0000", "s0001"], []),  # on a member boundary: no end-of-archive blocks
+        (300, [], []),  # before the first whole header: nothing to name, a byte range
+    ],
+)
+def test_a_shard_cut_short_keeps_its_whole_samples_and_names_the_rest(
+    cut: int, kept: list[str], lost: list[str]
+) -> None:
+    data = _tar(_samples(3))[:cut]
+    index, _ = _index(data)
+    assert [m.key for m in index.samples] == kept
+    damage = index.damage
+    assert damage is not None and damage.size == cut and "cut short" in damage.reason
+    assert list(damage.lost) == lost
+    assert damage.lost_keys() == (
+        [f"x.tar#{k}" for k in lost] or [f"x.tar@bytes={damage.at}-{cut}"]
+    )
+    assert TarIndex.from_dict(json.loads(json.dumps(index.to_dict()))) == index
+
+
+def test_a_whole_shard_has_no_damage() -> None:
+    index, _ = _index(_tar(_samples(3)))
+    assert index.damage is None and len(index.samples) == 3
 
 
 def test_a_chunk_of_contiguous_members_costs_one_ranged_request(tmp_path: Path) -> None:

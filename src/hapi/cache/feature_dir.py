@@ -8,6 +8,10 @@ corrupt entry is a miss, and is removed. A hit touches its file, so eviction - o
 first, when the directory passes its bound - removes what was used least recently; an
 entry evicted under a running epoch is a miss, never an error. Recent entries are also
 kept decoded in memory, up to `memory_bytes`.
+
+A cache is an optimization: a write that fails (a full disk, a read-only one, no
+permission, a quota) turns writing off for this cache, with one warning and a count, and
+it goes on serving what it holds; a job never fails for its cache.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import struct
 import threading
@@ -33,6 +38,8 @@ from hapi.cache.space import FeatureSpace
 from hapi.errors import InvalidRequest
 
 __all__ = ["CacheStats", "FeatureCache", "SpaceUsage", "default_cache_root"]
+
+log = logging.getLogger(__name__)
 
 _MAGIC = b"HFC1"
 _DIGEST = 16
@@ -70,6 +77,9 @@ class CacheStats:
     """Entries that failed their checksum: counted as misses and removed."""
     bytes_held: int = 0
     """Bytes on disk, as this process last counted them."""
+    write_failures: int = 0
+    """Entries not written because the directory refused them (full, read-only, no
+    permission): the first turned writing off (`FeatureCache.write_error`)."""
 
 
 @dataclass(frozen=True)
@@ -115,20 +125,34 @@ class FeatureCache:
         self._memory_held = 0
         self._counted = False
         self._described: set[str] = set()
-        (self.root / _VERSION_DIR / _TMP).mkdir(parents=True, exist_ok=True)
+        self.write_error: str | None = None
+        """Why writing is off (the first write the directory refused), or None."""
+        try:
+            (self.root / _VERSION_DIR / _TMP).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a read-only directory still serves what it holds
+            self._refused(exc)
         self._sweep_tmp()
 
     def __repr__(self) -> str:
         return f"FeatureCache({str(self.root)!r}, max_bytes={self.max_bytes})"
 
+    @property
+    def writing(self) -> bool:
+        """Whether new entries are written (False once the directory refused one)."""
+        return self.write_error is None
+
     def describe(self, space: FeatureSpace) -> None:
         """Write what the space is, once, for `hapi cache ls`."""
-        if space.id in self._described:
+        if space.id in self._described or not self.writing:
             return
         path = self._space_dir(space.id) / "space.json"
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._atomic_write(path, json.dumps(space.describe(), indent=1).encode())
+        try:
+            if not path.exists():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._atomic_write(path, json.dumps(space.describe(), indent=1).encode())
+        except OSError as exc:
+            self._refused(exc)
+            return
         self._described.add(space.id)
 
     def get_many(self, space: FeatureSpace, names: Sequence[str]) -> list[torch.Tensor | None]:
@@ -170,13 +194,47 @@ class FeatureCache:
     def put_many(
         self, space: FeatureSpace, names: Sequence[str], tensors: Sequence[torch.Tensor]
     ) -> None:
-        """Store each tensor under its name (replacing an equal entry is harmless)."""
+        """Store each tensor under its name (replacing an equal entry is harmless).
+
+        Once the directory refused a write, entries are kept in memory only (within
+        `memory_bytes`) and counted in `stats.write_failures`.
+        """
         self.describe(space)
         added = 0
-        for name, tensor in zip(names, tensors, strict=True):
-            added += self._put(space.id, name, tensor)
+        for done, (name, tensor) in enumerate(zip(names, tensors, strict=True)):
+            if not self.writing:
+                self._keep_in_memory(space.id, names[done:], tensors[done:])
+                break
+            try:
+                added += self._put(space.id, name, tensor)
+            except OSError as exc:
+                self._refused(exc)
+                self._keep_in_memory(space.id, names[done:], tensors[done:])
+                break
         if added:
             self._bound(added)
+
+    def _keep_in_memory(
+        self, sid: str, names: Sequence[str], tensors: Sequence[torch.Tensor]
+    ) -> None:
+        """What could not be written: counted, and kept in memory (it may yet hit)."""
+        with self._lock:
+            self.stats.write_failures += len(names)
+            for name, tensor in zip(names, tensors, strict=True):
+                self._remember(sid, name, tensor.detach().to("cpu"))
+
+    def _refused(self, exc: OSError) -> None:
+        """The directory refused a write: writing stops, with one warning."""
+        with self._lock:
+            if self.write_error is not None:
+                return
+            self.write_error = f"{type(exc).__name__}: {exc.strerror or exc}"
+        log.warning(
+            "feature cache %s refused a write (%s): it serves what it holds and writes "
+            "nothing more; free space or pass a writable cache_dir",
+            self.root,
+            self.write_error,
+        )
 
     def contains(self, space: FeatureSpace, name: str) -> bool:
         """Whether an entry exists (not checked: `get` checks)."""
@@ -186,6 +244,8 @@ class FeatureCache:
         """Each space's entries and bytes."""
         spaces = []
         base = self.root / _VERSION_DIR
+        if not base.is_dir():  # never created: a read-only place
+            return []
         for directory in sorted(p for p in base.iterdir() if p.is_dir() and p.name != _TMP):
             files = [f for f in directory.glob("??/*") if f.is_file()]
             described: dict[str, Any] = {}

@@ -133,4 +133,4 @@ def _bar(label: str, total: int) -> Iterator[Callable[[int], None]]:
 def _summary(store: Store, manifest: DatasetManifest) -> None:
     from hapi.data import summarize
 
-    Console().print(f"{store.uri}: {summarize(store, manifest)}", highlight=False)
+    Console().print(f"{store.uri}: {summarize(store, manifest)}", highlight=False, soft_wrap=True)

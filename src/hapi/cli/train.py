@@ -117,12 +117,17 @@ class _Report(TrainHooks):
 
 
 def _cached(stats: EpochStats) -> str:
-    """Where the epoch's features came from, when a cache gave some."""
+    """Where the epoch's features came from, when a cache gave some; what it could not keep."""
+    refused = (
+        f"; {stats.cache_write_failures} not cached (the cache's disk refused them)"
+        if stats.cache_write_failures
+        else ""
+    )
     if not (stats.cached or stats.server_cached):
-        return ""
+        return refused
     return (
         f"; {stats.cached} from the trainer's cache, {stats.server_cached} from the "
-        f"server's, {stats.computed} computed"
+        f"server's, {stats.computed} computed{refused}"
     )
 
 

@@ -16,6 +16,7 @@ from hapi.client.distributed import Shard
 from hapi.data import DatasetManifest
 from hapi.data.shard_order import shard_order
 from hapi.errors import HapiError, shorten
+from hapi.wire import SkippedKey
 
 __all__ = ["Chunks", "EpochKeys"]
 
@@ -53,6 +54,17 @@ class EpochKeys:
         self.manifest, self.seed, self.shuffle = manifest, seed, shuffle
         self.chunk_size, self.batch_size = chunk_size, batch_size
         self.shard, self.relist = shard, relist
+
+    def lost(self) -> list[SkippedKey]:
+        """The samples damaged shards lost (`DatasetManifest.damaged`): skipped in every
+        epoch, reported by one rank only."""
+        if self.shard is not None and self.shard.rank != 0:
+            return []
+        return [
+            SkippedKey(key=key, error="CorruptObject", message=damage.describe())
+            for damage in self.manifest.damaged
+            for key in damage.lost_keys()
+        ]
 
     def order(self, epoch: int) -> np.ndarray:
         """The epoch's order of manifest indices (with a shard, this rank's part of it).

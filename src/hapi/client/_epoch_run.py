@@ -113,7 +113,7 @@ class EpochRun:
         fetch = context.fetch
         if fetch.cache is not None:
             fetch.cache.set_versions(epoch, versions)
-        self.stats = LoaderStats()
+        self.stats = LoaderStats(skipped=context.keys.lost())
         self.flows: list[Flow] = []
         self.before = before.flows if before is not None else []
         self.before_epoch = before.epoch if before is not None else None

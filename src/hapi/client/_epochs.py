@@ -43,6 +43,12 @@ class EpochAccounts:
         self._one_core = _one_core() if one_core is None else one_core
         self._counters: dict[str, float] | None = _server_cpu(loader)
         self._t0, self._cpu0 = time.perf_counter(), time.process_time()
+        self._write_failures = self._cache_write_failures()
+
+    def _cache_write_failures(self) -> int:
+        """The trainer's cache's entries not written so far (its directory refused them)."""
+        cache = self._loader.cache
+        return 0 if cache is None else cache.cache.stats.write_failures
 
     def close(
         self,
@@ -72,6 +78,7 @@ class EpochAccounts:
         # with training and is part of the stage's busy time; with more cores it runs
         # beside it.
         receive = max(0.0, process_s - busy)
+        failures, self._write_failures = self._write_failures, self._cache_write_failures()
         figures = EpochStats(
             epoch=epoch,
             loss=loss / max(seen, 1),
@@ -96,6 +103,7 @@ class EpochAccounts:
             fallbacks=stats.fallbacks,
             cached=stats.cached,
             server_cached=stats.server_cached,
+            cache_write_failures=self._write_failures - failures,
         )
         return figures if self._totals is None else self._totals(figures)
 

@@ -88,11 +88,17 @@ class JobData:
 
         Raises:
             ServerUnavailable, StoreUnavailable: no listing within the retry budget.
+            CorruptObject: a shard breaks off before its end (an upload cut short) and
+                `on_error="raise"`; under `"skip"` its complete samples train and each
+                epoch reports the lost ones in `skipped`.
         """
         if prefix not in self._manifests:
             for attempt in RetryPolicy(budget_s=self.config.fetch.retry_budget_s).retrying():
                 with attempt:
-                    self._manifests[prefix] = self.list(prefix)
+                    listed = self.list(prefix)
+            if listed.damaged and self.config.fetch.on_error == "raise":
+                raise listed.damaged[0].error()
+            self._manifests[prefix] = listed
         return self._manifests[prefix]
 
     def list(self, prefix: str) -> DatasetManifest:

@@ -200,6 +200,7 @@ class DataParallel:
             "retries",
             "cached",
             "server_cached",
+            "cache_write_failures",
         )
         summed = self.sum([getattr(figures, n) for n in names])
         totals: dict[str, Any] = {n: int(v) for n, v in zip(names, summed, strict=True)}

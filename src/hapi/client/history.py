@@ -102,6 +102,9 @@ class EpochStats:
     """Samples the trainer's feature cache gave: no server, no link, only the tail."""
     server_cached: int = 0
     """Samples a server's feature cache gave: no read, no decode, no head."""
+    cache_write_failures: int = 0
+    """Features the trainer's cache could not keep: its directory refused the writes (a
+    full or read-only disk), so it stopped writing and the job went on without it."""
 
     @property
     def computed(self) -> int:
@@ -184,6 +187,8 @@ class History:
                 sources.append(f"{e.cached} from the trainer's cache")
             if e.server_cached:
                 sources.append(f"{e.server_cached} from the server's")
+            if e.cache_write_failures:
+                sources.append(f"{e.cache_write_failures} not cached (the cache's disk refused)")
             lines.append(
                 f"epoch {e.epoch + 1}: {e.seconds:.1f} s, loss {e.loss:.4f}, "
                 f"{e.bytes_received / 1e6:.2f} MB, {where}; {e.samples} samples: "

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from hapi.data.dataset_manifest import DatasetManifest
 from hapi.data.members import split_member
+from hapi.data.shard_damage import ShardDamage
 from hapi.data.store import ObjectStore, Store, StoreOptions, open_store
 
 __all__ = ["DatasetSummary", "open_dataset", "summarize"]
@@ -43,14 +44,24 @@ class DatasetSummary:
     nbytes: int
     """Total size of the images in bytes (of the shards, for a sharded dataset)."""
     shards: int = 0
-    """WebDataset or Parquet shards the samples are members of; 0 for one object each."""
+    """WebDataset or Parquet shards the samples are members of (damaged ones included);
+    0 for one object each."""
+    damaged: tuple[ShardDamage, ...] = ()
+    """Shards that break off before their end: their complete samples are counted."""
 
     def __str__(self) -> str:
         per_class = ", ".join(f"{c}: {n}" for c, n in self.counts.items())
         shards = f" in {self.shards} shards" if self.shards else ""
-        return (
+        line = (
             f"{self.images} images, {len(self.counts)} classes ({per_class}), "
             f"{self.nbytes / 1e6:.2f} MB{shards}"
+        )
+        if not self.damaged:
+            return line
+        bad = "".join(f"\n  {d.describe()}" for d in self.damaged)
+        return (
+            f"{line}; {len(self.damaged)} damaged (upload again whole; their complete "
+            f"samples are counted):{bad}"
         )
 
 
@@ -60,9 +71,14 @@ def summarize(
     """Count a dataset's images per class and their bytes (one HEAD request per object:
     per image, or per shard)."""
     shards = {p[0] for k in manifest.keys if (p := split_member(k)) is not None}
+    shards |= {d.shard for d in manifest.damaged}
     objects = sorted(shards | {k for k in manifest.keys if split_member(k) is None})
     with ThreadPoolExecutor(in_flight, thread_name_prefix="hapi-size") as pool:
         nbytes = sum(pool.map(store.size, objects))
     return DatasetSummary(
-        images=len(manifest), counts=manifest.counts(), nbytes=nbytes, shards=len(shards)
+        images=len(manifest),
+        counts=manifest.counts(),
+        nbytes=nbytes,
+        shards=len(shards),
+        damaged=manifest.damaged,
     )

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hapi.data.shard_damage import ShardDamage
 from hapi.data.store import ObjectStore
 from hapi.errors import InvalidRequest, ObjectNotFound
 
@@ -36,9 +37,12 @@ class DatasetManifest:
     """Each key's version as listed (`ObjectStore.list_versions`), or empty where unknown:
     the feature cache keys a sample by it, so a rewritten object is never a stale hit.
     Not part of equality: the same samples in the same order are the same dataset."""
+    damaged: tuple[ShardDamage, ...] = field(default=(), compare=False)
+    """Shards that break off before their end (an upload cut short): their complete
+    samples are in `keys`, the rest lost (`ShardDamage.lost_keys`)."""
 
     def __post_init__(self) -> None:
-        for name in ("keys", "labels", "classes", "versions"):
+        for name in ("keys", "labels", "classes", "versions", "damaged"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         if len(self.keys) != len(self.labels):
             raise InvalidRequest(
@@ -149,6 +153,7 @@ class DatasetManifest:
             "labels": list(self.labels),
             "classes": list(self.classes),
             **({"versions": list(self.versions)} if self.versions else {}),
+            **({"damaged": [d.to_dict() for d in self.damaged]} if self.damaged else {}),
         }
 
     @classmethod
@@ -170,8 +175,11 @@ class DatasetManifest:
             versions = data.get("versions", [])
             if not isinstance(versions, list) or not all(isinstance(v, str) for v in versions):
                 raise TypeError("versions must be strings")
-            return cls(data["prefix"], tuple(keys), tuple(labels), tuple(classes), tuple(versions))
+            damaged = tuple(ShardDamage.from_dict(d) for d in data.get("damaged", []))
+            return cls(
+                data["prefix"], tuple(keys), tuple(labels), tuple(classes), tuple(versions), damaged
+            )
         except KeyError as exc:
             raise InvalidRequest(f"malformed manifest: no field {exc}") from exc
-        except TypeError as exc:
+        except (TypeError, ValueError) as exc:
             raise InvalidRequest(f"malformed manifest: {exc}") from exc

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from hapi.data.members import split_member
 from hapi.data.parquet_index import LABEL_COLUMNS, ParquetIndex, class_names, find_column
+from hapi.data.shard_damage import ShardDamage
 from hapi.data.store import ObjectStore
 from hapi.data.tar_index import TarIndex
 from hapi.errors import CorruptObject, InvalidRequest, ObjectNotFound, shorten
@@ -120,23 +121,43 @@ def parquet_manifest(
     from hapi.data.members import member_store
 
     indexes = member_store(store).indexes  # type: ignore[attr-defined]
-    built = _all(lambda f: indexes.get(f[0], image=image_column), files)
+
+    def index(name: str, version: str) -> ParquetIndex | CorruptObject:
+        try:
+            found = indexes.get(name, image=image_column, version=version)
+        except CorruptObject as exc:  # no footer (cut short), or a damaged one
+            return exc
+        assert isinstance(found, ParquetIndex)  # a .parquet key
+        return found
+
+    built = _all(lambda f: index(*f), files)
     keys, labels, versions, names = [], [], [], None
+    damaged: list[ShardDamage] = []
     suffix = f"&image={image_column}" if image_column else ""
-    for (name, version), index in zip(files, built, strict=True):
-        assert isinstance(index, ParquetIndex)  # a .parquet key
-        schema = _schema(index)
-        column = label_column or find_column(schema, LABEL_COLUMNS, name, "label")
+    for (name, version), found in zip(files, built, strict=True):
 
         def read(start: int, end: int, shard: str = name) -> bytes:
             return bytes(indexes.read(shard, start, end, image=image_column))
 
-        labels += index.labels(read, column, name=name)
+        try:
+            if isinstance(found, CorruptObject):
+                raise found
+            schema = _schema(found)
+            column = label_column or find_column(schema, LABEL_COLUMNS, name, "label")
+            labels += found.labels(read, column, name=name)
+        except CorruptObject as exc:
+            # Its rows cannot be listed: the file is named, and the other files train.
+            damaged.append(ShardDamage(name, store.size(name), 0, f"unreadable ({exc})"))
+            continue
         names = names or class_names(schema, column)
-        keys += [f"{name}#row={r}{suffix}" for r in range(index.rows)]
-        versions += [version] * index.rows
+        keys += [f"{name}#row={r}{suffix}" for r in range(found.rows)]
+        versions += [version] * found.rows
+    if not keys and damaged:
+        raise damaged[0].error()
     classes, ids = _classes(labels, keys, names)
-    return DatasetManifest(prefix, tuple(keys), tuple(ids), classes, tuple(versions))
+    return DatasetManifest(
+        prefix, tuple(keys), tuple(ids), classes, tuple(versions), tuple(damaged)
+    )
 
 
 def _shards_manifest(
@@ -154,10 +175,13 @@ def _shards_manifest(
     from hapi.data.members import member_store
 
     indexes = member_store(store).indexes  # type: ignore[attr-defined]
-    built = _all(lambda f: indexes.get(f[0]), files)
+    built = _all(lambda f: indexes.get(f[0], version=f[1]), files)
     keys, labels, versions = [], [], []
+    damaged: list[ShardDamage] = []
     for (name, version), index in zip(files, built, strict=True):
         assert isinstance(index, TarIndex)  # a .tar key
+        if index.damage is not None:
+            damaged.append(index.damage)
         for sample in index.samples:
             if sample.label is None:
                 raise CorruptObject(
@@ -168,9 +192,13 @@ def _shards_manifest(
             labels.append(sample.label)
             versions.append(version)
     if not keys:
+        if damaged:
+            raise damaged[0].error()
         raise ObjectNotFound(f"no samples in the shards of {prefix!r} in store {store.uri}")
     classes, ids = _classes(labels, keys, _class_file(store, _folder(files[0][0])))
-    return DatasetManifest(prefix, tuple(keys), tuple(ids), classes, tuple(versions))
+    return DatasetManifest(
+        prefix, tuple(keys), tuple(ids), classes, tuple(versions), tuple(damaged)
+    )
 
 
 def key_list_manifest(store: ObjectStore, name: str) -> DatasetManifest:

@@ -52,13 +52,22 @@ class ShardIndexes:
         self.builds = 0
         """Indexes this object built (read from the shard, not found kept)."""
 
-    def get(self, container: str, *, image: str | None = None) -> ShardIndex:
-        """The shard's index, built if no version of it is kept.
+    def get(
+        self, container: str, *, image: str | None = None, version: str | None = None
+    ) -> ShardIndex:
+        """The shard's index, built if no version of it is kept (or, given the `version`
+        a listing saw, none of that version: a shard rewritten since is indexed again).
 
         Raises:
             ObjectNotFound: no such shard.
-            CorruptObject: its headers or footer are damaged (naming it).
+            CorruptObject: its footer is damaged (naming it).
         """
+        if version is not None:
+            name = (self.inner.uri, container, image)
+            with _LOCK:
+                kept = _MEMORY.get(name)
+                if kept is not None and kept[0] != version:
+                    del _MEMORY[name]
         return self._entry(container, image)[1]
 
     def version(self, container: str, *, image: str | None = None) -> str:
@@ -142,7 +151,8 @@ class ShardIndexes:
         if container.lower().endswith(".parquet"):
             self.builds += 1
             return version, ParquetIndex.build(read, size, name=container, image=image)
-        path = index_dir() / f"{_digest(self.inner.uri, container, version)}.json"
+        # "2": indexes kept before shards that break off were noted are built again.
+        path = index_dir() / f"{_digest('2', self.inner.uri, container, version)}.json"
         try:
             return version, TarIndex.from_dict(json.loads(path.read_text()))
         except (OSError, ValueError, KeyError, TypeError):

@@ -7,6 +7,10 @@ cloud store's 20 ms each, where a few windows read the same shard in ~0.1 s. Pas
 member (a video, a big TIFF) the next read is a small window at the next header, so its
 bytes are jumped. Reading a sample is then one ranged request for its image member, and a
 run of samples one request for their span.
+
+A shard that breaks off - cut mid-member by an interrupted upload, a damaged header, no
+end-of-archive blocks - keeps the samples before the break; the sample in progress there
+and the bytes after it are its `damage`.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from hapi.data.shard_damage import ShardDamage
 from hapi.errors import CorruptObject, shorten
 
 __all__ = ["IMAGE_EXTS", "TarIndex", "TarMember", "split_wds_name"]
@@ -66,6 +71,8 @@ class TarIndex:
     """A shard's samples in the order they are stored, each with its image's byte range."""
 
     samples: tuple[TarMember, ...]
+    damage: ShardDamage | None = None
+    """Where the shard breaks off, if it does: its samples are those before the break."""
 
     def find(self, key: str) -> TarMember | None:
         """The sample named `key`, or None."""
@@ -80,26 +87,38 @@ class TarIndex:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe form (the on-disk index cache); `from_dict` reads it back."""
-        return {"samples": [[m.key, m.offset, m.size, m.label] for m in self.samples]}
+        damage = {"damage": self.damage.to_dict()} if self.damage is not None else {}
+        return {"samples": [[m.key, m.offset, m.size, m.label] for m in self.samples], **damage}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TarIndex:
-        return cls(tuple(TarMember(k, int(o), int(s), lab) for k, o, s, lab in data["samples"]))
+        damage = data.get("damage")
+        return cls(
+            tuple(TarMember(k, int(o), int(s), lab) for k, o, s, lab in data["samples"]),
+            ShardDamage.from_dict(damage) if damage is not None else None,
+        )
 
     @classmethod
     def build(cls, read: ReadRange, size: int, *, name: str) -> TarIndex:
         """Index a shard of `size` bytes by reading its headers through `read`.
 
         Raises:
-            CorruptObject: a header is damaged, a label unreadable, or a sample has no
-                image; the message names the shard (`name`) and the member.
+            CorruptObject: a label unreadable, or a sample has no image; the message names
+                the shard (`name`) and the member. A shard that breaks off is not an
+                error: the samples before the break are indexed, and `damage` says where.
         """
         images: dict[str, tuple[int, int]] = {}
         labels: dict[str, int | str] = {}
         order: list[str] = []
         window, start = b"", 0
         offset, long_name, last = 0, None, 0
-        while offset + BLOCK <= size:
+        broken: tuple[int, str, str | None] | None = None
+        """(byte, why, the key of the member cut there if its header names one)."""
+        while True:
+            if offset + BLOCK > size:
+                why = "a partial tar header" if offset < size else "no end-of-archive blocks"
+                broken = (offset, f"cut short ({why})", None)
+                break
             if not start <= offset or offset + BLOCK > start + len(window):
                 span = WINDOW if last >= LARGE else SPAN
                 start, window = offset, read(offset, min(size, offset + span))
@@ -109,11 +128,15 @@ class TarIndex:
             try:
                 info = tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape")
             except tarfile.HeaderError as exc:
-                raise CorruptObject(
-                    f"shard {name} has a damaged tar header at byte {offset} ({exc}): "
-                    "rewrite the shard (e.g. with `hapi data import --format webdataset`)"
-                ) from None
+                broken = (offset, f"a damaged tar header ({exc})", None)
+                break
             data_at = offset + BLOCK
+            member = long_name or info.name
+            if data_at + info.size > size:
+                parts = split_wds_name(member) if info.isfile() else None
+                why = f"cut short (member {shorten(repr(member))} needs {info.size} bytes)"
+                broken = (offset, why, parts[0] if parts else None)
+                break
             offset = data_at + -(-info.size // BLOCK) * BLOCK
             last = info.size
             if info.type in (tarfile.GNUTYPE_LONGNAME, tarfile.XHDTYPE, tarfile.XGLTYPE):
@@ -123,7 +146,7 @@ class TarIndex:
                 elif info.type == tarfile.XHDTYPE:
                     long_name = _pax_path(body) or long_name
                 continue
-            member, long_name = long_name or info.name, None
+            long_name = None
             if not info.isfile():
                 continue
             parts = split_wds_name(member)
@@ -138,13 +161,24 @@ class TarIndex:
             elif ext in ("cls", "json"):
                 body = _data(read, window, start, data_at, info.size)
                 labels[key] = _label(body, ext, name, member)
+        damage = None
+        if broken is not None:
+            at, why, cut = broken
+            # The sample at the break - the one whose member is cut, or where no header
+            # names one, the one in progress - is lost unless it has its image and label.
+            at_break = cut if cut is not None else (order[-1] if order else None)
+            whole = at_break in images and at_break in labels
+            lost = [at_break] if at_break is not None and not whole else []
+            order = [k for k in order if k not in lost]
+            damage = ShardDamage(name, size, at, why, tuple(lost))
         missing = [k for k in order if k not in images]
         if missing:
             raise CorruptObject(
                 f"sample {shorten(repr(missing[0]))} of shard {name} has no image member "
                 f"(.{'/.'.join(IMAGE_EXTS)}): every WebDataset sample needs KEY.jpg or KEY.png"
             )
-        return cls(tuple(TarMember(k, *images[k], labels.get(k)) for k in order))
+        samples = tuple(TarMember(k, *images[k], labels.get(k)) for k in order)
+        return cls(samples, damage)
 
 
 def _data(read: ReadRange, window: bytes, start: int, at: int, size: int) -> bytes:

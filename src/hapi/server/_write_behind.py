@@ -37,6 +37,10 @@ class WriteBehind:
 
     def offer(self, space: FeatureSpace, names: list[str], tensors: list[torch.Tensor]) -> bool:
         """Queue entries to write; False (and dropped) when closed or too much waits."""
+        if not self.cache.writing:
+            # The directory refused a write: counted there, and nothing more is queued.
+            self.cache.put_many(space, names, tensors)
+            return False
         size = sum(t.numel() * t.element_size() for t in tensors)
         with self._cond:
             if self._closed or self._pending + size > self.max_bytes:
@@ -63,7 +67,7 @@ class WriteBehind:
                 self._busy = True
             try:
                 self.cache.put_many(space, names, tensors)
-            except Exception:  # a full or failing disk: the features are simply not kept
+            except Exception:  # a bug, not the disk (the cache handles refused writes)
                 log.exception("feature cache %s: a write failed", self.cache.root)
             finally:
                 with self._cond:

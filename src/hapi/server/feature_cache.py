@@ -261,6 +261,8 @@ class ServerFeatureCache:
             evictions=s.evictions,
             corrupt=s.corrupt,
             dropped=self.writer.dropped,
+            write_failures=s.write_failures,
+            write_error=self.cache.write_error,
         )
 
     def flush(self) -> None:

@@ -307,6 +307,11 @@ class _FeatureCacheCollector:
         yield CounterMetricFamily(
             f"{prefix}_dropped", "Computed features not kept: the writer was behind.", s.dropped
         )
+        yield CounterMetricFamily(
+            f"{prefix}_write_failures",
+            "Computed features not kept: the directory refused them (full, read-only).",
+            s.write_failures,
+        )
         yield GaugeMetricFamily(f"{prefix}_bytes", "Entries' bytes on disk.", s.bytes_held)
         yield GaugeMetricFamily(f"{prefix}_max_bytes", "The cache's size bound.", s.max_bytes)
 

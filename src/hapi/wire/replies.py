@@ -137,6 +137,11 @@ class FeatureCacheStats(_Reply):
     dropped: int = 0
     """Computed features not kept: the writer had too much waiting (the disk is slower
     than the server computes), so a later job computes them again."""
+    write_failures: int = 0
+    """Computed features not kept because the directory refused them (full, read-only):
+    the first refusal turned writing off, and the server went on serving."""
+    write_error: str | None = None
+    """Why writing is off, or None while it writes."""
 
 
 class ServerStats(_Reply):
