@@ -26,8 +26,8 @@ def store_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def disk(tmp_path: Path) -> Iterator[Path]:
-    """48 KiB: room for two or three of the entries below."""
-    with tmpfs(tmp_path / "disk", "48k") as where:
+    """128 KiB: room for the first chunk's entries below (5 of 16 KiB), not the next."""
+    with tmpfs(tmp_path / "disk", "128k") as where:
         yield where
 
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
+from hapi.cache import FeatureCache
 from hapi.client import Connection, TransferJob, connect
 from hapi.data import DatasetManifest, StoreOptions, Transforms, open_store, synth_dataset
 from hapi.errors import Forbidden
@@ -88,8 +89,9 @@ def tier(server: HapiServer) -> ServerFeatureCache:
     return server.features
 
 
-def entries(root: Path) -> list[Path]:
-    return sorted(p for p in (root / "v1").glob("*/??/*") if p.is_file())
+def entries(root: Path) -> int:
+    """The entries the cache directory's index files hold."""
+    return sum(u.entries for u in FeatureCache(root).usage())
 
 
 @pytest.fixture
@@ -191,10 +193,10 @@ def test_a_corrupt_entry_is_a_miss_and_is_replaced(
 ) -> None:
     first = run(conn, request(), ticket("-", manifest))
     tier(server).flush()
-    entry = entries(cache_dir)[0]
-    data = bytearray(entry.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    entry.write_bytes(bytes(data))
+    (segment,) = cache_dir.glob("v2/*/*.seg")
+    data = bytearray(segment.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # inside one entry
+    segment.write_bytes(bytes(data))
     again = run(conn, request(), ticket("-", manifest))
     assert again.report.cached == len(manifest.keys) - 1
     assert torch.equal(again.features, first.features)
@@ -212,7 +214,7 @@ def test_fresh_random_transforms_are_never_cached_and_views_are(
     for _ in range(2):
         assert run(conn, fresh, ticket("-", manifest)).report.cached == 0
     tier(server).flush()
-    assert entries(cache_dir) == []
+    assert entries(cache_dir) == 0
     views = request(transforms=dataclasses.replace(train, views=2).to_dict(), exact=True)
     epoch0 = run(conn, views, ticket("-", manifest, epoch=0))
     tier(server).flush()
@@ -239,7 +241,7 @@ def test_a_tenant_outside_the_prefix_gets_the_prefix_error_not_a_hit(
         with connect(server.address, token="team-a-token-0123456789") as a:
             run(a, request(), ticket("-", manifest))
         tier(server).flush()
-        assert len(entries(cache_dir)) == len(manifest.keys)
+        assert entries(cache_dir) == len(manifest.keys)
         with connect(server.address, token="team-b-token-9876543210") as b:
             session = b.open_session(request()).session
             with pytest.raises(Forbidden, match="outside the prefixes tenant 'team-b' may read"):
@@ -332,8 +334,7 @@ def test_two_jobs_filling_the_same_entries_at_once_leave_one_good_copy(
         t.join()
     tier(server).flush()
     assert len(results) == 2 and torch.equal(results[0].features, results[1].features)
-    assert len(entries(cache_dir)) == len(manifest.keys)
-    assert not list((cache_dir / "v1" / "tmp").iterdir())  # no partial writes left
+    assert entries(cache_dir) == len(manifest.keys)
     third = run(conn, request(), ticket("-", manifest))
     assert third.report.cached == len(manifest.keys)
     assert torch.equal(third.features, results[0].features)

@@ -22,6 +22,7 @@ from hapi.data import (
 )
 from hapi.graph import RAW
 from hapi.server import HapiServer, serve
+from tests.cache_files import flip_entries
 from tests.cli_runner import hapi
 
 SIZE = 64
@@ -85,9 +86,7 @@ def test_a_second_job_on_the_same_head_hits_from_its_first_epoch(
 
 def test_a_partly_cached_chunk_keeps_its_order(server: HapiServer, tmp_path: Path) -> None:
     _job(server, tmp_path / "c", exact=True).fit(epochs=1, lr=0.05)
-    entries = sorted(p for p in (tmp_path / "c").rglob("*") if len(p.name) == 32)
-    for path in entries[::3]:
-        path.unlink()
+    assert flip_entries(tmp_path / "c", every=3) == 4  # misses now
     partly = _job(server, tmp_path / "c", exact=True).fit(epochs=1, lr=0.05).epochs[0]
     assert 0 < partly.cached < 12 and partly.samples == 12
     plain = _job(server, tmp_path / "none", exact=True, cache=False).fit(epochs=1, lr=0.05)
@@ -111,10 +110,7 @@ def test_an_object_rewritten_between_epochs_is_a_miss(
 def test_a_corrupt_entry_is_a_miss_and_is_rewritten(server: HapiServer, tmp_path: Path) -> None:
     job = _job(server, tmp_path / "c")
     job.fit(epochs=1)
-    entry = next(p for p in (tmp_path / "c").rglob("*") if len(p.name) == 32)
-    data = bytearray(entry.read_bytes())
-    data[-20] ^= 0xFF
-    entry.write_bytes(bytes(data))
+    assert flip_entries(tmp_path / "c", limit=1) == 1
     fresh = _job(server, tmp_path / "c")  # another process's view: nothing in its memory
     second = fresh.fit(epochs=1).epochs[-1]
     assert second.cached == 11 and second.computed == 1

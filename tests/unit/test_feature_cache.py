@@ -10,10 +10,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 from hapi.cache import FeatureCache, FeatureSpace, cacheability, entry_name
+from hapi.cache._index import RECORD
 from hapi.data import HorizontalFlip, Normalize, RandomResizedCrop, Resize, Transforms
 from hapi.errors import InvalidRequest
 
@@ -46,70 +48,127 @@ def test_names_change_with_version_and_view_and_spaces_apart(tmp_path: Path) -> 
     assert cache.stats.misses == 1
 
 
-def test_a_flipped_byte_is_a_miss_and_the_entry_goes(tmp_path: Path) -> None:
-    FeatureCache(tmp_path).put_many(SPACE, _names(1), [torch.arange(8.0)])
-    (path,) = [p for p in tmp_path.rglob("*") if p.is_file() and p.name == _names(1)[0]]
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    path.write_bytes(bytes(data))
+def _segments(root: Path) -> list[Path]:
+    """The space's segment files, in the order one writer began them."""
+    return sorted((root / "v2" / SPACE.id).glob("*.seg"))
+
+
+def _indexed(root: Path) -> list[str]:
+    """Every entry name the index files hold (a torn last record left out)."""
+    names = []
+    for path in sorted((root / "v2" / SPACE.id).glob("*.idx")):
+        data = path.read_bytes()
+        records = np.frombuffer(data[: len(data) // RECORD.itemsize * RECORD.itemsize], RECORD)
+        names += [n.ljust(16, b"\0").hex() for n in records["name"].tolist()]
+    return names
+
+
+def test_a_flipped_byte_is_a_miss_until_the_entry_is_written_again(tmp_path: Path) -> None:
+    names = _names(3)
+    FeatureCache(tmp_path).put_many(SPACE, names, [torch.arange(8.0) + i for i in range(3)])
+    (segment,) = _segments(tmp_path)
+    data = bytearray(segment.read_bytes())
+    data[len(data) // 2] ^= 0x01  # inside the second entry
+    segment.write_bytes(bytes(data))
     cache = FeatureCache(tmp_path, memory_bytes=0)
-    assert cache.get(SPACE, _names(1)[0]) is None
-    assert cache.stats.corrupt == 1 and not path.exists()
+    got = cache.get_many(SPACE, names)
+    assert got[1] is None and got[0] is not None and got[2] is not None
+    assert cache.stats.corrupt == 1 and not cache.contains(SPACE, names[1])
+    cache.put_many(SPACE, [names[1]], [torch.arange(8.0) + 1])
+    for reader in (cache, FeatureCache(tmp_path, memory_bytes=0)):  # the newest record wins
+        again = reader.get(SPACE, names[1])
+        assert again is not None and torch.equal(again, torch.arange(8.0) + 1)
 
 
-def test_a_truncated_entry_is_a_miss(tmp_path: Path) -> None:
-    FeatureCache(tmp_path).put_many(SPACE, _names(1), [torch.arange(8.0)])
-    (path,) = [p for p in tmp_path.rglob(_names(1)[0])]
-    path.write_bytes(path.read_bytes()[:20])
-    assert FeatureCache(tmp_path, memory_bytes=0).get(SPACE, _names(1)[0]) is None
+def test_a_truncated_segment_is_a_miss(tmp_path: Path) -> None:
+    FeatureCache(tmp_path).put_many(SPACE, _names(2), [torch.arange(8.0)] * 2)
+    (segment,) = _segments(tmp_path)
+    segment.write_bytes(segment.read_bytes()[:20])
+    cache = FeatureCache(tmp_path, memory_bytes=0)
+    assert cache.get_many(SPACE, _names(2)) == [None, None]
 
 
-def _write_forever(root: str, ready: multiprocessing.synchronize.Event) -> None:
+def _write_forever(root: str, ready: multiprocessing.synchronize.Event, tag: str) -> None:
     cache = FeatureCache(root, memory_bytes=0)
-    big = torch.zeros(4 << 20)
+    big = torch.zeros(1 << 18)
     ready.set()
     i = 0
     while True:
-        cache.put_many(SPACE, [entry_name(f"k{i}", "v", 0)], [big + i])
+        names = [entry_name(f"{tag}{i}-{j}", "v", 0) for j in range(4)]
+        cache.put_many(SPACE, names, [big + i] * 4)
         i += 1
 
 
 @pytest.mark.slow
-def test_a_writer_killed_mid_write_leaves_no_partial_entry(tmp_path: Path) -> None:
+def test_three_writers_killed_mid_write_leave_only_whole_entries(tmp_path: Path) -> None:
+    """Three processes append to one space at once, then die by SIGKILL wherever they are:
+    every entry an index names reads back whole, and nothing is corrupt."""
     ctx = multiprocessing.get_context("spawn")
-    ready = ctx.Event()
-    writer = ctx.Process(target=_write_forever, args=(str(tmp_path), ready))
-    writer.start()
-    assert ready.wait(60)
+    writers, readies = [], []
+    for tag in "abc":
+        ready = ctx.Event()
+        writers.append(ctx.Process(target=_write_forever, args=(str(tmp_path), ready, tag)))
+        readies.append(ready)
+        writers[-1].start()
+    assert all(ready.wait(60) for ready in readies)
     import time
 
-    time.sleep(1.0)
-    assert writer.pid is not None
-    os.kill(writer.pid, signal.SIGKILL)
-    writer.join()
+    time.sleep(1.5)
+    for writer in writers:
+        assert writer.pid is not None
+        os.kill(writer.pid, signal.SIGKILL)
+        writer.join()
+    names = _indexed(tmp_path)
+    assert len({n for n in names}) == len(names), "no entry written twice"
+    assert len(_segments(tmp_path)) >= 3, "every writer appends to segments of its own"
     cache = FeatureCache(tmp_path, memory_bytes=0)
-    entries = [p for p in (tmp_path / "v1" / SPACE.id).glob("??/*")]
-    assert entries, "the writer wrote nothing in a second"
-    for path in entries:
-        tensor = cache.get(SPACE, path.name)
-        assert tensor is not None, f"{path.name} is not a whole entry"
+    got = cache.get_many(SPACE, names)
+    assert names and all(t is not None for t in got), "an indexed entry is not whole"
     assert cache.stats.corrupt == 0
 
 
-def test_least_recently_used_entries_go_past_the_bound(tmp_path: Path) -> None:
-    one = torch.zeros(1000)  # 4,000 bytes of payload each
+def test_an_entry_another_process_writes_is_seen_within_a_second(tmp_path: Path) -> None:
+    reader = FeatureCache(tmp_path, memory_bytes=0)
+    assert reader.get(SPACE, _names(1)[0]) is None
+    FeatureCache(tmp_path).put_many(SPACE, _names(1), [torch.ones(3)])
+    import time
+
+    time.sleep(1.1)
+    assert reader.contains(SPACE, _names(1)[0])
+    assert reader.get(SPACE, _names(1)[0]) is not None
+
+
+def test_least_recently_used_segments_go_past_the_bound(tmp_path: Path) -> None:
+    one = torch.zeros(1000)  # 4,000 bytes of payload each: a segment each under this bound
     cache = FeatureCache(tmp_path, max_bytes=10 * 4100, memory_bytes=0)
     names = _names(12)
     for i, name in enumerate(names[:9]):
         cache.put_many(SPACE, [name], [one + i])
-        os.utime(next(tmp_path.rglob(name)), (1000 + i, 1000 + i))
+        os.utime(_segments(tmp_path)[-1], (1000 + i, 1000 + i))
+    assert len(_segments(tmp_path)) == 9
     assert cache.get(SPACE, names[0]) is not None  # used: now the most recent
     for name in names[9:]:
         cache.put_many(SPACE, [name], [one])
     assert cache.stats.evictions >= 1
     assert cache.stats.bytes_held <= 10 * 4100
+    assert sum(p.stat().st_size for p in (tmp_path / "v2").rglob("*.*") if p.suffix != ".json") == (
+        cache.stats.bytes_held
+    )
     assert cache.get(SPACE, names[0]) is not None
     assert cache.get(SPACE, names[1]) is None  # the least recently used went first
+    assert FeatureCache(tmp_path, memory_bytes=0).get(SPACE, names[1]) is None
+
+
+def test_a_directory_of_the_old_layout_is_ignored_then_cleared(tmp_path: Path) -> None:
+    old = tmp_path / "v1" / SPACE.id / "ab"
+    old.mkdir(parents=True)
+    (old / ("ab" + "0" * 30)).write_bytes(b"HFC1 an entry of the file-per-sample layout")
+    cache = FeatureCache(tmp_path)
+    assert cache.usage() == [] and cache.get(SPACE, "ab" + "0" * 30) is None
+    cache.put_many(SPACE, _names(1), [torch.ones(2)])
+    assert cache.get(SPACE, _names(1)[0]) is not None
+    cache.clear()
+    assert not (tmp_path / "v1").exists()
 
 
 def test_usage_and_clear(tmp_path: Path) -> None:
