@@ -196,8 +196,17 @@ class SpaceIndex:
                 return out
             query = np.array([names[i] for i in rest], "S16")
             at = np.minimum(np.searchsorted(self._names, query), len(self._names) - 1)
-            for j in np.nonzero(self._names[at] == query)[0].tolist():
-                seg, offset, length, crc = self._cols[at[j]].tolist()
+            hits = np.nonzero(self._names[at] == query)[0]
+            found = self._cols[at[hits]]
+            columns = zip(
+                hits.tolist(),
+                found["seg"].tolist(),
+                found["offset"].tolist(),
+                found["length"].tolist(),
+                found["crc"].tolist(),
+                strict=True,
+            )
+            for j, seg, offset, length, crc in columns:
                 if self._alive[seg]:
                     out[rest[j]] = Located(self._stems[seg], offset, length, crc)
         return out

@@ -3,15 +3,17 @@ bytes, padded to 8 so every payload is aligned; its CRC-32 lives in the index re
 
 from __future__ import annotations
 
+import functools
 import struct
 import zlib
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from hapi.errors import InvalidRequest
 
-__all__ = ["ALIGN", "decode", "encode"]
+__all__ = ["ALIGN", "Layout", "decode", "encode", "header", "rows"]
 
 ALIGN = 8
 
@@ -50,16 +52,57 @@ def encode(tensor: torch.Tensor) -> tuple[bytes, int]:
 
 def decode(record: memoryview, crc: int) -> torch.Tensor | None:
     """The tensor of a record (a copy), or None where it is not whole and intact."""
-    if len(record) < 4 or zlib.crc32(record) != crc:
+    if zlib.crc32(record) != crc:
         return None
+    layout = header(record)
+    if layout is None:
+        return None
+    return rows([record[layout.start :]], layout)[0]
+
+
+class Layout(NamedTuple):
+    """What a record's header says: where its payload starts and what it holds."""
+
+    start: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    np_dtype: type[np.generic]
+    nbytes: int
+
+
+@functools.lru_cache(maxsize=256)
+def _layout(head: bytes) -> Layout | None:
     try:
-        code, ndim = struct.unpack_from("<BB", record)
+        code, ndim = struct.unpack_from("<BB", head)
         dtype, np_dtype = _BY_CODE[code]
-        shape = struct.unpack_from(f"<{ndim}I", record, 4)
-        start = _padded(4 + 4 * ndim)
-        count = int(np.prod(shape, dtype=np.int64))
-        array = np.frombuffer(record, dtype=np_dtype, count=count, offset=start).reshape(shape)
-    except (KeyError, ValueError, struct.error):
+        shape = tuple(struct.unpack_from(f"<{ndim}I", head, 4))
+    except (KeyError, struct.error):
         return None
-    tensor = torch.from_numpy(array.copy())
-    return tensor.view(torch.bfloat16) if dtype == torch.bfloat16 else tensor
+    count = 1
+    for n in shape:
+        count *= n
+    return Layout(
+        _padded(4 + 4 * ndim), shape, dtype, np_dtype, count * np.dtype(np_dtype).itemsize
+    )
+
+
+def header(record: memoryview) -> Layout | None:
+    """The layout a record's header gives (the same few headers recur: parsed once each),
+    or None where it is not a header or the record is shorter than it says."""
+    if len(record) < 4:
+        return None
+    layout = _layout(bytes(record[: _padded(4 + 4 * record[1])]))
+    if layout is None or layout.start + layout.nbytes > len(record):
+        return None
+    return layout
+
+
+def rows(payloads: list[memoryview], layout: Layout) -> list[torch.Tensor]:
+    """Tensors of payloads of one layout, decoded together: one copy and one array for
+    the lot, each tensor a row of it."""
+    data = b"".join(p[: layout.nbytes] for p in payloads)
+    array = np.frombuffer(data, dtype=layout.np_dtype).reshape((len(payloads), *layout.shape))
+    batch = torch.from_numpy(array.copy())
+    if layout.dtype == torch.bfloat16:
+        batch = batch.view(torch.bfloat16)
+    return list(batch.unbind(0))

@@ -16,6 +16,7 @@ import mmap
 import os
 import threading
 import time
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 
 from hapi.cache._index import INDEX_SUFFIX, RECORD, Located, SpaceIndex
-from hapi.cache._record import decode, encode
+from hapi.cache._record import Layout, encode, header, rows
 
 __all__ = ["SEGMENT_SUFFIX", "SpaceSegments"]
 
@@ -66,23 +67,39 @@ class SpaceSegments:
         places = self.find(names)
         out: list[torch.Tensor | None] = [None] * len(names)
         corrupt = 0
-        # In file order: a segment is read front to back.
+        # In file order: a segment is read front to back. Entries of one layout (a
+        # space's are alike) are decoded together.
         wanted = sorted(
             (i for i, p in enumerate(places) if p is not None),
             key=lambda i: (places[i].segment, places[i].offset),  # type: ignore[union-attr]
         )
+        ends: dict[str, int] = {}
+        for place in places:
+            if place is not None:
+                ends[place.segment] = max(ends.get(place.segment, 0), place.offset + place.length)
+        groups: dict[Layout, tuple[list[int], list[memoryview]]] = {}
+        segment: str | None = None
+        mapped: memoryview | None = None
         for i in wanted:
             place = places[i]
             assert place is not None  # filtered above
-            view = self._view(place)
-            if view is None:
+            if place.segment != segment:
+                segment = place.segment
+                mapped = self._mapped(segment, ends[segment])
+            if mapped is None:
                 continue
-            tensor = decode(view, place.crc)
-            if tensor is None:
+            view = mapped[place.offset : place.offset + place.length]
+            layout = header(view) if zlib.crc32(view) == place.crc else None
+            if layout is None:
                 corrupt += 1
                 self.index.forget(bytes.fromhex(names[i]))
                 continue
-            out[i] = tensor
+            group = groups.setdefault(layout, ([], []))
+            group[0].append(i)
+            group[1].append(view[layout.start :])
+        for layout, (at, payloads) in groups.items():
+            for i, tensor in zip(at, rows(payloads, layout), strict=True):
+                out[i] = tensor
         return out, corrupt
 
     def write(self, names: Sequence[str], tensors: Sequence[torch.Tensor]) -> int:
@@ -169,17 +186,16 @@ class SpaceSegments:
         self._stem, self._size = stem, 0
         return seg, idx
 
-    def _view(self, place: Located) -> memoryview | None:
-        """The record's bytes, or None where its segment is gone or shorter."""
-        end = place.offset + place.length
+    def _mapped(self, stem: str, end: int) -> memoryview | None:
+        """The segment's bytes up to `end` at least, or None where it is gone or shorter."""
         with self._lock:
-            mapped = self._maps.get(place.segment)
+            mapped = self._maps.get(stem)
         if mapped is None or len(mapped) < end:
-            mapped = self._map(place.segment, end)
+            mapped = self._map(stem, end)
             if mapped is None:
                 return None
-        self._touch(place.segment)
-        return memoryview(mapped)[place.offset : end]
+        self._touch(stem)
+        return memoryview(mapped)
 
     def _map(self, stem: str, need: int) -> mmap.mmap | None:
         path = self.directory / f"{stem}{SEGMENT_SUFFIX}"
