@@ -80,6 +80,41 @@ def test_a_flipped_byte_is_a_miss_until_the_entry_is_written_again(tmp_path: Pat
         assert again is not None and torch.equal(again, torch.arange(8.0) + 1)
 
 
+@pytest.mark.parametrize("damaged", [0, 1])
+def test_a_corrupt_copy_does_not_hide_another_writers_intact_one(
+    tmp_path: Path, damaged: int
+) -> None:
+    """Two writers hold an entry each; whichever copy is damaged (which writer's record
+    a reader takes for the newer one is not known), the other is read."""
+    name = _names(1)
+    for part in ("a", "b"):  # two writers that raced: neither saw the other's copy
+        FeatureCache(tmp_path / part).put_many(SPACE, name, [torch.arange(8.0)])
+    for path in (tmp_path / "b" / "v2" / SPACE.id).glob("*-*"):
+        path.rename(tmp_path / "a" / "v2" / SPACE.id / path.name)
+    tmp_path = tmp_path / "a"
+    segments = _segments(tmp_path)
+    assert len(segments) == 2
+    data = bytearray(segments[damaged].read_bytes())
+    data[-8] ^= 0xFF
+    segments[damaged].write_bytes(bytes(data))  # sorted by writer id: either may load first
+    cache = FeatureCache(tmp_path, memory_bytes=0)
+    got = cache.get(SPACE, name[0])
+    assert got is not None and torch.equal(got, torch.arange(8.0))
+    again = cache.get(SPACE, name[0])  # the intact copy is the one found from now on
+    assert again is not None and cache.stats.corrupt <= 1
+
+
+def test_names_that_share_their_first_bytes_are_told_apart(tmp_path: Path) -> None:
+    """The index searches names by their first 8 bytes first; names alike there (rare
+    for hashes, but possible) are still found exactly, in the sorted columns too."""
+    alike = ["00" * 8 + f"{i:02x}" * 8 for i in (3, 1, 2)]
+    names = alike + _names(20_000)  # enough for a new reader to load sorted columns
+    FeatureCache(tmp_path).put_many(SPACE, names, list(torch.arange(len(names)).float()[:, None]))
+    reader = FeatureCache(tmp_path, memory_bytes=0)
+    got = reader.get_many(SPACE, [*alike, "00" * 8 + "04" * 8, names[-1]])
+    assert [None if t is None else int(t) for t in got] == [0, 1, 2, None, len(names) - 1]
+
+
 def test_a_truncated_segment_is_a_miss(tmp_path: Path) -> None:
     FeatureCache(tmp_path).put_many(SPACE, _names(2), [torch.arange(8.0)] * 2)
     (segment,) = _segments(tmp_path)

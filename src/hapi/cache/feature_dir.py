@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from hapi.cache._index import INDEX_SUFFIX, RECORD
@@ -156,7 +157,9 @@ class FeatureCache:
         out: list[torch.Tensor | None] = [None] * len(names)
         rest = []
         with self._lock:
-            for i, name in enumerate(names):
+            if not self._memory:
+                rest = list(range(len(names)))
+            for i, name in enumerate(names if self._memory else ()):
                 tensor = self._memory.get((sid, name))
                 if tensor is None:
                     rest.append(i)
@@ -171,7 +174,8 @@ class FeatureCache:
                 for i, tensor in zip(rest, read, strict=True):
                     if tensor is not None:
                         out[i] = tensor
-                        self._remember(sid, names[i], tensor)
+                        if self.memory_bytes:
+                            self._remember(sid, names[i], tensor)
         found = sum(t is not None for t in out)
         with self._lock:
             self.stats.hits += found
@@ -192,11 +196,11 @@ class FeatureCache:
         """
         sid = space.id
         self.describe(space)
-        held = self._space(sid).find(names)
-        new = [i for i, place in enumerate(held) if place is None]
-        with self._lock:
-            for name, tensor in zip(names, tensors, strict=True):
-                self._remember(sid, name, tensor.detach().to("cpu"))
+        new = np.flatnonzero(~self._space(sid).find(names)).tolist()
+        if self.memory_bytes:
+            with self._lock:
+                for name, tensor in zip(names, tensors, strict=True):
+                    self._remember(sid, name, tensor.detach().to("cpu"))
         if not new:
             return
         if not self.writing:
@@ -218,7 +222,7 @@ class FeatureCache:
         """Whether an entry exists (not checked: `get` checks)."""
         if (space.id, name) in self._memory:
             return True
-        return self._space(space.id).find([name])[0] is not None
+        return bool(self._space(space.id).find([name])[0])
 
     def usage(self) -> list[SpaceUsage]:
         """Each space's entries and bytes (from its segments' sizes, not its entries)."""
