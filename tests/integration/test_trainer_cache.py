@@ -98,13 +98,45 @@ def test_an_object_rewritten_between_epochs_is_a_miss(
 ) -> None:
     job = _job(server, tmp_path / "c")
     job.fit(epochs=1)
-    victim = next(store_dir.glob("train/*/*.jpg"))
-    image = Image.new("RGB", (72, 72), (200, 10, 10))
-    buffer = io.BytesIO()
-    image.save(buffer, "JPEG")
-    victim.write_bytes(buffer.getvalue())
+    _rewrite(next(store_dir.glob("train/*/*.jpg")))
     second = job.fit(epochs=1).epochs[-1]
     assert second.cached == 11 and second.computed == 1
+
+
+def _rewrite(victim: Path) -> None:
+    buffer = io.BytesIO()
+    Image.new("RGB", (72, 72), (200, 10, 10)).save(buffer, "JPEG")
+    victim.write_bytes(buffer.getvalue())
+
+
+def test_the_first_epoch_takes_the_jobs_own_listing_and_later_ones_list_again(
+    server: HapiServer, store_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _job(server, tmp_path / "c").fit(epochs=1)
+    job = _job(server, tmp_path / "c")
+    listed: list[str] = []
+    manifest = job.connection.manifest
+    monkeypatch.setattr(job.connection, "manifest", lambda p: listed.append(p) or manifest(p))
+    history = job.fit(epochs=2)
+    # The job's listing (its keys) gives epoch 1's versions too; epoch 2 lists again.
+    assert listed == ["train", "train"]
+    assert [e.cached for e in history.epochs] == [12, 12]
+
+
+def test_a_job_fit_long_after_its_listing_lists_again(
+    server: HapiServer, store_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past `FRESH_S` the job's listing no longer gives the first epoch's versions: an
+    object rewritten since is a miss."""
+    import hapi.client._job_data as job_data
+
+    _job(server, tmp_path / "c").fit(epochs=1)
+    job = _job(server, tmp_path / "c")
+    job.manifest("train")  # listed, then the object changes before the job's first epoch
+    _rewrite(next(store_dir.glob("train/*/*.jpg")))
+    monkeypatch.setattr(job_data, "FRESH_S", 0.0)
+    first = job.fit(epochs=1).epochs[0]
+    assert first.cached == 11 and first.computed == 1
 
 
 def test_a_corrupt_entry_is_a_miss_and_is_rewritten(server: HapiServer, tmp_path: Path) -> None:

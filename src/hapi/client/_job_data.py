@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -27,7 +28,12 @@ from hapi.data import DatasetManifest, Transforms, open_store
 from hapi.errors import ServerUnavailable
 from hapi.wire import WireDtype
 
-__all__ = ["JobData", "connect_all"]
+__all__ = ["FRESH_S", "JobData", "connect_all"]
+
+FRESH_S = 60.0
+"""How old a job's listing may be and still give its first epoch's versions: the time a
+job takes from its listing to its first epoch (the plan's measuring, a warm-up), not the
+pause of a user who builds a job and fits it later."""
 
 
 def connect_all(config: JobConfig, given: str | Connection | Sequence[str]) -> list[Connection]:
@@ -78,6 +84,8 @@ class JobData:
         self.recall = functools.partial(recall_all, connections)
         """Cuts the streams in flight on every server: a loop's router's `recall`."""
         self._manifests: dict[str, DatasetManifest] = {}
+        self._fresh: dict[str, tuple[DatasetManifest, float]] = {}
+        """Listings `manifest` made and no epoch has taken yet (`relist`), with when."""
         self._head_digest: str | None = None
         self._features: FeatureCache | None = None
         """The trainer's feature cache, opened by the first loop that uses it."""
@@ -99,7 +107,18 @@ class JobData:
             if listed.damaged and self.config.fetch.on_error == "raise":
                 raise listed.damaged[0].error()
             self._manifests[prefix] = listed
+            self._fresh[prefix] = (listed, time.monotonic())
         return self._manifests[prefix]
+
+    def relist(self, prefix: str) -> DatasetManifest:
+        """The dataset under `prefix` listed for an epoch's versions: the listing
+        `manifest` just made where no epoch has taken it and it is under `FRESH_S` old
+        (the first epoch of a job need not list a million keys a second time), else
+        listed now."""
+        fresh = self._fresh.pop(prefix, None)
+        if fresh is not None and time.monotonic() - fresh[1] < FRESH_S:
+            return fresh[0]
+        return self.list(prefix)
 
     def list(self, prefix: str) -> DatasetManifest:
         """The dataset under `prefix`, listed now, once (no retry)."""
@@ -231,7 +250,9 @@ class JobData:
             # Listed again each epoch only where a feature may be cached: a rewritten
             # object is then a miss, never a stale hit.
             relist=(
-                functools.partial(self.list, prefix) if cacheability(transforms).cacheable else None
+                functools.partial(self.relist, prefix)
+                if cacheability(transforms).cacheable
+                else None
             ),
             batch_size=config.training.batch_size,
             chunk_size=fetch.chunk_size,

@@ -66,16 +66,25 @@ def _resolves_under(root: str, key: str) -> bool:
     return (real + os.sep).startswith(root)
 
 
-def _escapes(root: str, key: str, inside: dict[str, bool]) -> bool:
-    """Whether a listed key leaves `root`, resolving each directory once (`inside`)."""
-    parent = key.rpartition("/")[0]
-    ok = inside.get(parent)
-    if ok is None:
-        ok = inside[parent] = _resolves_under(root, parent) if parent else True
-    if not ok:
+def _escapes(root: str, key: str, inside: dict[str, frozenset[str] | None]) -> bool:
+    """Whether a listed key leaves `root`. Each directory is resolved and listed once
+    (`inside`: its links' names, None where it leaves the root), so a plain file costs a
+    set lookup, not a system call - a million keys are listed in seconds."""
+    parent, _, name = key.rpartition("/")
+    if parent not in inside:
+        links: frozenset[str] | None = None
+        if not parent or _resolves_under(root, parent):
+            try:
+                with os.scandir(os.path.join(root, parent)) as entries:
+                    links = frozenset(e.name for e in entries if e.is_symlink())
+            except OSError:
+                links = frozenset()
+        inside[parent] = links
+    links = inside[parent]
+    if links is None:
         return True
-    # Most objects are plain files: one lstat, and realpath only for a link.
-    return os.path.islink(os.path.join(root, key)) and not _resolves_under(root, key)
+    # Most objects are plain files; realpath only for a link.
+    return name in links and not _resolves_under(root, key)
 
 
 def _check_key(key: str) -> str:

@@ -86,17 +86,19 @@ class DatasetManifest:
             ObjectNotFound: no images in that layout under the prefix.
             InvalidRequest, CorruptObject: shards that cannot be listed (`layout_manifest`).
         """
-        from hapi.data.formats import layout_manifest
+        from hapi.data.formats import layout_manifest, names_files
 
         prefix = prefix.strip("/")
-        sharded = layout_manifest(store, prefix)
+        # A plain prefix is listed once, for both: the shards under it, else its images.
+        listed = None if names_files(prefix) else list(store.list_versions(prefix))
+        sharded = layout_manifest(store, prefix, listed)
         if sharded is not None:
             return sharded
         base = f"{prefix}/" if prefix else ""
         endings = tuple(e.lower() for e in extensions)
         pairs: list[tuple[str, str]] = []
         versions: dict[str, str] = {}
-        for key, version in store.list_versions(prefix):
+        for key, version in store.list_versions(prefix) if listed is None else listed:
             if not key.startswith(base) or not key.lower().endswith(endings):
                 continue
             parts = key[len(base) :].split("/")

@@ -28,7 +28,13 @@ from hapi.errors import CorruptObject, InvalidRequest, ObjectNotFound, shorten
 if TYPE_CHECKING:
     from hapi.data.dataset_manifest import DatasetManifest
 
-__all__ = ["SHARD_EXTENSIONS", "expand_braces", "layout_manifest", "parquet_manifest"]
+__all__ = [
+    "SHARD_EXTENSIONS",
+    "expand_braces",
+    "layout_manifest",
+    "names_files",
+    "parquet_manifest",
+]
 
 SHARD_EXTENSIONS = (".tar", ".parquet")
 _LISTS = (".csv", ".jsonl")
@@ -54,9 +60,20 @@ def expand_braces(pattern: str) -> list[str]:
     return [x for c in choices for x in expand_braces(head + c + tail)]
 
 
-def layout_manifest(store: ObjectStore, prefix: str) -> DatasetManifest | None:
+def names_files(prefix: str) -> bool:
+    """Whether a dataset string names files (a brace pattern, a shard, a key list), which
+    `layout_manifest` lists itself, rather than a folder."""
+    return "{" in prefix or prefix.lower().endswith((*_LISTS, *SHARD_EXTENSIONS))
+
+
+def layout_manifest(
+    store: ObjectStore, prefix: str, listing: list[tuple[str, str]] | None = None
+) -> DatasetManifest | None:
     """The manifest of a sharded or listed dataset named by `prefix`; None for a prefix
     that holds no shards (an ImageFolder tree, listed by the caller).
+
+    `listing`: the prefix's listing, where the caller holds it - listed once, not again
+    here (a million keys take seconds to list).
 
     Raises:
         ObjectNotFound: a shard or list named does not exist, or a listed key.
@@ -84,7 +101,7 @@ def layout_manifest(store: ObjectStore, prefix: str) -> DatasetManifest | None:
         return _shards_manifest(store, prefix, [(prefix, listed[prefix])])
     base = f"{prefix}/" if prefix else ""
     shards, images = [], 0
-    for key, version in store.list_versions(prefix):
+    for key, version in store.list_versions(prefix) if listing is None else listing:
         if not key.startswith(base) or any(p.startswith(".") for p in key.split("/")):
             continue
         if key.lower().endswith(SHARD_EXTENSIONS):

@@ -402,7 +402,7 @@ class Store:
             _check_key(prefix)
         root = self._real_root()
         # Whether each directory listed stays inside the root, resolved once per directory.
-        inside: dict[str, bool] = {}
+        inside: dict[str, frozenset[str] | None] = {}
         escaped: list[str] = []
         try:
             for page in obstore.list(self.client, prefix or None):
