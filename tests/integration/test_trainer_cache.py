@@ -4,6 +4,7 @@ computed, in the same order, and nothing stale or corrupt is ever a hit."""
 from __future__ import annotations
 
 import io
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -121,6 +122,26 @@ def test_the_first_epoch_takes_the_jobs_own_listing_and_later_ones_list_again(
     # The job's listing (its keys) gives epoch 1's versions too; epoch 2 lists again.
     assert listed == ["train", "train"]
     assert [e.cached for e in history.epochs] == [12, 12]
+
+
+def test_the_next_epochs_listing_begins_before_the_epoch_ends(
+    server: HapiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listing of a million keys takes seconds: the next epoch's begins while the last
+    chunks of this one train, so the next epoch starts without waiting for it."""
+    job = _job(server, tmp_path / "c")
+    events: list[str] = []
+    manifest = job.connection.manifest
+    monkeypatch.setattr(job.connection, "manifest", lambda p: events.append("list") or manifest(p))
+
+    def slow_step(done: int, total: int) -> None:
+        events.append(f"step {done}/{total}")
+        time.sleep(0.5)  # a step long enough that the listing's thread has begun
+
+    job.fit(epochs=2, progress=slow_step)
+    assert events.count("list") == 2  # the job's own (epoch 1's too), then epoch 2's
+    second = [i for i, e in enumerate(events) if e == "list"][1]
+    assert second < events.index("step 3/3"), events
 
 
 def test_a_job_fit_long_after_its_listing_lists_again(

@@ -37,6 +37,16 @@ def test_entries_round_trip_bit_for_bit(tmp_path: Path, dtype: torch.dtype) -> N
         assert torch.equal(want, have)
 
 
+def test_contains_all_looks_entries_up_together(tmp_path: Path) -> None:
+    FeatureCache(tmp_path).put_many(SPACE, _names(3), [torch.ones(2)] * 3)
+    for cache in (FeatureCache(tmp_path), FeatureCache(tmp_path, memory_bytes=0)):
+        assert cache.contains_all(SPACE, _names(3)) and cache.contains_all(SPACE, [])
+        assert not cache.contains_all(SPACE, _names(4))
+    held = FeatureCache(tmp_path / "other")
+    held.put_many(SPACE, _names(1), [torch.ones(2)])
+    assert held.contains_all(SPACE, _names(1))  # in memory (and on disk)
+
+
 def test_names_change_with_version_and_view_and_spaces_apart(tmp_path: Path) -> None:
     assert entry_name("k", "v1", 0) != entry_name("k", "v2", 0)
     assert entry_name("k", "v1", 0) != entry_name("k", "v1", 1)

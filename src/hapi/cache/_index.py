@@ -2,7 +2,7 @@
 
 Every writer appends 32-byte records (name, offset, length, CRC-32) to the `.idx` beside
 its segment; a reader loads them all once and then only what the files gained. A million
-entries cost 36 bytes each in sorted numpy columns (searched a batch at a time), not a
+entries cost 44 bytes each in sorted numpy columns (searched a batch at a time), not a
 Python object each; the newest record of a name wins, so an entry written again after a
 corrupt copy is found.
 """

@@ -2,7 +2,7 @@
 
 Entries are packed in segments, per space (`<root>/v2/<space id>/`, `_segments.py`): a
 batch of entries is one append, a cached epoch a few large reads, and a million entries
-cost their payload, 32 bytes of index each on disk and 36 in memory. A read checks each
+cost their payload, 32 bytes of index each on disk and 44 in memory. A read checks each
 entry's CRC: a corrupt entry is a miss. Eviction works on whole segments, least recently
 used first (a hit marks its segment used), when the directory passes its bound; it, `usage`
 and `hapi cache ls` stat segments, never entries. An entry evicted under a running epoch
@@ -223,6 +223,13 @@ class FeatureCache:
         if (space.id, name) in self._memory:
             return True
         return bool(self._space(space.id).find([name])[0])
+
+    def contains_all(self, space: FeatureSpace, names: Sequence[str]) -> bool:
+        """Whether every one of the entries exists (not checked: `get` checks), looked up
+        together: a million names take about a second, not one lookup each."""
+        with self._lock:
+            rest = [n for n in names if (space.id, n) not in self._memory]
+        return not rest or bool(self._space(space.id).find(rest).all())
 
     def usage(self) -> list[SpaceUsage]:
         """Each space's entries and bytes (from its segments' sizes, not its entries)."""

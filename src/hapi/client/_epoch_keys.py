@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -37,7 +39,8 @@ class EpochKeys:
         chunk_size: keys per chunk.
         batch_size: the training batch size (a rank's, with a shard).
         shard: this rank's part of every epoch, with several data-parallel ranks.
-        relist: lists the dataset again, for its objects' versions at each epoch's start.
+        relist: lists the dataset again, for its objects' versions at each epoch's start
+            (or just before: `list_ahead`).
     """
 
     def __init__(
@@ -54,6 +57,11 @@ class EpochKeys:
         self.manifest, self.seed, self.shuffle = manifest, seed, shuffle
         self.chunk_size, self.batch_size = chunk_size, batch_size
         self.shard, self.relist = shard, relist
+        self._lock = threading.Lock()
+        self._ahead: threading.Thread | None = None
+        self._listed: dict[str, str] | None = None
+        self._listing_s = 0.0
+        self._listed_at = 0.0
 
     def lost(self) -> list[SkippedKey]:
         """The samples damaged shards lost (`DatasetManifest.damaged`): skipped in every
@@ -107,10 +115,47 @@ class EpochKeys:
         ]
 
     def versions(self) -> dict[str, str] | None:
-        """The objects' versions, listed now (None: not listed - no `relist`, or the
-        listing failed, and the epoch is then neither looked up in the cache nor kept)."""
+        """The objects' versions for the epoch starting now: the listing `list_ahead`
+        began (waited for if still running), else listed now. None: not listed - no
+        `relist`, or the listing failed, and the epoch is then neither looked up in the
+        cache nor kept."""
         if self.relist is None:
             return self.manifest.version_map()
+        with self._lock:
+            ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return self._list()
+        ahead.join()
+        # A listing begun for an epoch that came later than expected (a job paused between
+        # its fits) is too old to stand for this one's start: listed again.
+        if time.monotonic() - self._listed_at > 2 * self._listing_s + 1.0:
+            return self._list()
+        return self._listed
+
+    def list_ahead(self) -> None:
+        """Begin listing the next epoch's versions in the background (once until
+        `versions` takes it): called when the epoch before is about to end, so that its
+        end does not wait for a listing of a million keys."""
+        if self.relist is None:
+            return
+        with self._lock:
+            if self._ahead is not None:
+                return
+            self._ahead = threading.Thread(target=self._list_into, name="hapi-list", daemon=True)
+            self._ahead.start()
+
+    @property
+    def listing_s(self) -> float:
+        """How long the last listing took (0 before the first)."""
+        return self._listing_s
+
+    def _list_into(self) -> None:
+        self._listed = self._list()
+        self._listed_at = time.monotonic()
+
+    def _list(self) -> dict[str, str] | None:
+        assert self.relist is not None
+        t0 = time.monotonic()
         try:
             return self.relist().version_map()
         except HapiError as exc:
@@ -120,3 +165,5 @@ class EpochKeys:
                 shorten(str(exc)),
             )
             return None
+        finally:
+            self._listing_s = time.monotonic() - t0

@@ -134,6 +134,25 @@ class EpochRun:
         self._next: Route | None = None
         """The route of the next chunk to issue, once it has one and waits for its window."""
         self._held = -(-context.batch_size // context.keys.chunk_size) + 1
+        self._trained = 0
+        self._began = time.monotonic()
+        self._listing_ahead = False
+
+    def _maybe_list_ahead(self) -> None:
+        """Begin the next epoch's listing once this epoch's rest is about as long as a
+        listing takes (twice the last one's, with a margin): the next epoch then starts
+        at once, and its versions are still those of this epoch's end."""
+        if self.then is None or self._listing_ahead or self._starting_ahead or not self._trained:
+            return  # no next epoch, or its listing is begun or taken
+        keys = self.context.keys
+        elapsed = time.monotonic() - self._began
+        rest = elapsed * (len(self.chunks) - self._trained) / self._trained
+        # Before any listing was timed (the first epoch took the job's own), one guessed
+        # from the dataset's size: about 30 us a key through a server.
+        listing = keys.listing_s or 30e-6 * len(keys.manifest)
+        if rest <= 2 * listing + 0.2:
+            self._listing_ahead = True
+            keys.list_ahead()
 
     def run(self) -> Generator[Batch, None, None]:
         batch_size = self.context.batch_size
@@ -194,6 +213,8 @@ class EpochRun:
                 windows.unread[read.window] -= 1
             if trained is not None:
                 windows.untrained[trained.window] -= 1
+                self._trained += 1
+                self._maybe_list_ahead()
             while self._issued < len(self.chunks) and not self.fetcher.stop.is_set():
                 router = self.context.fetch.router
                 if self._next is None or router.changing:

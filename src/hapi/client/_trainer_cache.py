@@ -115,7 +115,7 @@ class TrainerCache:
         """Whether every one of `keys` has an entry for `epoch` (not read: a corrupt or
         evicted one is a miss when its chunk comes)."""
         names = self._names(epoch, keys)
-        return names is not None and all(self.cache.contains(self.space, n) for n in names)
+        return names is not None and self.cache.contains_all(self.space, names)
 
     def store(self, epoch: int, keys: Sequence[str], features: torch.Tensor) -> None:
         """Keep the epoch's features of `keys` (one row each)."""
