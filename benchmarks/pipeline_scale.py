@@ -1,0 +1,345 @@
+"""A whole job's per-sample costs against N: listing, first batches, server, cached epochs.
+
+`hapi serve` on a local store of tiny JPEGs (32 px, about 1.2 KB, an ImageFolder of 10
+classes) pinned to core 0; each trainer a new process pinned to core 1; one torch thread
+each. The model is a user's own small CNN whose frozen head gives 512 features a sample
+(fp16 on the wire), so what is timed is hapi's own cost per sample, not a network's:
+deterministic transforms (`augment=False`), cut at the freeze point, the trainer's cache on.
+
+For each N, job A (a new process) trains two epochs: the server computes every head in
+the first, the second comes from the trainer's cache (its memory tier where it fits). Then
+job B, a new process started after the cache's files are evicted from the page cache,
+trains one epoch from the cache on disk. Measured for each:
+
+- the listing: `Connection.manifest` from the trainer (the server lists, the manifest
+  crosses the wire), timed alone before job A;
+- the time to each epoch's first step: from the process's start for epoch 1 (build and
+  plan included), from the last step of the epoch before for the next;
+- each epoch's seconds per sample, and the server's CPU seconds per sample over job A;
+- the trainer's and the server's peak RSS (the server's after job A), and the cache's
+  bytes on disk against its payload.
+
+    python benchmarks/pipeline_scale.py            # writes out/pipeline_scale.{json,png}
+    python benchmarks/pipeline_scale.py --results  # ... and its section of RESULTS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import random
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+START = time.perf_counter()
+
+from _host import end, machine, pin, taskset  # noqa: E402
+from _results import write_section  # noqa: E402
+
+OUT = Path(__file__).resolve().parent / "out"
+SIZES = (1_000, 10_000, 100_000)
+CLASSES, SIDE, WIDTH, BATCH = 10, 32, 512, 256
+
+
+def make_store(root: Path, n: int) -> None:
+    """`n` tiny JPEGs under `root/train/c<k>/` (100 distinct images, written again)."""
+    from PIL import Image
+
+    blobs = []
+    rng = random.Random(0)
+    for _ in range(100):
+        image = Image.effect_noise((SIDE, SIDE), 20 + rng.random() * 40).convert("RGB")
+        out = io.BytesIO()
+        image.save(out, "JPEG", quality=85)
+        blobs.append(out.getvalue())
+    for c in range(CLASSES):
+        (root / "train" / f"c{c}").mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        (root / "train" / f"c{i % CLASSES}" / f"{i:08d}.jpg").write_bytes(blobs[i % 100])
+
+
+def _model() -> Any:
+    """The user's model, built the same in every process (a seed): its head's digest
+    names the cache's space, so job B finds job A's entries."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    features = nn.Sequential(
+        nn.Conv2d(3, 16, 3, stride=2, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(16, 64, 3, stride=2, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(64, WIDTH),
+        nn.ReLU(),
+    )
+    return nn.Sequential(OrderedDict(features=features, fc=nn.Linear(WIDTH, CLASSES)))
+
+
+def job(address: str, cache_dir: str, epochs: int) -> dict[str, Any]:
+    """One job in this process: its listing, the time to each epoch's first step, and
+    each epoch's seconds."""
+    import torch
+
+    from hapi import TransferJob
+    from hapi.client import connect
+
+    torch.set_num_threads(1)
+    out: dict[str, Any] = {}
+    if epochs > 1:
+        t0 = time.perf_counter()
+        listed = connect(address).manifest("train")
+        out["list_s"] = time.perf_counter() - t0
+        out["n"] = len(listed)
+        del listed
+    model = _model()
+    steps: list[float] = []
+
+    def progress(done: int, total: int) -> None:
+        steps.append(time.perf_counter())
+
+    job = TransferJob(
+        model,
+        "train",
+        address,
+        freeze="features",
+        cut="features",
+        image_size=SIDE,
+        batch_size=BATCH,
+        augment=False,
+        wire_dtype="fp16",
+        cache_dir=cache_dir,
+        replan=False,
+    )
+    job.fit(epochs=epochs, progress=progress)
+    per_epoch = job.batches_per_epoch()
+    firsts = [steps[0] - START]
+    for e in range(1, epochs):
+        firsts.append(steps[e * per_epoch] - steps[e * per_epoch - 1])
+    out["first_step_s"] = firsts
+    out["epoch_s"] = [e.seconds for e in job.history.epochs]
+    out["cached"] = [e.cached for e in job.history.epochs]
+    out["samples"] = [e.samples for e in job.history.epochs]
+    out["rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return out
+
+
+class Server:
+    """`hapi serve` on the store, pinned to core 0, stopped by its pid."""
+
+    def __init__(self, store: Path) -> None:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from tests.seaweed import free_port
+
+        self.port = free_port()
+        self.address = f"grpc://127.0.0.1:{self.port}"
+        cmd = [*taskset(0), sys.executable, "-m", "hapi.cli", "serve", "--store", str(store)]
+        cmd += ["--port", str(self.port), "--threads", "1"]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
+        )
+        from hapi.client import connect
+
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                connect(self.address, timeout=2).stats()
+                return
+            except Exception:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    end(self.proc)
+                    raise RuntimeError(f"server on {self.address} did not start") from None
+                time.sleep(0.2)
+
+    def cpu_s(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def peak_rss(self) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+
+def _child(*args: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, __file__, "--phase", *args], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"phase {args} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def _evict(root: Path) -> bool:
+    """Evict the files under `root` from the page cache (only they: a trainer's own
+    libraries stay cached, as on a machine that has run a job before)."""
+    os.sync()
+    for path in root.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+    return True
+
+
+def _disk_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+def measure(sizes: tuple[int, ...], repeats: int) -> dict[str, Any]:
+    rows = []
+    for n in sizes:
+        runs = []
+        with tempfile.TemporaryDirectory(dir=OUT) as tmp:
+            store = Path(tmp) / "store"
+            make_store(store, n)
+            for r in range(repeats):
+                cache = Path(tmp) / f"cache-{r}"
+                server = Server(store)
+                try:
+                    cpu0 = server.cpu_s()
+                    a = _child("job", server.address, str(cache), "2")
+                    server_cpu = server.cpu_s() - cpu0
+                    server_rss = server.peak_rss()
+                    cold = _evict(cache)
+                    b = _child("job", server.address, str(cache), "1")
+                finally:
+                    end(server.proc)
+                run = {
+                    "list_s": a["list_s"],
+                    "first_step_s": [*a["first_step_s"], b["first_step_s"][0]],
+                    "epoch_s": [*a["epoch_s"], b["epoch_s"][0]],
+                    "cached": [*a["cached"], b["cached"][0]],
+                    "server_cpu_s": server_cpu,
+                    "server_rss_bytes": server_rss,
+                    "trainer_rss_bytes": max(a["rss_bytes"], b["rss_bytes"]),
+                    "cache_disk_bytes": _disk_bytes(cache),
+                    "payload_bytes": n * WIDTH * 2,
+                    "cold": cold,
+                }
+                runs.append(run)
+                shutil.rmtree(cache, ignore_errors=True)
+                print(f"n={n} run {r + 1}: {json.dumps(run)}", flush=True)
+        row: dict[str, Any] = {"n": n, "runs": runs}
+        for key in ("list_s", "server_cpu_s", "server_rss_bytes", "trainer_rss_bytes"):
+            row[key] = statistics.median(run[key] for run in runs)
+        for key in ("first_step_s", "epoch_s"):
+            row[key] = [statistics.median(run[key][i] for run in runs) for i in range(3)]
+        row["disk_ratio"] = statistics.median(
+            run["cache_disk_bytes"] / run["payload_bytes"] for run in runs
+        )
+        rows.append(row)
+    return {"machine": machine(), "repeats": repeats, "rows": rows}
+
+
+def _report(data: dict[str, Any]) -> str:
+    rows = data["rows"]
+    lines = [
+        f"Medians of {data['repeats']} runs. Per-sample figures in microseconds. Epoch 2: "
+        "job A's second epoch (the trainer's cache, its memory tier where it fits); "
+        "cached epoch: job B, a new process after the cache's files were evicted from the page "
+        "cache. First step: "
+        "epoch 1's from the process's start (build, listing and plan included), the others' "
+        "from the epoch before's last step.",
+        "",
+        "| N | listing | first step: epoch 1 / epoch 2 / cached | server CPU a sample | "
+        "epoch 1 | epoch 2 | cached epoch | trainer / server peak RSS | cache disk / payload |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        n = row["n"]
+        first = " / ".join(f"{s:.2f} s" for s in row["first_step_s"])
+        epochs = [f"{s / n * 1e6:.0f} ({s:.1f} s)" for s in row["epoch_s"]]
+        lines.append(
+            f"| {n:,} | {row['list_s']:.2f} s ({row['list_s'] / n * 1e6:.1f}) | {first} "
+            f"| {row['server_cpu_s'] / n * 1e6:.0f} | {' | '.join(epochs)} "
+            f"| {row['trainer_rss_bytes'] / 2**30:.2f} / {row['server_rss_bytes'] / 2**30:.2f} GiB "
+            f"| {row['disk_ratio']:.2f}x |"
+        )
+    if len(rows) > 1:
+        lo, hi = rows[0], rows[-1]
+        dn = hi["n"] - lo["n"]
+        lines += [
+            "",
+            f"Memory a key (peak RSS at {hi['n']:,} less at {lo['n']:,}, over the keys "
+            f"between): trainer {(hi['trainer_rss_bytes'] - lo['trainer_rss_bytes']) / dn:.0f} "
+            f"B, server {(hi['server_rss_bytes'] - lo['server_rss_bytes']) / dn:.0f} B (the "
+            f"trainer's includes its cache's memory tier, {WIDTH * 2} B a feature).",
+        ]
+    return "\n".join(lines)
+
+
+def _plot(data: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = data["rows"]
+    ns = [r["n"] for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    series = {
+        "listing": [r["list_s"] / r["n"] for r in rows],
+        "server CPU": [r["server_cpu_s"] / r["n"] for r in rows],
+        "epoch 1": [r["epoch_s"][0] / r["n"] for r in rows],
+        "epoch 2 (trainer cache)": [r["epoch_s"][1] / r["n"] for r in rows],
+        "cached epoch, cold disk": [r["epoch_s"][2] / r["n"] for r in rows],
+    }
+    for label, values in series.items():
+        ax.plot(ns, [v * 1e6 for v in values], marker="o", label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("samples (N)")
+    ax.set_ylabel("microseconds per sample")
+    ax.set_title("A job's per-sample costs against N (flat is the goal)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--phase", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
+    parser.add_argument("--results", action="store_true", help="update benchmarks/RESULTS.md")
+    args = parser.parse_args()
+    if args.phase:
+        pin(1)
+        _, address, cache, epochs = args.phase
+        print(json.dumps(job(address, cache, int(epochs))))
+        return
+    OUT.mkdir(exist_ok=True)
+    data = measure(tuple(args.sizes), args.repeats)
+    (OUT / "pipeline_scale.json").write_text(json.dumps(data, indent=1))
+    _plot(data, OUT / "pipeline_scale.png")
+    report = _report(data)
+    print(report)
+    if args.results:
+        command = "python benchmarks/pipeline_scale.py --results"
+        write_section(
+            "pipeline_scale",
+            "## A job's per-sample costs against N (`benchmarks/pipeline_scale.py`)\n\n"
+            f"`{command}` on {data['machine']}.\n\n{report}\n\n"
+            "![per-sample costs against N](out/pipeline_scale.png)",
+        )
+
+
+if __name__ == "__main__":
+    main()
