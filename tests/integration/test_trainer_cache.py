@@ -149,13 +149,13 @@ def test_a_job_fit_long_after_its_listing_lists_again(
 ) -> None:
     """Past `FRESH_S` the job's listing no longer gives the first epoch's versions: an
     object rewritten since is a miss."""
-    import hapi.client._job_data as job_data
+    import hapi.client._epoch_keys as epoch_keys
 
     _job(server, tmp_path / "c").fit(epochs=1)
     job = _job(server, tmp_path / "c")
     job.manifest("train")  # listed, then the object changes before the job's first epoch
     _rewrite(next(store_dir.glob("train/*/*.jpg")))
-    monkeypatch.setattr(job_data, "FRESH_S", 0.0)
+    monkeypatch.setattr(epoch_keys, "FRESH_S", 0.0)
     first = job.fit(epochs=1).epochs[0]
     assert first.cached == 11 and first.computed == 1
 

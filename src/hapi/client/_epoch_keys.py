@@ -20,7 +20,12 @@ from hapi.data.shard_order import shard_order
 from hapi.errors import HapiError, shorten
 from hapi.wire import SkippedKey
 
-__all__ = ["Chunks", "EpochKeys"]
+__all__ = ["FRESH_S", "Chunks", "EpochKeys"]
+
+FRESH_S = 60.0
+"""How old the job's listing may be and still give its first epoch's versions: the time a
+job takes from its listing to its first epoch (the plan's measuring, a warm-up), not the
+pause of a user who builds a job and fits it later."""
 
 log = logging.getLogger("hapi.client")
 
@@ -41,6 +46,9 @@ class EpochKeys:
         shard: this rank's part of every epoch, with several data-parallel ranks.
         relist: lists the dataset again, for its objects' versions at each epoch's start
             (or just before: `list_ahead`).
+        listed_at: when `manifest` was listed (`time.monotonic`), where its versions may
+            stand for the first epoch (within `FRESH_S`).
+        listing_s: how long a listing takes, where known (else guessed from the size).
     """
 
     def __init__(
@@ -53,6 +61,8 @@ class EpochKeys:
         batch_size: int,
         shard: Shard | None = None,
         relist: Callable[[], DatasetManifest] | None = None,
+        listed_at: float | None = None,
+        listing_s: float = 0.0,
     ) -> None:
         self.manifest, self.seed, self.shuffle = manifest, seed, shuffle
         self.chunk_size, self.batch_size = chunk_size, batch_size
@@ -60,8 +70,9 @@ class EpochKeys:
         self._lock = threading.Lock()
         self._ahead: threading.Thread | None = None
         self._listed: dict[str, str] | None = None
-        self._listing_s = 0.0
+        self._listing_s = listing_s
         self._listed_at = 0.0
+        self._fresh_until = listed_at + FRESH_S if listed_at is not None else -1.0
 
     def lost(self) -> list[SkippedKey]:
         """The samples damaged shards lost (`DatasetManifest.damaged`): skipped in every
@@ -122,7 +133,10 @@ class EpochKeys:
         if self.relist is None:
             return self.manifest.version_map()
         with self._lock:
+            fresh, self._fresh_until = time.monotonic() < self._fresh_until, -1.0
             ahead, self._ahead = self._ahead, None
+        if fresh and ahead is None:
+            return self.manifest.version_map()  # the job's own listing, just made
         if ahead is None:
             return self._list()
         ahead.join()
@@ -146,8 +160,9 @@ class EpochKeys:
 
     @property
     def listing_s(self) -> float:
-        """How long the last listing took (0 before the first)."""
-        return self._listing_s
+        """How long the last listing took (guessed from the dataset's size before the
+        first: about 30 us a key through a server)."""
+        return self._listing_s or 30e-6 * len(self.manifest)
 
     def _list_into(self) -> None:
         self._listed = self._list()

@@ -147,10 +147,7 @@ class EpochRun:
         keys = self.context.keys
         elapsed = time.monotonic() - self._began
         rest = elapsed * (len(self.chunks) - self._trained) / self._trained
-        # Before any listing was timed (the first epoch took the job's own), one guessed
-        # from the dataset's size: about 30 us a key through a server.
-        listing = keys.listing_s or 30e-6 * len(keys.manifest)
-        if rest <= 2 * listing + 0.2:
+        if rest <= 2 * keys.listing_s + 0.2:
             self._listing_ahead = True
             keys.list_ahead()
 

@@ -28,12 +28,7 @@ from hapi.data import DatasetManifest, Transforms, open_store
 from hapi.errors import ServerUnavailable
 from hapi.wire import WireDtype
 
-__all__ = ["FRESH_S", "JobData", "connect_all"]
-
-FRESH_S = 60.0
-"""How old a job's listing may be and still give its first epoch's versions: the time a
-job takes from its listing to its first epoch (the plan's measuring, a warm-up), not the
-pause of a user who builds a job and fits it later."""
+__all__ = ["JobData", "connect_all"]
 
 
 def connect_all(config: JobConfig, given: str | Connection | Sequence[str]) -> list[Connection]:
@@ -84,8 +79,10 @@ class JobData:
         self.recall = functools.partial(recall_all, connections)
         """Cuts the streams in flight on every server: a loop's router's `recall`."""
         self._manifests: dict[str, DatasetManifest] = {}
-        self._fresh: dict[str, tuple[DatasetManifest, float]] = {}
-        """Listings `manifest` made and no epoch has taken yet (`relist`), with when."""
+        self._listed: dict[str, tuple[float, float]] = {}
+        """When `manifest` listed each prefix (`time.monotonic`), and how long it took."""
+        self._fresh: set[str] = set()
+        """Prefixes whose listing no loop has taken yet for its first epoch's versions."""
         self._head_digest: str | None = None
         self._features: FeatureCache | None = None
         """The trainer's feature cache, opened by the first loop that uses it."""
@@ -101,24 +98,17 @@ class JobData:
                 epoch reports the lost ones in `skipped`.
         """
         if prefix not in self._manifests:
+            t0 = time.monotonic()
             for attempt in RetryPolicy(budget_s=self.config.fetch.retry_budget_s).retrying():
                 with attempt:
                     listed = self.list(prefix)
             if listed.damaged and self.config.fetch.on_error == "raise":
                 raise listed.damaged[0].error()
             self._manifests[prefix] = listed
-            self._fresh[prefix] = (listed, time.monotonic())
+            now = time.monotonic()
+            self._listed[prefix] = (now, now - t0)
+            self._fresh.add(prefix)
         return self._manifests[prefix]
-
-    def relist(self, prefix: str) -> DatasetManifest:
-        """The dataset under `prefix` listed for an epoch's versions: the listing
-        `manifest` just made where no epoch has taken it and it is under `FRESH_S` old
-        (the first epoch of a job need not list a million keys a second time), else
-        listed now."""
-        fresh = self._fresh.pop(prefix, None)
-        if fresh is not None and time.monotonic() - fresh[1] < FRESH_S:
-            return fresh[0]
-        return self.list(prefix)
 
     def list(self, prefix: str) -> DatasetManifest:
         """The dataset under `prefix`, listed now, once (no retry)."""
@@ -242,18 +232,23 @@ class JobData:
             for connection in self.connections
         ]
         decoder = RawDecoder(transforms, seed, fetch.on_error)
+        manifest = self.manifest(prefix)
+        listed_at, listing_s = self._listed[prefix]
+        fresh = prefix in self._fresh
+        self._fresh.discard(prefix)
         loader = FeatureLoader(
             self.connections[0],
             sessions,
-            self.manifest(prefix),
+            manifest,
             cache=self.trainer_cache(transforms, codec[0]),
             # Listed again each epoch only where a feature may be cached: a rewritten
             # object is then a miss, never a stale hit.
             relist=(
-                functools.partial(self.relist, prefix)
-                if cacheability(transforms).cacheable
-                else None
+                functools.partial(self.list, prefix) if cacheability(transforms).cacheable else None
             ),
+            # The first loop over a prefix may take its listing for its first epoch.
+            listed_at=listed_at if fresh else None,
+            listing_s=listing_s,
             batch_size=config.training.batch_size,
             chunk_size=fetch.chunk_size,
             prefetch=fetch.prefetch,

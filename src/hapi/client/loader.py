@@ -81,6 +81,10 @@ class FeatureLoader:
             the others are kept in it as they arrive. None: no cache.
         relist: lists the dataset again, for its objects' versions at the start of each
             epoch (tickets carry them, and the cache keys entries by them).
+        listed_at: when `manifest` was listed (`time.monotonic`): within `FRESH_S` of
+            it, the first epoch takes its versions instead of listing again.
+        listing_s: how long a listing takes, where known: the next epoch's listing
+            begins that much before this one ends (`EpochKeys.list_ahead`).
 
     Raises:
         InvalidRequest: a size below 1, negative retries or budget.
@@ -109,6 +113,8 @@ class FeatureLoader:
         fallback: ObjectStore | None = None,
         cache: TrainerCache | None = None,
         relist: Callable[[], DatasetManifest] | None = None,
+        listed_at: float | None = None,
+        listing_s: float = 0.0,
     ) -> None:
         for name, value in (
             ("batch_size", batch_size),
@@ -166,6 +172,8 @@ class FeatureLoader:
             batch_size=batch_size,
             shard=shard,
             relist=relist,
+            listed_at=listed_at,
+            listing_s=listing_s,
         )
         """Each epoch's order, chunks and objects' versions."""
         self._runs = RunContext(
