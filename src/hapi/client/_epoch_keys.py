@@ -71,6 +71,8 @@ class EpochKeys:
         self._ahead: threading.Thread | None = None
         self._listed: dict[str, str] | None = None
         self._listing_s = listing_s
+        self._orders: dict[int, np.ndarray] = {}
+        """Orders computed, by epoch (a million keys take a second to order)."""
         self._listed_at = 0.0
         self._fresh_until = listed_at + FRESH_S if listed_at is not None else -1.0
 
@@ -91,6 +93,19 @@ class EpochKeys:
         A dataset of shards' members is ordered as WebDataset users expect (`shard_order`:
         shards shuffled, then samples a few shards at a time), in runs a chunk reads with
         one request."""
+        with self._lock:
+            known = self._orders.get(epoch)
+        if known is not None:
+            return known
+        order = self._order(epoch)
+        order.flags.writeable = False  # shared by every caller
+        with self._lock:
+            # The epoch running and the one started ahead: each asked for a few times.
+            self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
+            self._orders[epoch] = order
+        return order
+
+    def _order(self, epoch: int) -> np.ndarray:
         n = len(self.manifest)
         if not self.shuffle:
             order = np.arange(n)
