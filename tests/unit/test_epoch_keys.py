@@ -55,7 +55,7 @@ def test_a_listing_begun_ahead_but_taken_late_is_listed_again() -> None:
     keys = _keys(listings)
     keys.list_ahead()
     assert listings.began.wait(5)
-    time.sleep(1.2)  # past twice the listing's time and a second: a paused job
+    time.sleep(1.2)  # past three times the listing's time and a second: a paused job
     assert set((keys.versions() or {}).values()) == {"v2"}
 
 

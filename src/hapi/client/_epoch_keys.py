@@ -157,7 +157,7 @@ class EpochKeys:
         ahead.join()
         # A listing begun for an epoch that came later than expected (a job paused between
         # its fits) is too old to stand for this one's start: listed again.
-        if time.monotonic() - self._listed_at > 2 * self._listing_s + 1.0:
+        if time.monotonic() - self._listed_at > 3 * self._listing_s + 1.0:
             return self._list()
         return self._listed
 
