@@ -79,8 +79,7 @@ class SpaceIndex:
 
     def stem(self, seg: int) -> str:
         """A segment's stem (`<writer>-<n>`) by its number in `find`'s columns."""
-        with self._lock:
-            return self._stems[seg]
+        return self._stems[seg]  # only ever appended to: no lock needed to read
 
     def refresh(self, *, force: bool = False) -> bool:
         """Load what the directory's `.idx` files gained; True if anything changed."""

@@ -104,19 +104,21 @@ class SpaceSegments:
         order = np.lexsort((places["offset"], places["seg"]))
         at, places = at[order], places[order]
         offsets, lengths = places["offset"], places["length"]
-        ends = offsets + lengths
-        runs = _runs(places["seg"])
+        ends = (offsets + lengths).astype(np.int64)
+        segs = places["seg"]
+        # Per segment only its mapping; every check is one numpy call over the batch.
+        limit = np.full(len(at), -1, np.int64)  # -1: gone (evicted), a miss
         words: dict[int, np.ndarray] = {}
-        whole = np.zeros(len(at), bool)
-        for seg, run in runs:
+        for seg, run in _runs(segs):
             mapped = self._words(self.index.stem(seg), int(ends[run].max()))
-            if mapped is None:
-                continue  # evicted: misses
-            words[seg] = mapped
-            # A record past the segment's end (torn) or off the 8-byte grid is corrupt.
-            whole[run] = (ends[run] <= len(mapped) * ALIGN) & (offsets[run] % ALIGN == 0)
-            whole[run] &= lengths[run] % ALIGN == 0
-        corrupt = at[~whole & np.isin(places["seg"], list(words))].tolist()
+            if mapped is not None:
+                words[seg] = mapped
+                limit[run] = len(mapped) * ALIGN
+        # A record past the segment's end (torn) or off the 8-byte grid is corrupt.
+        aligned = (offsets % ALIGN == 0) & (lengths % ALIGN == 0)
+        mapped_at = limit >= 0
+        whole = mapped_at & aligned & (ends <= limit)
+        corrupt = at[mapped_at & ~whole].tolist()
         for length in np.unique(lengths[whole]).tolist():
             rows = np.flatnonzero(whole & (lengths == length))
             block = np.empty((len(rows), length // ALIGN), np.uint64)
