@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from _host import end, taskset
+from _host import end, serving, taskset
 
 FORMATS = ("objects", "webdataset", "parquet")
 
@@ -79,8 +79,6 @@ class Server:
         self.address = f"grpc://127.0.0.1:{self.port}"
 
     def __enter__(self) -> Server:
-        from hapi.client import connect
-
         cmd = [*taskset(self.core), sys.executable, "-m", "hapi.cli", "serve"]
         cmd += ["--store", self.bucket, "--endpoint", self.endpoint, "--port", str(self.port)]
         cmd += ["--threads", "1"]
@@ -89,16 +87,8 @@ class Server:
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
         )
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                connect(self.address, timeout=2).stats()
-                return self
-            except Exception:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    end(self.proc)
-                    raise RuntimeError(f"server on {self.address} did not start") from None
-                time.sleep(0.2)
+        serving(self.proc, self.address)
+        return self
 
     def __exit__(self, *exc: object) -> None:
         end(self.proc)

@@ -7,7 +7,7 @@ import os
 import platform
 import subprocess
 
-__all__ = ["end", "machine", "pin", "taskset"]
+__all__ = ["end", "machine", "pin", "serving", "taskset"]
 
 _CORES = sorted(os.sched_getaffinity(0))
 """The cores the benchmark was started on, read once: after `pin(0)` this process may run
@@ -45,3 +45,22 @@ def end(proc: subprocess.Popen[bytes] | subprocess.Popen[str]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def serving(proc: subprocess.Popen[bytes], address: str, timeout_s: float = 60.0) -> None:
+    """Wait until `hapi serve` (`proc`) answers at `address`; end it and raise if it
+    dies or does not answer within `timeout_s`."""
+    import time
+
+    from hapi.client import connect
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            connect(address, timeout=2).stats()
+            return
+        except Exception:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                end(proc)
+                raise RuntimeError(f"server on {address} did not start") from None
+            time.sleep(0.2)

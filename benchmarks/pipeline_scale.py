@@ -43,7 +43,7 @@ from typing import Any
 
 START = time.perf_counter()
 
-from _host import end, machine, pin, taskset  # noqa: E402
+from _host import end, machine, pin, serving, taskset  # noqa: E402
 from _results import write_section  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "out"
@@ -151,18 +151,7 @@ class Server:
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
         )
-        from hapi.client import connect
-
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                connect(self.address, timeout=2).stats()
-                return
-            except Exception:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    end(self.proc)
-                    raise RuntimeError(f"server on {self.address} did not start") from None
-                time.sleep(0.2)
+        serving(self.proc, self.address)
 
     def cpu_s(self) -> float:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()

@@ -136,6 +136,8 @@ class EpochRun:
         self._held = -(-context.batch_size // context.keys.chunk_size) + 1
         self._trained = 0
         self._began = time.monotonic()
+        """When this epoch's batches were first asked for (`run`): a run started ahead
+        waits for the epoch before, which is not its own time."""
         self._listing_ahead = False
 
     def _maybe_list_ahead(self) -> None:
@@ -160,6 +162,7 @@ class EpochRun:
         n = len(self.chunks)
         complete = False
         self.before = []  # the epoch before ended: every chunk of it was read
+        self._began = time.monotonic()
         try:
             self._advance()
             for j in range(n):
