@@ -109,7 +109,7 @@ def hapi_epoch(
     local pipeline does, `RawDecoder`).
     """
     from hapi.client import connect
-    from hapi.client._decode import RawDecoder
+    from hapi.client.servers.decode import RawDecoder
     from hapi.data import Transforms
     from hapi.errors import SessionNotFound
     from hapi.graph import RAW, ModelSpec, build_model, trace

@@ -100,7 +100,7 @@ def _trace_chunks(into: list[dict]) -> None:
     and link seconds) and, later, its training (trainer seconds), a row each."""
     import dataclasses
 
-    from hapi.client.routing import Router
+    from hapi.client.pipeline.routing import Router
     from hapi.plan import ReadMeasurement
 
     observe = Router.observe
@@ -123,7 +123,7 @@ def _trace_chunks(into: list[dict]) -> None:
 
     Router.observe = traced  # type: ignore[method-assign]
 
-    from hapi.client._fetch import Fetcher
+    from hapi.client.pipeline.fetch import Fetcher
 
     fetch = Fetcher.fetch
 

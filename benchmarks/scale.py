@@ -228,7 +228,7 @@ def _chaos(root: Path, args: argparse.Namespace) -> dict:
     from tests.serve_process import ServeProcess
 
     from hapi.client import FeatureLoader, TransferJob
-    from hapi.client.sessions import Sessions
+    from hapi.client.servers.sessions import Sessions
     from hapi.data import open_store, synth_dataset
     from hapi.errors import HapiError
     from hapi.wire import SessionRequest

@@ -4,7 +4,7 @@ held window costs a link-bound stream.
 A Flight server that sends N random bytes per ticket runs in the storage namespace of a
 `ShapedLink` (core 0); a client in the trainer's (core 1) opens its streams as hapi's
 loader does - four at once, read in turn. For each window (gRPC's bandwidth-delay probe,
-fixed sizes, and hapi's own: `hapi.client._window` from the measured round trip):
+fixed sizes, and hapi's own: `hapi.client.servers._window` from the measured round trip):
 
 - at 1 Gbit/s, 40 rounds of four 800 KB streams read in turn: MB/s;
 - then the link drops to 10 Mbit/s and the client opens four 393 KB streams, reads the
@@ -180,7 +180,7 @@ def _serve() -> None:
 def _run_client(host: str, window: str) -> None:
     import pyarrow.flight as flight
 
-    from hapi.client._window import Window, grpc_options, held_window
+    from hapi.client.servers._window import Window, grpc_options, held_window
 
     address = f"grpc://{host}:{PORT}"
     named: dict[str, Window] = {"hapi": "auto", "probe": "grpc"}

@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from hapi.client import FeatureLoader, TransferJob, connect
-from hapi.client.distributed import Shard
-from hapi.client.sessions import Sessions
+from hapi.client.pipeline.distributed import Shard
+from hapi.client.servers.sessions import Sessions
 from hapi.data import Transforms
 from hapi.wire import SessionRequest
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from hapi.client import FeatureLoader, TransferJob, connect
-from hapi.client.history import Event
-from hapi.client.sessions import Sessions
+from hapi.client.pipeline.history import Event
+from hapi.client.servers.sessions import Sessions
 from hapi.data import DatasetManifest, open_store, synth_dataset
 from hapi.graph import INPUT
 from hapi.wire import SessionRequest

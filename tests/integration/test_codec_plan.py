@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from hapi.client import TransferJob
-from hapi.client.connection import Connection
+from hapi.client.servers.connection import Connection
 from hapi.data import open_store, synth_dataset
 from hapi.graph import RAW
 from hapi.server import HapiServer, serve

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from hapi.client import FeatureLoader, TransferJob, connect
-from hapi.client.sessions import Sessions
+from hapi.client.servers.sessions import Sessions
 from hapi.data import (
     DatasetManifest,
     ObjectStore,

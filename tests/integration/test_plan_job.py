@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hapi.client import FeatureLoader, TransferJob, connect, measuring
-from hapi.client.connection import ChunkPart, Connection
+from hapi.client.servers.connection import ChunkPart, Connection
 from hapi.data import open_store, synth_dataset
 from hapi.errors import InvalidCut
 from hapi.graph import INPUT, RAW

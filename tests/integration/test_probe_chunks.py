@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hapi.client import connect
-from hapi.client._probe_chunks import RAW_FIRST, link_of, probe_raw
+from hapi.client.planning._probe_chunks import RAW_FIRST, link_of, probe_raw
 from hapi.data import Transforms, open_store, synth_dataset
 from hapi.graph import RAW, ModelSpec
 from hapi.server import ServerConfig, serve

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hapi.client import FeatureLoader, TransferJob, connect
-from hapi.client.sessions import Sessions
+from hapi.client.servers.sessions import Sessions
 from hapi.data import Transforms, open_store, synth_dataset
 from hapi.errors import InvalidRequest
 from hapi.server import HapiServer, serve

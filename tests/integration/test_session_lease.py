@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hapi.client import connect
-from hapi.client.sessions import Sessions
+from hapi.client.servers.sessions import Sessions
 from hapi.data import Transforms, open_store, synth_dataset
 from hapi.errors import SessionNotFound
 from hapi.graph import ModelSpec

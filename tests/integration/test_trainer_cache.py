@@ -149,7 +149,7 @@ def test_a_job_fit_long_after_its_listing_lists_again(
 ) -> None:
     """Past `FRESH_S` the job's listing no longer gives the first epoch's versions: an
     object rewritten since is a miss."""
-    import hapi.client._epoch_keys as epoch_keys
+    import hapi.client.pipeline.keys as epoch_keys
 
     _job(server, tmp_path / "c").fit(epochs=1)
     job = _job(server, tmp_path / "c")

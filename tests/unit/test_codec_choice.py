@@ -9,14 +9,14 @@ import io
 import numpy as np
 import pytest
 
-from hapi.client._codec_choice import (
+from hapi.client.config.job import JobConfig
+from hapi.client.planning.codec_choice import (
     codec_candidates,
     codecs_may_pay,
     job_codecs,
     loop_codec,
     measure_codecs,
 )
-from hapi.client.job_config import JobConfig
 from hapi.data import Transforms, synth_image
 from hapi.errors import InvalidRequest
 from hapi.graph import ModelSpec, build_model, trace

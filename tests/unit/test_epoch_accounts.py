@@ -9,10 +9,10 @@ import time
 import pytest
 
 from hapi.client import FeatureLoader
-from hapi.client._epochs import EpochAccounts
-from hapi.client.history import EpochStats
-from hapi.client.sessions import Sessions
-from hapi.client.testing import MemorySource
+from hapi.client.job._epochs import EpochAccounts
+from hapi.client.pipeline.history import EpochStats
+from hapi.client.servers.memory import MemorySource
+from hapi.client.servers.sessions import Sessions
 from hapi.data import DatasetManifest
 from hapi.wire import SessionRequest
 

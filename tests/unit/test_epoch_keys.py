@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from hapi.client._epoch_keys import EpochKeys
+from hapi.client.pipeline.keys import EpochKeys
 from hapi.data import DatasetManifest
 from hapi.errors import StoreUnavailable
 

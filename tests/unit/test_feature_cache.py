@@ -265,7 +265,7 @@ def test_views_repeat_every_k_epochs() -> None:
 def test_cache_options_that_contradict_are_refused(
     options: dict[str, object], message: str
 ) -> None:
-    from hapi.client.job_config import JobConfig
+    from hapi.client.config.job import JobConfig
 
     with pytest.raises(InvalidRequest, match=message):
         JobConfig.from_options(
@@ -274,7 +274,7 @@ def test_cache_options_that_contradict_are_refused(
 
 
 def test_views_apply_to_the_default_augmentation() -> None:
-    from hapi.client.job_config import JobConfig
+    from hapi.client.config.job import JobConfig
 
     config = JobConfig.from_options(
         model="m", dataset="d", server="grpc://127.0.0.1:1", repo="r", views=3

@@ -8,8 +8,8 @@ import typing
 
 import pytest
 
-from hapi.client.job_config import PARTS, JobConfig, JobOptions, flat_names
-from hapi.client.job_parts import (
+from hapi.client.config.job import PARTS, JobConfig, JobOptions, flat_names
+from hapi.client.config.parts import (
     CacheConfig,
     DataConfig,
     FetchConfig,

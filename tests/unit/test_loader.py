@@ -8,10 +8,10 @@ import pytest
 import tenacity
 import torch
 
-from hapi.client._fetch import Flow
-from hapi.client.rebatch import Piece, Rebatcher
-from hapi.client.retry import RetryPolicy
-from hapi.client.routing import Route, Router
+from hapi.client.pipeline.fetch import Flow
+from hapi.client.pipeline.rebatch import Piece, Rebatcher
+from hapi.client.pipeline.routing import Route, Router
+from hapi.client.servers.retry import RetryPolicy
 from hapi.errors import (
     CorruptObject,
     InvalidCut,

@@ -14,13 +14,13 @@ import torch
 from torch import nn
 
 from hapi.client import FeatureLoader
-from hapi.client._decode import RawDecoder
-from hapi.client.history import Event, ignore_event
-from hapi.client.local import LocalCompute
-from hapi.client.routing import Router
-from hapi.client.sessions import Sessions
-from hapi.client.source import recall_all
-from hapi.client.testing import MemorySource
+from hapi.client.pipeline.history import Event, ignore_event
+from hapi.client.pipeline.routing import Router
+from hapi.client.servers.decode import RawDecoder
+from hapi.client.servers.local import LocalCompute
+from hapi.client.servers.memory import MemorySource
+from hapi.client.servers.sessions import Sessions
+from hapi.client.servers.source import recall_all
 from hapi.data import Transforms, open_store, synth_dataset
 from hapi.data.store import ObjectStore
 from hapi.errors import ServerUnavailable

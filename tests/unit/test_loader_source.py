@@ -14,9 +14,9 @@ import torch
 
 from hapi.cache import FeatureCache, FeatureSpace
 from hapi.client import FeatureLoader
-from hapi.client._trainer_cache import TrainerCache
-from hapi.client.sessions import Sessions
-from hapi.client.testing import MemorySource, feature_of
+from hapi.client.pipeline.trainer_cache import TrainerCache
+from hapi.client.servers.memory import MemorySource, feature_of
+from hapi.client.servers.sessions import Sessions
 from hapi.data import DatasetManifest, Transforms
 from hapi.errors import InvalidRequest, ServerUnavailable, StoreUnavailable, StreamRecalled
 from hapi.wire import ChunkTicket, SessionRequest

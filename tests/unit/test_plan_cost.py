@@ -363,7 +363,7 @@ def test_wire_dtype_scales_feature_bytes_only() -> None:
 
 
 def test_the_model_keeps_the_loaders_local_window() -> None:
-    from hapi.client.loader import HYBRID_LOCAL_WINDOW
+    from hapi.client.pipeline.loader import HYBRID_LOCAL_WINDOW
 
     assert Workload(samples=1).local_window == HYBRID_LOCAL_WINDOW
 

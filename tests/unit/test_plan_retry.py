@@ -6,10 +6,10 @@ from __future__ import annotations
 import threading
 import time
 
-from hapi.client._plan_retry import measure_any
-from hapi.client.connection import Connection
-from hapi.client.retry import RetryPolicy
-from hapi.client.routing import Router
+from hapi.client.pipeline.routing import Router
+from hapi.client.planning._retry import measure_any
+from hapi.client.servers.connection import Connection
+from hapi.client.servers.retry import RetryPolicy
 from hapi.errors import ServerUnavailable
 from hapi.plan import ReadMeasurement, TrainMeasurement
 

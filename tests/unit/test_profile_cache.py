@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from torch import nn
 
-from hapi.client._profile_cache import ProfileCache
+from hapi.client.planning.profile_cache import ProfileCache
 from hapi.graph import ModelGraph, trace
 from hapi.plan import TrainerProfile, measure_trainer
 

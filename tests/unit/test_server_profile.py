@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from hapi.client._server_profile import alike
+from hapi.client.planning._server_profile import alike
 from hapi.graph import ModelSpec, build_model, trace
 from hapi.wire.replies import SessionInfo
 

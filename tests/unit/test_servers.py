@@ -7,8 +7,8 @@ import heapq
 import pytest
 
 from hapi.client import connect
-from hapi.client.servers import MAX_COOLDOWN_S, Servers
-from hapi.client.sessions import Sessions
+from hapi.client.servers.pool import MAX_COOLDOWN_S, Servers
+from hapi.client.servers.sessions import Sessions
 from hapi.errors import InvalidRequest
 
 

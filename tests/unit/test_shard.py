@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 
-from hapi.client.distributed import Shard, pad
+from hapi.client.pipeline.distributed import Shard, pad
 from hapi.errors import InvalidRequest
 
 

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hapi.client.distributed import Shard
+from hapi.client.pipeline.distributed import Shard
 from hapi.data import DatasetManifest, open_store
 from hapi.data.formats import expand_braces
 from hapi.data.members import MemberStore, split_member

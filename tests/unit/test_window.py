@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from hapi.client import connect
-from hapi.client._window import (
+from hapi.client.servers._window import (
     FLOOR,
     PER_STREAM_RATE,
     grpc_options,

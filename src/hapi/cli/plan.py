@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from hapi.client.compare import OptionRun
+    from hapi.client.job.compare import OptionRun
     from hapi.plan import Plan
 
 
@@ -44,7 +44,7 @@ def plan(
 ) -> None:
     """Measure the server, the link and this trainer; print every option and the choice."""
     from hapi.client import TransferJob
-    from hapi.client.compare import pick_options, run_options
+    from hapi.client.job.compare import pick_options, run_options
     from hapi.graph import ModelSpec
     from hapi.plan import LinkProfile, choose_plan
     from hapi.server import parse_rate

@@ -1,10 +1,7 @@
 """The trainer side: connections, the feature loader, and `TransferJob`."""
 
-from hapi.client.connection import ChunkResult, Connection, connect
-from hapi.client.history import EpochStats, Event, History
-from hapi.client.job import EvalResult, TransferJob
-from hapi.client.job_config import JobConfig
-from hapi.client.job_parts import (
+from hapi.client.config.job import JobConfig
+from hapi.client.config.parts import (
     CacheConfig,
     ConnectConfig,
     DataConfig,
@@ -13,7 +10,10 @@ from hapi.client.job_parts import (
     TrainingConfig,
     WireConfig,
 )
-from hapi.client.loader import FeatureLoader, LoaderStats
+from hapi.client.job.transfer import EvalResult, TransferJob
+from hapi.client.pipeline.history import EpochStats, Event, History
+from hapi.client.pipeline.loader import FeatureLoader, LoaderStats
+from hapi.client.servers.connection import ChunkResult, Connection, connect
 
 __all__ = [
     "CacheConfig",

@@ -86,7 +86,7 @@ class ServerProfile:
 
     read_s: float
     """Reading one object from the store (once levelled on a probe chunk, what a chunk
-    waits for it beside its decoding: `hapi.client.measuring`)."""
+    waits for it beside its decoding: `hapi.client.planning.measuring`)."""
     decode_s: float
     """Decoding and transforming one object into the input tensor (once levelled, with
     the rest of a chunk's cost per sample beside its reads and its head: encoding)."""

@@ -1,6 +1,6 @@
 """`SendOrder`: the chunk streams on one connection take it in order, the lowest first.
 
-The client reads its streams one at a time, in chunk order (`hapi.client.loader`), so
+The client reads its streams one at a time, in chunk order (`hapi.client.pipeline.loader`), so
 that the link carries one chunk at its full rate and the trainer has chunk i before
 chunk i+1's bytes. Reading in order is not enough on its own: a stream's bytes cross as
 soon as the server writes them, up to the HTTP/2 flow-control windows, which gRPC grows

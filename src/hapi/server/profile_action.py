@@ -189,7 +189,7 @@ class Profiler:
             return self.heads.model(model, size), request
         # The server holds an uploaded model's head for one cut at most, so it times
         # reading and decoding (cut 0); the trainer estimates the cuts from a chunk at
-        # its freeze cut and its own per-cut times (`hapi.client.measuring`).
+        # its freeze cut and its own per-cut times (`hapi.client.planning.measuring`).
         if any(cut > INPUT for cut in request.cuts or ()):
             raise InvalidCut(
                 "a session of an uploaded head is profiled at the input (cut 0) only: "

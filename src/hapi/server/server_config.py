@@ -60,7 +60,7 @@ class ServerConfig:
     session_idle_s: float = 60.0
     """A session no chunk or keepalive has used for this long is closed (its job died
     without closing it), freeing its head; a job's open loader renews it every third of
-    this (`hapi.client.sessions.KEEPALIVE_S`), so keep it above a minute."""
+    this (`hapi.client.servers.sessions.KEEPALIVE_S`), so keep it above a minute."""
     repo: str | None = None
     """URI of a model repository for `repo://` model references; None: named models only."""
     memory_budget: int | str | None = None

@@ -1,0 +1,70 @@
+"""`ChunkSource`: what the loader needs of a server - the seam between them.
+
+The loader opens sessions, streams chunks, keeps sessions alive and recalls the streams in
+flight through this protocol only. `Connection` (Arrow Flight) implements it for a real
+server; `hapi.client.servers.memory.MemorySource` implements it in memory, so the loader's
+concurrency (windows, epochs back to back, recall, failover, exactly once) is tested in
+milliseconds without a server. The trainer's own tiers - computing raw bytes locally, and
+the feature cache - sit in front of a source, per chunk (`hapi.client.pipeline.fetch`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from hapi.client.servers.connection import ChunkPart
+    from hapi.wire import ChunkTicket, ServerStats, SessionInfo, SessionRequest, SessionStats
+
+__all__ = ["ChunkSource", "PartStream", "recall_all"]
+
+
+class PartStream(Protocol):
+    """One chunk's stream: its parts as they arrive, the report with the last."""
+
+    def __iter__(self) -> Iterator[ChunkPart]:
+        """Raises: `ServerUnavailable` when cut, `StreamRecalled` when recalled, or the
+        server's error for the chunk."""
+        ...
+
+    def cancel(self) -> None:
+        """Stop the stream, from any thread; a read in progress fails."""
+        ...
+
+
+@runtime_checkable
+class ChunkSource(Protocol):
+    """A server of chunks, as the loader sees it."""
+
+    address: str
+
+    def open_session(self, request: SessionRequest) -> SessionInfo:
+        """Open a session (a model cut, its transforms) for the chunks of a loop."""
+        ...
+
+    def close_session(self, session: str) -> SessionStats:
+        """Close a session; its statistics."""
+        ...
+
+    def keepalive(self, session: str) -> None:
+        """Renew a session's lease (`SessionNotFound` once it is gone)."""
+        ...
+
+    def stream(self, ticket: ChunkTicket) -> PartStream:
+        """Start one chunk: the request goes out now, the parts are read from the stream."""
+        ...
+
+    def recall(self) -> bool:
+        """Cut every stream open now, with what was sent ahead; whether any was open."""
+        ...
+
+    def stats(self) -> ServerStats:
+        """The server's counters (per session: for servers that report no time per chunk)."""
+        ...
+
+
+def recall_all(sources: Sequence[ChunkSource]) -> list[str]:
+    """Cut the streams in flight of every source in `sources` (a router's `recall`); the
+    addresses of those that had some."""
+    return [source.address for source in sources if source.recall()]
