@@ -8,7 +8,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from hapi.client import FeatureLoader, TransferJob, connect, measuring
+from hapi.client import FeatureLoader, TransferJob, connect
+from hapi.client.planning import measuring
 from hapi.client.servers.connection import ChunkPart, Connection
 from hapi.data import open_store, synth_dataset
 from hapi.errors import InvalidCut

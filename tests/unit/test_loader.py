@@ -10,7 +10,7 @@ import torch
 
 from hapi.client.pipeline.fetch import Flow
 from hapi.client.pipeline.rebatch import Piece, Rebatcher
-from hapi.client.pipeline.routing import Route, Router
+from hapi.client.pipeline.routing import PlanCell, Route, Router
 from hapi.client.servers.retry import RetryPolicy
 from hapi.errors import (
     CorruptObject,
@@ -23,7 +23,6 @@ from hapi.errors import (
 from hapi.graph import INPUT, RAW, ModelSpec, build_model, trace
 from hapi.plan import (
     LinkProfile,
-    Replanner,
     ServerProfile,
     TrainerProfile,
     Workload,
@@ -102,7 +101,7 @@ def test_a_change_of_plan_applies_to_chunks_not_yet_issued() -> None:
     router = Router(9, 0.0, record=events.append)
     router.start(epoch=3, chunks=8)
     first = [router.route(i) for i in range(3)]
-    router.set(6, 0.5, reason="test")
+    router.cell.publish(6, 0.5, reason="test")
     assert router.in_force == (6, 0.5)
     rest = [router.route(i) for i in range(3, 8)]
     assert all(not r.local and r.cut == 9 for r in first)
@@ -119,7 +118,7 @@ def test_a_change_made_after_the_last_chunk_is_recorded_for_the_next_loop() -> N
     router = Router(9, 0.0, record=events.append)
     router.start(epoch=1, chunks=2)
     [router.route(i) for i in range(2)]
-    router.set(6, 0.0, reason="test")
+    router.cell.publish(6, 0.0, reason="test")
     assert router.applied == (9, 0.0) and router.in_force == (6, 0.0)
     assert not events
     router.settle()
@@ -136,7 +135,7 @@ def test_a_chunk_routed_but_not_yet_issued_takes_a_change_made_meanwhile() -> No
     router.start(epoch=0, chunks=6)
     assert [router.route(i).cut for i in range(3)] == [9, 9, 9]
     assert not router.changing
-    router.set(6, 0.0, reason="test")
+    router.cell.publish(6, 0.0, reason="test")
     assert router.changing
     assert router.route(2) == Route(local=False, cut=6)
     assert not router.changing
@@ -152,12 +151,12 @@ def test_a_chunk_in_flight_follows_a_change_of_cut_or_a_fall_of_the_share() -> N
     local, pushed = sorted(routes, key=lambda r: not r.local)
     assert (local, pushed) == (Route(local=True, cut=9), Route(local=False, cut=9))
     assert router.reroute(pushed) == pushed and router.reroute(local) == local  # no change
-    router.set(12, 0.75, reason="test")  # a later cut, a larger share
+    router.cell.publish(12, 0.75, reason="test")  # a later cut, a larger share
     assert router.reroute(pushed) == Route(local=False, cut=12)
     assert router.reroute(local) == local  # the share rose: the next chunks carry it
-    router.set(12, 0.25, reason="test")  # the share fell: raw bytes in flight go pushed
+    router.cell.publish(12, 0.25, reason="test")  # the share fell: raw bytes in flight go pushed
     assert router.reroute(local) == Route(local=False, cut=12)
-    router.set(RAW, reason="test")
+    router.cell.publish(RAW, reason="test")
     assert router.reroute(pushed) == Route(local=True, cut=INPUT)
     assert router.reroute(local) == local
 
@@ -172,15 +171,15 @@ def test_a_change_of_plan_recalls_the_streams_in_flight_only_when_it_moves_them(
     router = Router(9, 0.5, recall=recall)
     router.start(epoch=0, chunks=4)
     router.route(0)
-    router.set(9, 0.75, reason="test")  # the share rose: the chunks in flight stay
-    router.set(12, 0.75, reason="test")  # a new cut: the pushed-down chunks move
+    router.cell.publish(9, 0.75, reason="test")  # the share rose: the chunks in flight stay
+    router.cell.publish(12, 0.75, reason="test")  # a new cut: the pushed-down chunks move
     assert recalls == [(12, 0.75)]
     router.route(1)  # (12, 0.75) applies
-    router.set(12, 0.5, reason="test")  # the share fell: the local chunks move
+    router.cell.publish(12, 0.5, reason="test")  # the share fell: the local chunks move
     router.route(2)
-    router.set(RAW, reason="test")  # every chunk goes local
+    router.cell.publish(RAW, reason="test")  # every chunk goes local
     router.route(3)
-    router.set(RAW, reason="test")  # no change
+    router.cell.publish(RAW, reason="test")  # no change
     assert recalls == [(12, 0.75), (12, 0.5), (RAW, 0.0)]
 
 
@@ -199,10 +198,10 @@ def test_under_a_plan_a_chunk_in_flight_moves_only_when_the_bytes_saved_pay(
     link = LinkProfile(bytes_per_s=link_bytes_per_s)
     plan = choose_plan(server, trainer, link, Workload(samples=640, chunk_size=64), freeze=2)
     plan = plan.with_choice(1, 0.0, reason="test")
-    router = Router(1, replanner=Replanner(plan))
+    router = Router(PlanCell(1, plan=plan))
     router.start(epoch=0, chunks=4)
     pushed = router.route(0)
-    router.set(2, 0.0, reason="test", plan=plan.with_choice(2, 0.0, reason="test"))
+    router.cell.publish(2, 0.0, reason="test", plan=plan.with_choice(2, 0.0, reason="test"))
     assert router.reroute(pushed) == (Route(local=False, cut=2) if moves else pushed)
 
 

@@ -27,10 +27,12 @@ from hapi.errors import ServerUnavailable
 from hapi.graph import RAW, trace
 from hapi.plan import (
     LinkProfile,
+    ReadMeasurement,
     ReplanConfig,
     Replanner,
     ServerProfile,
     TrainerProfile,
+    TrainMeasurement,
     Workload,
     choose_plan,
 )
@@ -183,7 +185,7 @@ def test_a_chunk_in_flight_follows_a_change_of_cut_with_its_keys_not_yet_deliver
 
     def change_after_the_first_part(chunk: int, keys: list[str]) -> None:
         if chunk == 0 and not any(e.kind == "replan" for e in events) and not router.changing:
-            router.set(LATER, reason="the test's re-plan, mid-chunk")
+            router.cell.publish(LATER, reason="the test's re-plan, mid-chunk")
 
     loader = _loader(world, source, router, events=events, on_part=change_after_the_first_part)
     assert _epoch(world, loader) == _in_order(world, loader)
@@ -216,7 +218,7 @@ def test_a_local_chunk_in_flight_goes_pushed_down_when_the_share_falls(world: Wo
 
     def no_more_local_chunks(chunk: int, keys: list[str]) -> None:
         if chunk == 0 and not router.changing and router.applied == (CUT, 0.5):
-            router.set(CUT, 0.0, reason="the test's re-plan: no more local chunks")
+            router.cell.publish(CUT, 0.0, reason="the test's re-plan: no more local chunks")
 
     slow = _SlowCompute(RawDecoder(TRANSFORMS, SEED, "raise"), world.graph.head)
     loader = _loader(world, source, router, events=events, local=slow, on_part=no_more_local_chunks)
@@ -317,7 +319,14 @@ def test_the_router_hears_each_chunks_read_and_its_training_once(world: World) -
     # Its measurements drift from any profile here: a threshold none reaches keeps the plan.
     replanner = Replanner(plan, ReplanConfig(threshold=1e9))
     source = world.source()
-    router = Router(CUT, 0.5, replanner=replanner, recall=functools.partial(recall_all, [source]))
+
+    def observe(measured: ReadMeasurement | TrainMeasurement) -> None:
+        if isinstance(measured, ReadMeasurement):
+            replanner.observe(measured)
+        else:
+            replanner.observe(trained=measured)
+
+    router = Router(CUT, 0.5, observe=observe, recall=functools.partial(recall_all, [source]))
     loader = _loader(world, source, router)
     assert _epoch(world, loader) == _in_order(world, loader)
     assert loader.stats.chunks_local == 3 and not replanner.changes

@@ -6,15 +6,39 @@ from __future__ import annotations
 import threading
 import time
 
-from hapi.client.pipeline.routing import Router
+from hapi.client.pipeline.history import Event
+from hapi.client.pipeline.routing import recall_nothing
 from hapi.client.planning._retry import measure_any
+from hapi.client.planning.in_force import PlanInForce
 from hapi.client.servers.connection import Connection
 from hapi.client.servers.retry import RetryPolicy
 from hapi.errors import ServerUnavailable
-from hapi.plan import ReadMeasurement, TrainMeasurement
+from hapi.plan import (
+    LinkProfile,
+    Plan,
+    ReadMeasurement,
+    ServerProfile,
+    TrainerProfile,
+    TrainMeasurement,
+    Workload,
+    choose_plan,
+)
 
 SLOW = RetryPolicy(budget_s=120.0, initial_s=30.0, max_wait_s=30.0)
 """Backoffs of 30 s: a retry within seconds can only be the wake's."""
+
+
+def _plan() -> Plan:
+    """A plan at cut 2 of three (the default below is cut 1)."""
+    server = ServerProfile(
+        read_s=0.001, decode_s=0.010, head_s=(0.0, 0.010, 0.020),
+        out_bytes=(150_000, 50_000, 2_000), memory_bytes=(0, 0, 0), raw_bytes=100_000,
+    )  # fmt: skip
+    trainer = TrainerProfile(decode_s=0.002, head_s=(0.0, 0.0, 0.0), tail_s=(0.0, 0.0, 0.0))
+    link = LinkProfile(bytes_per_s=1e6)
+    plan = choose_plan(server, trainer, link, Workload(samples=640, chunk_size=64), freeze=2)
+    assert plan.cut == 2
+    return plan
 
 
 def test_a_wake_ends_the_backoff_and_the_next_try_goes_at_once() -> None:
@@ -55,11 +79,35 @@ def test_a_stop_still_ends_a_backoff_that_waits_for_a_wake() -> None:
     assert tries == 1 and time.monotonic() - t0 < 10.0
 
 
-def test_the_router_says_a_server_served_while_no_plan_is_in_force() -> None:
-    served: list[bool] = []
-    router = Router(3, served=lambda: served.append(True))
-    router.observe(TrainMeasurement(samples=4, cut=3, trainer_s=0.1, chunk=0))
-    assert served == []  # trained: says nothing of a server
-    router.observe(ReadMeasurement(samples=4, bytes=400, cut=3, server_s=0.1, transfer_s=0.01,
-                                   chunk=0))  # fmt: skip
-    assert served == [True]
+def test_a_plan_put_off_is_measured_once_a_chunk_is_read_and_then_routes_the_chunks() -> None:
+    # No server answers the first measurings: the loop starts on the default, and the plan
+    # is retried in the background with 30 s backoffs. A chunk read says a server is back:
+    # the retry goes at once, and the plan it measures routes the next chunk.
+    tries: list[float] = []
+    plan = _plan()
+
+    def measure(connection: Connection) -> Plan:
+        tries.append(time.monotonic())
+        if len(tries) <= 2:  # the job's first measuring, and the first in the background
+            raise ServerUnavailable("down")
+        return plan
+
+    events: list[Event] = []
+    plans = PlanInForce(
+        fixed=None, default=(1, 0.0), connections=[object()], measure=measure,  # type: ignore[list-item]
+        measure_aside=measure, retries=SLOW, record=events.append,
+    )  # fmt: skip
+    with plans.running(train=True, replan=True, recall=recall_nothing) as router:
+        router.start(epoch=0, chunks=4)
+        assert router.route(0).cut == 1 and [e.kind for e in events] == ["plan-deferred"]
+        router.observe(TrainMeasurement(samples=4, cut=1, trainer_s=0.1, chunk=0))
+        time.sleep(0.3)
+        assert len(tries) == 2  # trained: says nothing of a server
+        router.observe(ReadMeasurement(samples=4, bytes=400, cut=1, server_s=0.1,
+                                       transfer_s=0.01, chunk=0))  # fmt: skip
+        deadline = time.monotonic() + 10.0
+        while router.in_force != (plan.cut, plan.share) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert router.route(1).cut == plan.cut
+    assert len(tries) == 3 and tries[2] - tries[1] < 10.0
+    assert plans.plan is plan and plans.in_force() == (plan.cut, plan.share)

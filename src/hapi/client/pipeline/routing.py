@@ -17,9 +17,17 @@ from dataclasses import dataclass, field
 from hapi.client.pipeline.history import Event, ignore_event
 from hapi.errors import InvalidRequest
 from hapi.graph import INPUT, RAW
-from hapi.plan import Plan, ReadMeasurement, Replanner, TrainMeasurement, assign
+from hapi.plan import Plan, ReadMeasurement, TrainMeasurement, assign
 
-__all__ = ["ChunkRecord", "Route", "Router", "check_choice", "recall_nothing"]
+__all__ = [
+    "ChunkRecord",
+    "InForce",
+    "PlanCell",
+    "Route",
+    "Router",
+    "check_choice",
+    "recall_nothing",
+]
 
 
 def recall_nothing() -> list[str]:
@@ -68,14 +76,76 @@ class ChunkRecord:
     """When its read ended (`time.perf_counter`)."""
 
 
+@dataclass(frozen=True)
+class InForce:
+    """One version of the plan in force: chunks issued under it follow it whole."""
+
+    cut: int
+    share: float = 0.0
+    version: int = 0
+    """Counts the versions published before it: a router applies each new one once."""
+    reason: str = ""
+    plan: Plan | None = None
+    """The measured plan it comes from (None: the user's cut, or the default)."""
+
+
+class PlanCell:
+    """The plan in force: one immutable `InForce`, replaced whole by `publish` and read
+    whole by `get`, so a reader never sees a cut with another version's share.
+
+    A job's `PlanInForce` owns one and is its only publisher (the user's `set_plan`, the
+    re-planner, a plan measured late); routers read it per chunk and watch it, to recall
+    the chunks in flight that a new version moves.
+    """
+
+    def __init__(self, cut: int, share: float = 0.0, *, plan: Plan | None = None) -> None:
+        check_choice(cut, share)
+        self._value = InForce(cut, share, plan=plan)
+        self._lock = threading.Lock()
+        self._watchers: list[Callable[[InForce], None]] = []
+
+    def get(self) -> InForce:
+        """The version in force now."""
+        return self._value
+
+    def publish(
+        self, cut: int, share: float = 0.0, *, reason: str, plan: Plan | None = None
+    ) -> None:
+        """Put (`cut`, `share`) into force for the chunks issued from now on; each watcher
+        hears the version it replaced.
+
+        Raises:
+            InvalidRequest: a share outside [0, 1], or a share with RAW.
+        """
+        check_choice(cut, share)
+        with self._lock:
+            before = self._value
+            self._value = InForce(cut, share, before.version + 1, reason, plan)
+            watchers = list(self._watchers)
+        for watcher in watchers:
+            watcher(before)
+
+    def watch(self, watcher: Callable[[InForce], None]) -> Callable[[], None]:
+        """Call `watcher` with the version replaced at each publish, until the returned
+        function is called."""
+        with self._lock:
+            self._watchers.append(watcher)
+
+        def unwatch() -> None:
+            with self._lock:
+                self._watchers.remove(watcher)
+
+        return unwatch
+
+
 class Router:
-    """Routes chunks by the plan in force, and changes it between chunks.
+    """Routes chunks by the plan in force, read from its `PlanCell` at each chunk issued.
 
     Args:
-        cut: the plan's cut (RAW: every chunk local, the baseline).
-        share: the plan's local share.
-        replanner: weighs measured chunks against the plan (`cut="auto"` jobs).
-        record: receives an `Event` for each change of plan, and each recall.
+        plan: the plan in force (a cut alone: a cell of its own, with `share`).
+        share: the local share, with a cut.
+        observe: hears what each chunk measured (the re-planner's food).
+        record: receives an `Event` for each change of plan applied, and each recall.
         recall: cuts the chunk streams in flight (a change of plan moved their chunks)
             and returns the addresses of the servers that had some; the loop's sources'
             (`hapi.client.servers.source.recall_all`). Default: nothing is in flight to cut.
@@ -83,48 +153,37 @@ class Router:
 
     def __init__(
         self,
-        cut: int,
+        plan: PlanCell | int,
         share: float = 0.0,
         *,
-        replanner: Replanner | None = None,
+        observe: Callable[[ReadMeasurement | TrainMeasurement], None] | None = None,
         record: Callable[[Event], None] = ignore_event,
         recall: Callable[[], list[str]] = recall_nothing,
-        served: Callable[[], None] = lambda: None,
     ) -> None:
-        check_choice(cut, share)
-        self.cut, self.share = cut, share
-        self.replanner = replanner
+        self.cell = plan if isinstance(plan, PlanCell) else PlanCell(plan, share)
+        self._observe = observe
         self._record = record
         self._recall = recall
-        self._served = served
         self._lock = threading.Lock()
-        # The re-planner's own: chunks are observed from the fetching threads (read) and
-        # the training thread (trained). Never held while taking `_lock` in `observe`.
-        self._replanning = threading.Lock()
+        self._applied = self.cell.get()
         self._epoch: int | None = None
         self._chunks = 0
         self._origin = 0
         self._issued = 0
-        self._pending: tuple[int, float, str, Plan | None] | None = None
-
-    @property
-    def plan(self) -> Plan | None:
-        """The re-planner's plan in force, if there is a re-planner."""
-        return self.replanner.plan if self.replanner is not None else None
+        self.close = self.cell.watch(self._published)
+        """Stop following the cell's changes (the loop ended)."""
 
     @property
     def applied(self) -> tuple[int, float]:
         """(cut, share) of the last chunk issued: a change not yet applied left out."""
         with self._lock:
-            return self.cut, self.share
+            return self._applied.cut, self._applied.share
 
     @property
     def in_force(self) -> tuple[int, float]:
         """(cut, share) for the next chunk issued: a change not yet applied included."""
-        with self._lock:
-            if self._pending is not None:
-                return self._pending[0], self._pending[1]
-            return self.cut, self.share
+        value = self.cell.get()
+        return value.cut, value.share
 
     @property
     def epoch(self) -> int | None:
@@ -136,7 +195,7 @@ class Router:
     def changing(self) -> bool:
         """Whether a change of plan waits for the next chunk routed."""
         with self._lock:
-            return self._pending is not None
+            return self._applied.version != self.cell.get().version
 
     def start(self, epoch: int, chunks: int) -> None:
         """A new epoch of `chunks` chunks: local chunks are spread over all of it."""
@@ -148,14 +207,14 @@ class Router:
         the same chunk, not yet issued, after a change of plan: its route under the new
         plan, which applies from it."""
         with self._lock:
-            if self._pending is not None:
-                self._apply(chunk)
+            self._apply(chunk)
             self._issued = chunk + 1
-            if self.cut == RAW:
+            cut, share = self._applied.cut, self._applied.share
+            if cut == RAW:
                 return Route(local=True, cut=INPUT, share=1.0)
             ids = range(self._origin, max(self._chunks, chunk + 1))
-            local = self.share > 0 and assign(ids, self.share)[chunk - self._origin]
-            return Route(local=local, cut=self.cut, share=self.share)
+            local = share > 0 and assign(ids, share)[chunk - self._origin]
+            return Route(local=local, cut=cut, share=share)
 
     def reroute(self, route: Route) -> Route:
         """The route a chunk issued on `route`, with keys still to come, takes now.
@@ -168,7 +227,8 @@ class Router:
         on carry it.) Under a plan with profiles (`cut="auto"`) a chunk moves only when
         that pays (`_pays`); the user's own cut is followed at once.
         """
-        cut, share = self.in_force
+        value = self.cell.get()
+        cut, share = value.cut, value.share
         if route.local:
             if cut == RAW or share >= route.share:
                 return route
@@ -177,44 +237,12 @@ class Router:
         elif cut == RAW:
             return Route(local=True, cut=INPUT, share=1.0)
         moved = Route(local=False, cut=cut, share=share)
-        return moved if self._pays(route.wire_cut, cut) else route
-
-    def _pays(self, wire_cut: int, cut: int) -> bool:
-        """Whether a chunk's keys sent at `cut` instead of `wire_cut` save more link time
-        than the server's computing them again costs (per sample, at the plan's rates).
-
-        The server has mostly computed a chunk by its turn, and what it wrote crosses
-        anyway: a move from cut 10 (16 KB a sample) to cut 11 (8 KB) after a re-plan
-        made a chunk's turn 0.23-0.49 s where staying would have taken 0.11 s. After a
-        link drop the saving is 30x the cost, and the chunks move.
-        """
-        with self._lock:
-            plan = self._pending[3] if self._pending is not None else None
-        plan = plan or self.plan
-        if plan is None:
-            return True
-        server = plan.server
-        saved = (server.wire_bytes(wire_cut) - server.wire_bytes(cut)) / plan.link.bytes_per_s
-        return saved > server.compute_s(cut)
-
-    def set(self, cut: int, share: float = 0.0, *, reason: str, plan: Plan | None = None) -> None:
-        """Use (`cut`, `share`) for the chunks issued from now on.
-
-        Raises:
-            InvalidRequest: a share outside [0, 1], or a share with RAW.
-        """
-        check_choice(cut, share)
-        with self._lock:
-            # The chunks in flight follow the plan pending, if any (it recalled them).
-            before = self._pending[:2] if self._pending is not None else (self.cut, self.share)
-            self._pending = (cut, share, reason, plan)
-        if self._moves(*before):
-            self.recall()
+        return moved if _pays(value.plan, route.wire_cut, cut) else route
 
     def recall(self) -> None:
         """Cut the chunk streams in flight with what the servers had sent ahead on them,
         which would otherwise cross the link on the old route first; each chunk asks again
-        for the keys it has not delivered. Called outside the router's locks."""
+        for the keys it has not delivered. Called outside the router's lock."""
         cut = self._recall()
         if cut:
             self._record(
@@ -228,6 +256,12 @@ class Router:
                 )
             )
 
+    def _published(self, before: InForce) -> None:
+        """A new version is in force: the chunks in flight, which follow the version it
+        replaced, are recalled if it moves them."""
+        if self._moves(before.cut, before.share):
+            self.recall()
+
     def _moves(self, cut: int, share: float) -> bool:
         """Whether chunks routed by (`cut`, `share`) move under the plan in force."""
         if cut == RAW:
@@ -238,62 +272,61 @@ class Router:
                 routes.append(Route(local=True, cut=cut, share=share))
         return any(self.reroute(route) != route for route in routes)
 
-    def begin(self, plan: Plan, replanner: Replanner, *, reason: str) -> None:
-        """Put a plan measured while the job ran into force, with its re-planner: a job
-        that started on the default plan because no server could be measured."""
-        with self._replanning:
-            self.replanner = replanner
-        self.set(plan.cut, plan.share, reason=reason, plan=plan)
-
     def observe(self, measured: ReadMeasurement | TrainMeasurement) -> None:
-        """Take in what a chunk measured (its server's and link's time when it is read, its
-        trainer's when it is trained); re-plan when they call for it. Thread-safe."""
-        if self.replanner is None:
-            if isinstance(measured, ReadMeasurement):
-                self._served()  # a server answers: a plan put off may be measured now
-            return
-        with self._replanning:
-            if isinstance(measured, ReadMeasurement):
-                change = self.replanner.observe(measured)
-            else:
-                change = self.replanner.observe(trained=measured)
-        if change is not None and change.changed:
-            plan = change.plan
-            self.set(plan.cut, plan.share, reason=change.reason, plan=plan)
+        """Pass on what a chunk measured (its server's and link's time when it is read, its
+        trainer's when it is trained). Thread-safe."""
+        if self._observe is not None:
+            self._observe(measured)
 
     def settle(self) -> None:
         """At the loop's end: a change no chunk was issued under yet is the next loop's,
         and is recorded now (or the history would show an epoch's cut with no re-plan)."""
         with self._lock:
-            if self._pending is not None:
-                self._apply(self._issued, at_end=True)
+            self._apply(self._issued, at_end=True)
 
     def _apply(self, chunk: int, *, at_end: bool = False) -> None:
-        assert self._pending is not None  # the caller checks
-        cut, share, reason, plan = self._pending
-        self._pending = None
-        before = (self.cut, self.share)
-        self.cut, self.share, self._origin = cut, share, chunk
-        if plan is not None and self.replanner is not None:
-            with self._replanning:
-                self.replanner.adopt(plan)
-        if before != (cut, share):
-            data = {
-                "from": {"cut": before[0], "share": before[1]},
-                "to": {"cut": cut, "share": share},
-            }
-            if plan is not None:
-                data["plan"] = plan.to_dict()
-            self._record(
-                Event(
-                    "replan",
-                    self._epoch,
-                    chunk,
-                    f"{'for the next loop' if at_end else f'from chunk {chunk}'}: "
-                    f"{_label(*before)} -> {_label(cut, share)} ({reason})",
-                    data,
-                )
+        """Issue from `chunk` on under the version in force, if it is new (under the lock)."""
+        value = self.cell.get()
+        if value.version == self._applied.version:
+            return
+        before, self._applied = self._applied, value
+        if (before.cut, before.share) == (value.cut, value.share):
+            return  # re-predicted only: the chunks go as they went
+        self._origin = chunk
+        data = {
+            "from": {"cut": before.cut, "share": before.share},
+            "to": {"cut": value.cut, "share": value.share},
+        }
+        if value.plan is not None:
+            data["plan"] = value.plan.to_dict()
+        self._record(
+            Event(
+                "replan",
+                self._epoch,
+                chunk,
+                f"{'for the next loop' if at_end else f'from chunk {chunk}'}: "
+                f"{_label(before.cut, before.share)} -> {_label(value.cut, value.share)} "
+                f"({value.reason})",
+                data,
             )
+        )
+
+
+def _pays(plan: Plan | None, wire_cut: int, cut: int) -> bool:
+    """Whether a chunk's keys sent at `cut` instead of `wire_cut` save more link time
+    than the server's computing them again costs (per sample, at the plan's rates; with
+    no plan - the user's cut - always).
+
+    The server has mostly computed a chunk by its turn, and what it wrote crosses
+    anyway: a move from cut 10 (16 KB a sample) to cut 11 (8 KB) after a re-plan
+    made a chunk's turn 0.23-0.49 s where staying would have taken 0.11 s. After a
+    link drop the saving is 30x the cost, and the chunks move.
+    """
+    if plan is None:
+        return True
+    server = plan.server
+    saved = (server.wire_bytes(wire_cut) - server.wire_bytes(cut)) / plan.link.bytes_per_s
+    return saved > server.compute_s(cut)
 
 
 def check_choice(cut: int, share: float) -> None:

@@ -2,11 +2,10 @@
 
 A job's chunks go by a (cut, local share): fixed by the user (`cut=`, `set_plan`), or
 chosen by the planner from measurements (`cut="auto"`) and re-chosen while the job trains.
-Between loops this object holds the (cut, share) and the plan; while a training loop runs
-(`running`), its `Router` alone changes them, and the loop's end writes the router's back.
-Measuring is the job's (`measure`); this object decides when: on first use, at once on
-each server in turn - or, when none answers, in the background while the job trains on
-the default plan (`hapi.client.planning._retry`).
+The plan in force is one immutable value in a `PlanCell` that this object alone publishes
+to - the user's choice, the re-planner's, a plan measured late - and every loop's router
+reads per chunk. Measuring is the job's (`measure`); this object decides when: on first
+use, on each server in turn, or in the background while the job trains on the default.
 """
 
 from __future__ import annotations
@@ -17,12 +16,12 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 
 from hapi.client.pipeline.history import Event
-from hapi.client.pipeline.routing import Router, check_choice
+from hapi.client.pipeline.routing import PlanCell, Router, check_choice
 from hapi.client.planning._retry import DeferredPlan, measure_any, measure_round
 from hapi.client.servers.connection import Connection
 from hapi.client.servers.retry import RETRYABLE, RetryPolicy
 from hapi.errors import HapiError
-from hapi.plan import Plan, ReplanConfig, Replanner
+from hapi.plan import Plan, ReadMeasurement, ReplanConfig, Replanner, TrainMeasurement
 
 __all__ = ["PlanInForce"]
 
@@ -61,10 +60,12 @@ class PlanInForce:
         shared: Callable[[Callable[[], Plan]], Plan] | None = None,
         cached: Callable[[], bool] | None = None,
     ) -> None:
-        if fixed is not None:
-            check_choice(*fixed)
-        self._fixed = fixed
+        self._fixed = fixed is not None
         self._default = default
+        self._cell = PlanCell(*(fixed or default))
+        """The plan in force: published here only, read by the routers of the loops."""
+        self._chosen = self._fixed
+        """Whether the first choice was made (the default counts, when nothing answered)."""
         self._connections, self._measure, self._retries = connections, measure, retries
         self._measure_aside = measure_aside
         self._record, self._shared = record, shared
@@ -72,14 +73,18 @@ class PlanInForce:
         self._unmeasured = False
         """Every feature was cached when the plan was first needed: none was measured,
         and none is measured while the job trains (misses go at the default)."""
-        self._choice: Choice | None = fixed
-        self._plan: Plan | None = None
-        self._router: Router | None = None
+        self._running = False
+        """A training loop runs: the plan is measured in the background, not on demand."""
+        self._replanner: Replanner | None = None
+        """The running training loop's, weighing its chunks against the plan in force."""
+        # Chunks are observed from the fetching threads (read) and the training thread
+        # (trained). Never held while publishing: a publish may recall streams.
+        self._replanning = threading.Lock()
 
     @property
     def fixed(self) -> Choice | None:
         """The user's (cut, share), or None for a planned job."""
-        return self._fixed
+        return self.in_force() if self._fixed else None
 
     @property
     def plan(self) -> Plan | None:
@@ -90,32 +95,28 @@ class PlanInForce:
             ServerUnavailable, StoreUnavailable: no server could be measured within the
                 retry budget.
         """
-        if self._fixed is not None:
+        if self._fixed:
             return None
-        if self._router is not None:
-            return self._router.plan
-        if self._plan is None:
-            self._plan = self._plan_now()
-            self._choice = (self._plan.cut, self._plan.share)
-        return self._plan
+        if self._cell.get().plan is None and not self._running:
+            plan = self._plan_now()
+            self._cell.publish(plan.cut, plan.share, reason=plan.reason, plan=plan)
+            self._chosen = True
+        return self._cell.get().plan
 
     @property
     def current(self) -> Plan | None:
         """The plan in force if one was measured, without measuring it (None: a fixed job,
         or no plan yet)."""
-        if self._fixed is not None:
-            return None
-        routed = self._router.plan if self._router is not None else None
-        return routed or self._plan
+        return None if self._fixed else self._cell.get().plan
 
     def in_force(self) -> Choice:
-        """(cut, share) for the next chunk: the router's while a loop runs; else the
-        plan's, measured on first use - or the default while no server answers."""
-        if self._router is not None:
-            return self._router.in_force
-        if self._choice is None:
-            self._choice = self._first_choice()
-        return self._choice
+        """(cut, share) for the next chunk: the plan's, measured on first use - or the
+        default while no server answers."""
+        if not self._chosen:
+            self._first_choice()
+            self._chosen = True
+        value = self._cell.get()
+        return value.cut, value.share
 
     def set(self, cut: int, share: float, *, reason: str) -> None:
         """The user's (cut, share), for the chunks not yet issued (a cut already checked
@@ -126,45 +127,63 @@ class PlanInForce:
         """
         check_choice(cut, share)
         plan = None
-        if self._fixed is None and (current := self.plan) is not None:
+        if not self._fixed and (current := self.plan) is not None:
             plan = current.with_choice(cut, share, reason=reason)
-        if self._router is not None:
-            self._router.set(cut, share, reason=reason, plan=plan)
-        else:
-            self._choice = (cut, share)
-            if plan is not None:
-                self._plan = plan
-        if self._fixed is not None:
-            self._fixed = (cut, share)
+            with self._replanning:
+                if self._replanner is not None:
+                    self._replanner.adopt(plan)
+        self._cell.publish(cut, share, reason=reason, plan=plan)
+        self._chosen = True
 
     @contextlib.contextmanager
     def running(
         self, *, train: bool, replan: bool | ReplanConfig, recall: Callable[[], list[str]]
     ) -> Iterator[Router]:
-        """The router of one loop. A training loop's router changes the plan in force
-        (re-planning when `replan`), and its plan is this object's when the loop ends.
-        `recall` cuts the loop's streams in flight (`Router`)."""
-        cut, share = self.in_force()
+        """The router of one loop. A training loop's re-planner (when `replan`) publishes
+        the plans it measures. `recall` cuts the loop's streams in flight (`Router`)."""
+        self.in_force()
         config = replan if isinstance(replan, ReplanConfig) else None
-        replans = train and self._fixed is None and replan is not False
-        replanner = Replanner(self._plan, config) if replans and self._plan is not None else None
+        replans = train and not self._fixed and replan is not False
+        plan = self._cell.get().plan
         served = threading.Event()  # a chunk was read while the plan is put off
-        router = Router(cut, share, replanner=replanner, record=self._record, recall=recall,
-                        served=served.set)  # fmt: skip
-        deferred = replans and self._plan is None and not self._unmeasured
+        observe = functools.partial(self._observe, served)
+        router = Router(self._cell, observe=observe, record=self._record, recall=recall)
         if not train:
-            yield router
+            try:
+                yield router
+            finally:
+                router.close()
             return
-        self._router = router
+        deferred = replans and plan is None and not self._unmeasured
+        self._replanner = Replanner(plan, config) if replans and plan is not None else None
+        self._running = True
         try:
             with self._deferred(router, config, served) if deferred else contextlib.nullcontext():
                 yield router
         finally:
             router.settle()
-            self._router = None
-            self._choice = router.in_force
-            if router.replanner is not None:
-                self._plan = router.replanner.plan
+            router.close()
+            self._running = False
+            with self._replanning:
+                self._replanner = None
+
+    def _observe(
+        self, served: threading.Event, measured: ReadMeasurement | TrainMeasurement
+    ) -> None:
+        """What a chunk measured, for the re-planner; a plan it calls for is published."""
+        with self._replanning:
+            replanner = self._replanner
+            if replanner is None:
+                if isinstance(measured, ReadMeasurement):
+                    served.set()  # a server answers: a plan put off may be measured now
+                return
+            if isinstance(measured, ReadMeasurement):
+                change = replanner.observe(measured)
+            else:
+                change = replanner.observe(trained=measured)
+        if change is not None:  # a new choice, or the same one re-predicted
+            plan = change.plan
+            self._cell.publish(plan.cut, plan.share, reason=change.reason, plan=plan)
 
     def _plan_now(self) -> Plan:
         """Measured now, retried and failed over within the budget. Data-parallel, rank 0
@@ -173,11 +192,10 @@ class PlanInForce:
         measure = functools.partial(measure_any, self._connections, self._measure, self._retries)
         return measure() if self._shared is None else self._shared(measure)
 
-    def _first_choice(self) -> Choice:
-        """The plan's choice, measured now; or the default when no server can be measured:
-        the plan is then measured while the job trains (`running`)."""
-        if self._fixed is not None:
-            return self._fixed
+    def _first_choice(self) -> None:
+        """The plan's choice put into force, measured now; or the default kept when no
+        server can be measured: the plan is then measured while the job trains
+        (`running`)."""
         if self._shared is None and self._cached is not None and self._cached():
             self._unmeasured = True
             self._record(
@@ -190,13 +208,12 @@ class PlanInForce:
                     {"cut": self._default[0], "share": self._default[1], "cached": True},
                 )
             )
-            return self._default
+            return
         if self._shared is not None:  # ranks take rank 0's plan together: none goes alone
-            plan = self.plan
-            assert plan is not None  # a planned job has one
-            return (plan.cut, plan.share)
+            self.plan  # noqa: B018 - measured and published by the property
+            return
         try:
-            self._plan = measure_round(self._connections, self._measure)
+            plan = measure_round(self._connections, self._measure)
         except RETRYABLE as exc:
             self._record(
                 Event(
@@ -208,8 +225,8 @@ class PlanInForce:
                     {"error": type(exc).__name__},
                 )
             )
-            return self._default
-        return (self._plan.cut, self._plan.share)
+            return
+        self._cell.publish(plan.cut, plan.share, reason=plan.reason, plan=plan)
 
     def _deferred(
         self, router: Router, config: ReplanConfig | None, served: threading.Event
@@ -218,7 +235,9 @@ class PlanInForce:
         into force when it comes."""
 
         def adopt(plan: Plan) -> None:
-            router.begin(plan, Replanner(plan, config), reason="measured while training")
+            with self._replanning:
+                self._replanner = Replanner(plan, config)
+            self._cell.publish(plan.cut, plan.share, reason="measured while training", plan=plan)
 
         def failed(error: HapiError) -> None:
             self._record(
