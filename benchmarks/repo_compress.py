@@ -191,9 +191,9 @@ def _stages(repo: Any, hashes: list[str], repeat: int) -> dict[str, float]:
     import numpy as np
     from safetensors.torch import load
 
-    from hapi.repo import codec
-    from hapi.repo.layout import tensor_key
-    from hapi.repo.tensors import tensor_hash
+    from hapi.repo.storage import codec
+    from hapi.repo.storage.layout import tensor_key
+    from hapi.repo.storage.tensors import tensor_hash
 
     blobs = [repo.store.get(tensor_key(h)) for h in hashes]
     samples: dict[str, list[float]] = {}

@@ -96,8 +96,8 @@ def _generate(uri: str, count: int) -> dict[str, Any]:
     """Write `count` versions; return refs to query."""
     from hapi.data import open_store
     from hapi.repo import TensorEntry, VersionManifest, describe_modules
-    from hapi.repo.epoch import mark_changed, mark_epoch
-    from hapi.repo.layout import manifest_key, ref_key
+    from hapi.repo.storage.epoch import mark_changed, mark_epoch
+    from hapi.repo.storage.layout import manifest_key, ref_key
 
     rng = random.Random(0)
     store = open_store(uri)
@@ -199,7 +199,7 @@ def _measure(count: int, tmp: Path) -> dict[str, Any]:
         "ls": lambda r: r.ls(),
     }
     row: dict[str, Any] = {"versions": built, "catalog_build_s": build_s, "queries": {}}
-    from hapi.repo.matching import layer_ids
+    from hapi.repo.ops.matching import layer_ids
 
     times = []
     for _ in range(WARM_CALLS + 1):

@@ -17,11 +17,11 @@ import torch
 
 from hapi.errors import IntegrityError, RefNotFound
 from hapi.repo import ModelRepo, RepoConfig
-from hapi.repo.codec import DELTA, read_info
-from hapi.repo.layout import tensor_key
-from hapi.repo.liveness import machine_id
-from hapi.repo.markers import read_markers, with_bases
-from hapi.repo.tensors import tensor_hash
+from hapi.repo.storage.codec import DELTA, read_info
+from hapi.repo.storage.layout import tensor_key
+from hapi.repo.storage.liveness import machine_id
+from hapi.repo.storage.markers import read_markers, with_bases
+from hapi.repo.storage.tensors import tensor_hash
 
 CONFIGS = [
     pytest.param(RepoConfig(compress=True, deltas=True), id="compressed"),

@@ -15,7 +15,7 @@ import torch
 
 from hapi.data.partial import is_partial_name
 from hapi.repo import ModelRepo, RepoConfig
-from hapi.repo.liveness import machine_id
+from hapi.repo.storage.liveness import machine_id
 
 needs_liveness = pytest.mark.skipif(
     machine_id() is None, reason="telling a killed push's lock dead needs Linux /proc"

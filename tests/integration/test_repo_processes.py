@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hapi.repo import ModelRepo
-from hapi.repo.liveness import machine_id
+from hapi.repo.storage.liveness import machine_id
 
 BASE = {"frozen": torch.arange(4096, dtype=torch.float32), "head": torch.zeros(16)}
 

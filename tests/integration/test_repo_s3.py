@@ -10,7 +10,7 @@ from hapi.data import StoreOptions
 from hapi.errors import IntegrityError, RefNotFound
 from hapi.graph import ModelSpec, build_model, trace
 from hapi.repo import ModelRepo
-from hapi.repo.layout import tensor_key
+from hapi.repo.storage.layout import tensor_key
 
 pytestmark = pytest.mark.s3
 

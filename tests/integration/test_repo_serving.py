@@ -14,7 +14,7 @@ from hapi.data import Transforms, load_sample, open_store, sample_seed, synth_da
 from hapi.errors import IntegrityError, RefNotFound, UnknownModel
 from hapi.graph import ModelSpec, build_model, trace
 from hapi.repo import ModelRepo
-from hapi.repo.layout import tensor_key
+from hapi.repo.storage.layout import tensor_key
 from hapi.server import HapiServer, serve
 from hapi.wire import ChunkTicket, SessionRequest
 

@@ -14,7 +14,7 @@ from torch import nn
 from hapi.data import open_store
 from hapi.errors import IntegrityError, InvalidRequest, RefNotFound
 from hapi.repo import ModelRepo, PushedVersion, RepoConfig, tensor_hash
-from hapi.repo.layout import tensor_key
+from hapi.repo.storage.layout import tensor_key
 
 
 def small(seed: int = 0, classes: int = 5) -> nn.Module:

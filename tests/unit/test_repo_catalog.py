@@ -16,7 +16,7 @@ import torch
 from hapi.data import StoreOptions, open_store
 from hapi.errors import RefNotFound
 from hapi.repo import ModelRepo, default_catalog_path
-from hapi.repo.catalog import Catalog
+from hapi.repo.index.catalog import Catalog
 
 
 def state(value: float) -> dict[str, torch.Tensor]:

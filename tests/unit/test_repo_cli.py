@@ -99,7 +99,7 @@ def test_fsck_prints_every_finding_and_what_to_do(
     repo_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from hapi.data import open_store
-    from hapi.repo.layout import manifest_key
+    from hapi.repo.storage.layout import manifest_key
 
     repo = ModelRepo.open(repo_dir)
     version = repo.resolve("ft")

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from safetensors import safe_open
 
 from hapi.errors import IntegrityError, UnknownCodec
-from hapi.repo.codec import (
+from hapi.repo.storage.codec import (
     DELTA,
     PLAIN,
     ZSTD,
@@ -22,7 +22,7 @@ from hapi.repo.codec import (
     encode_compressed,
     read_info,
 )
-from hapi.repo.tensors import decode_blob, encode_blob, tensor_hash
+from hapi.repo.storage.tensors import decode_blob, encode_blob, tensor_hash
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.uint8]
 

@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 
 from hapi.errors import InvalidRequest, UnknownCodec
 from hapi.repo import ModelRepo, RepoConfig
-from hapi.repo.codec import DELTA, PLAIN, ZSTD, read_info
-from hapi.repo.layout import DELTAS, TENSORS, delta_key, hash_of_tensor_key, tensor_key
-from hapi.repo.tensors import tensor_hash
+from hapi.repo.storage.codec import DELTA, PLAIN, ZSTD, read_info
+from hapi.repo.storage.layout import DELTAS, TENSORS, delta_key, hash_of_tensor_key, tensor_key
+from hapi.repo.storage.tensors import tensor_hash
 
 DELTAS_ON = RepoConfig(compress=True, deltas=True, lock_wait_s=0)
 

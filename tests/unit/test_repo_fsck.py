@@ -16,8 +16,8 @@ from hapi.cli import main
 from hapi.data.store import ObjectStore
 from hapi.errors import InvalidRequest
 from hapi.repo import ModelRepo
-from hapi.repo.layout import manifest_key, tensor_key
-from hapi.repo.tensors import encode_blob, tensor_hash
+from hapi.repo.storage.layout import manifest_key, tensor_key
+from hapi.repo.storage.tensors import encode_blob, tensor_hash
 
 
 def tensors(*values: float) -> dict[str, torch.Tensor]:

@@ -16,7 +16,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 from hapi.data import open_store
 from hapi.errors import RepoError, StoreUnavailable
 from hapi.repo import ModelRepo, PushTransaction, RepoConfig
-from hapi.repo.layout import hash_of_tensor_key
+from hapi.repo.storage.layout import hash_of_tensor_key
 
 # A small pool of tensors, so versions share blobs as fine-tuned models do.
 POOL = [torch.full((3,), float(i)) for i in range(6)]

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from hapi.repo import ModelRepo, RepoConfig
-from hapi.repo.liveness import machine_id, process_started
+from hapi.repo.storage.liveness import machine_id, process_started
 
 pytestmark = pytest.mark.skipif(machine_id() is None, reason="process liveness needs Linux /proc")
 

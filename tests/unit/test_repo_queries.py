@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from torch import nn
 
 from hapi.repo import ModelRepo, RepoConfig
-from hapi.repo.layout import manifest_key, ref_key
-from hapi.repo.push import build_manifest
+from hapi.repo.ops.push import build_manifest
+from hapi.repo.storage.layout import manifest_key, ref_key
 
 
 def net(kind: int, classes: int) -> nn.Module:

@@ -259,6 +259,6 @@ def _int_or_name(value: str | int | None) -> str | int | None:
 
 
 def _is_repo_ref(model: str) -> bool:
-    from hapi.repo.refs import is_repo_ref
+    from hapi.repo.storage.refs import is_repo_ref
 
     return is_repo_ref(model)

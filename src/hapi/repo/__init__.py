@@ -5,22 +5,22 @@ manifests record each version's tensors, module tree and parent; a local SQLite 
 indexes them for lineage and architecture queries and is rebuilt from the store at will.
 """
 
-from hapi.repo.catalog_path import default_catalog_path
-from hapi.repo.diff import ModelDiff
-from hapi.repo.fsck import FsckReport
-from hapi.repo.gc import GcReport
-from hapi.repo.heads import HeadInfo
-from hapi.repo.lineage import LineageNode
-from hapi.repo.manifest import TensorEntry, VersionManifest
-from hapi.repo.modules import ModuleEntry, describe_modules
-from hapi.repo.push import PushTransaction
-from hapi.repo.queries import PrefixMatch
-from hapi.repo.refs import parse_ref
+from hapi.repo.index.catalog_path import default_catalog_path
+from hapi.repo.index.lineage import LineageNode
+from hapi.repo.index.queries import PrefixMatch
+from hapi.repo.index.version import ModelVersion, PushedVersion
+from hapi.repo.ops.diff import ModelDiff
+from hapi.repo.ops.fsck import FsckReport
+from hapi.repo.ops.gc import GcReport
+from hapi.repo.ops.heads import HeadInfo
+from hapi.repo.ops.push import PushTransaction
+from hapi.repo.ops.usage import RepoUsage
 from hapi.repo.repo import ModelRepo
-from hapi.repo.repo_config import RepoConfig
-from hapi.repo.tensors import tensor_hash
-from hapi.repo.usage import RepoUsage
-from hapi.repo.version import ModelVersion, PushedVersion
+from hapi.repo.storage.manifest import TensorEntry, VersionManifest
+from hapi.repo.storage.modules import ModuleEntry, describe_modules
+from hapi.repo.storage.refs import parse_ref
+from hapi.repo.storage.repo_config import RepoConfig
+from hapi.repo.storage.tensors import tensor_hash
 
 __all__ = [
     "FsckReport",

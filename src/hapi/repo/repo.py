@@ -11,28 +11,28 @@ from torch import nn
 
 from hapi.data.store import ObjectStore, StoreOptions, open_store
 from hapi.errors import InvalidRequest, ObjectNotFound, RefNotFound
-from hapi.repo.catalog import Catalog
-from hapi.repo.catalog_path import default_catalog_path
-from hapi.repo.diff import ModelDiff, diff_manifests
-from hapi.repo.encoder import encoder_for
-from hapi.repo.epoch import mark_changed
-from hapi.repo.fetch import fetch_tensors
-from hapi.repo.fsck import FsckReport, check_repository
-from hapi.repo.gc import GcReport, collect_garbage
-from hapi.repo.heads import HeadInfo, finish_head, plan_head, trace_version
-from hapi.repo.layout import manifest_key
-from hapi.repo.lineage import LineageNode, ancestors, descendants, forest, lineage_tree
-from hapi.repo.locks import Locks
-from hapi.repo.manifest import VersionManifest
-from hapi.repo.matching import check_matches, few, layer_ids
-from hapi.repo.push import PushTransaction, build_manifest
-from hapi.repo.queries import PrefixMatch, find_versions, prefix_matches
-from hapi.repo.refs import check_name
-from hapi.repo.repo_config import RepoConfig
-from hapi.repo.resolve import lookup, not_found
-from hapi.repo.sync import forget_manifest, sync_all, sync_changed, sync_name
-from hapi.repo.usage import RepoUsage, measure_usage
-from hapi.repo.version import ModelVersion, PushedVersion
+from hapi.repo.index.catalog import Catalog
+from hapi.repo.index.catalog_path import default_catalog_path
+from hapi.repo.index.lineage import LineageNode, ancestors, descendants, forest, lineage_tree
+from hapi.repo.index.queries import PrefixMatch, find_versions, prefix_matches
+from hapi.repo.index.resolve import lookup, not_found
+from hapi.repo.index.sync import forget_manifest, sync_all, sync_changed, sync_name
+from hapi.repo.index.version import ModelVersion, PushedVersion
+from hapi.repo.ops.diff import ModelDiff, diff_manifests
+from hapi.repo.ops.fetch import fetch_tensors
+from hapi.repo.ops.fsck import FsckReport, check_repository
+from hapi.repo.ops.gc import GcReport, collect_garbage
+from hapi.repo.ops.heads import HeadInfo, finish_head, plan_head, trace_version
+from hapi.repo.ops.matching import check_matches, few, layer_ids
+from hapi.repo.ops.push import PushTransaction, build_manifest
+from hapi.repo.ops.usage import RepoUsage, measure_usage
+from hapi.repo.storage.encoder import encoder_for
+from hapi.repo.storage.epoch import mark_changed
+from hapi.repo.storage.layout import manifest_key
+from hapi.repo.storage.locks import Locks
+from hapi.repo.storage.manifest import VersionManifest
+from hapi.repo.storage.refs import check_name
+from hapi.repo.storage.repo_config import RepoConfig
 
 if TYPE_CHECKING:
     from hapi.graph import ModelGraph

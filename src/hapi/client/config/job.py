@@ -23,7 +23,7 @@ from hapi.data import StoreOptions, Transforms
 from hapi.errors import InvalidRequest, shorten
 from hapi.graph import ModelSpec
 from hapi.plan.replan import ReplanConfig
-from hapi.repo.refs import is_repo_ref
+from hapi.repo.storage.refs import is_repo_ref
 from hapi.wire import OnError, WireDtype
 from hapi.wire.codecs import Compression
 

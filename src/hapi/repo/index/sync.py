@@ -15,29 +15,27 @@ import time
 
 from hapi.data.store import ObjectStore
 from hapi.errors import IntegrityError, ObjectNotFound
-from hapi.repo.catalog import Catalog
-from hapi.repo.epoch import read_changes, read_epoch
-from hapi.repo.layout import MANIFESTS, REFS, id_of_manifest_key, manifest_key, ref_key
-from hapi.repo.manifest import VersionManifest
+from hapi.repo.index.catalog import Catalog
+from hapi.repo.storage.epoch import read_changes, read_epoch
+from hapi.repo.storage.layout import (
+    MANIFESTS,
+    REFS,
+    id_of_manifest_key,
+    manifest_key,
+    parse_ref_key,
+    ref_key,
+)
+from hapi.repo.storage.manifest import VersionManifest
 
 __all__ = [
     "fetch_manifests",
     "forget_manifest",
-    "parse_ref_key",
     "sync_all",
     "sync_changed",
     "sync_name",
 ]
 
 log = logging.getLogger("hapi.repo")
-
-
-def parse_ref_key(key: str) -> tuple[str, int] | None:
-    """`(name, version)` of a ref object's key, or None for any other key."""
-    parts = key.split("/")
-    if len(parts) != 3 or parts[0] != REFS or not parts[2].isdigit():
-        return None
-    return parts[1], int(parts[2])
 
 
 def fetch_manifests(

@@ -19,9 +19,9 @@ import torch
 
 from hapi.data.store import ObjectStore
 from hapi.errors import IntegrityError, ObjectNotFound, UnknownCodec
-from hapi.repo.codec import Base, BlobInfo, read_info
-from hapi.repo.layout import tensor_key
-from hapi.repo.tensors import decode_base, decode_blob
+from hapi.repo.storage.codec import Base, BlobInfo, read_info
+from hapi.repo.storage.layout import tensor_key
+from hapi.repo.storage.tensors import decode_base, decode_blob
 
 __all__ = ["MAX_CHAIN", "Decoded", "read_blobs"]
 

@@ -10,16 +10,16 @@ import difflib
 
 from hapi.data.store import ObjectStore
 from hapi.errors import RefNotFound
-from hapi.repo.catalog import Catalog
-from hapi.repo.refs import parse_ref
-from hapi.repo.sync import sync_all, sync_name
-from hapi.repo.version import ModelVersion
+from hapi.repo.index.catalog import Catalog
+from hapi.repo.index.sync import sync_all, sync_name
+from hapi.repo.index.version import ModelVersion
+from hapi.repo.storage.refs import parse_ref
 
 __all__ = ["lookup", "not_found"]
 
 
 def lookup(store: ObjectStore, catalog: Catalog, ref: str | ModelVersion) -> ModelVersion:
-    """The version `ref` names, per the catalog (see `hapi.repo.refs` for the forms).
+    """The version `ref` names, per the catalog (see `hapi.repo.storage.refs` for the forms).
 
     Raises:
         RefNotFound: it names nothing, even after syncing; the message lists close names.

@@ -12,14 +12,12 @@ import contextlib
 import hashlib
 import json
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import torch
 
 from hapi.errors import IntegrityError, UnknownCodec
-
-if TYPE_CHECKING:
-    from hapi.repo.codec import Base, BlobInfo
+from hapi.repo.storage import codec
+from hapi.repo.storage.codec import Base, BlobInfo
 
 __all__ = ["decode_base", "decode_blob", "dtype_name", "encode_blob", "tensor_bytes", "tensor_hash"]
 
@@ -80,8 +78,6 @@ def decode_blob(
         IntegrityError: the blob cannot be parsed (truncated) or its content hash differs.
         UnknownCodec: the blob is compressed with a codec this hapi cannot read.
     """
-    from hapi.repo import codec
-
     with _reading(data, digest, what):
         info = codec.read_info(data) if info is None else info
         plain = info.codec == codec.PLAIN
@@ -115,8 +111,6 @@ def decode_base(
         IntegrityError: the blob cannot be parsed (truncated).
         UnknownCodec: the blob is compressed with a codec this hapi cannot read.
     """
-    from hapi.repo import codec
-
     with _reading(data, digest, what):
         info = codec.read_info(data) if info is None else info
         if info.codec == codec.PLAIN:

@@ -13,7 +13,7 @@ import bisect
 import itertools
 from collections.abc import Iterable, Sequence
 
-from hapi.repo.version import ModelVersion
+from hapi.repo.index.version import ModelVersion
 
 __all__ = ["Snapshot"]
 

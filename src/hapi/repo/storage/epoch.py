@@ -18,7 +18,7 @@ import uuid
 
 from hapi.data.store import ObjectStore
 from hapi.errors import ObjectNotFound
-from hapi.repo.layout import CHANGES, EPOCH
+from hapi.repo.storage.layout import CHANGES, EPOCH
 
 __all__ = ["mark_changed", "mark_epoch", "read_changes", "read_epoch"]
 

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
-from hapi.repo.catalog import Catalog
-from hapi.repo.version import ModelVersion
+from hapi.repo.index.catalog import Catalog
+from hapi.repo.index.version import ModelVersion
 
-__all__ = ["PrefixMatch", "containing", "find_versions", "prefix_matches"]
+__all__ = ["PrefixMatch", "find_versions", "prefix_matches"]
 
 # Keeps each IN (...) list well under SQLite's limit on bound parameters.
 _CHUNK = 500
@@ -100,13 +100,6 @@ def prefix_matches(
         for layers in sorted(by_depth, reverse=True)
         for v in snap.of_trees(by_depth[layers])
     ]
-
-
-def containing(catalog: Catalog, classes: list[str]) -> list[ModelVersion]:
-    """Versions with modules of `classes`, newest first: one class matches any module of
-    that class; a sequence matches that many consecutive layers. Names are a class's own
-    name (`Conv2d`) or its full `module.qualname`."""
-    return find_versions(catalog, contains=classes)
 
 
 def _archs_containing(catalog: Catalog, classes: list[str]) -> set[str]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hapi.repo.manifest import VersionManifest
-from hapi.repo.version import ModelVersion
+from hapi.repo.index.version import ModelVersion
+from hapi.repo.storage.manifest import VersionManifest
 
 __all__ = ["ModelDiff", "diff_manifests"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hapi.repo.catalog import Catalog
-from hapi.repo.version import ModelVersion
+from hapi.repo.index.catalog import Catalog
+from hapi.repo.index.version import ModelVersion
 
 __all__ = ["LineageNode", "ancestors", "descendants", "forest", "lineage_tree"]
 

@@ -20,7 +20,8 @@ from datetime import UTC, datetime
 from hapi.data.partial import sweep_partial
 from hapi.data.store import ObjectStore
 from hapi.errors import ObjectNotFound
-from hapi.repo.layout import (
+from hapi.repo.index.sync import fetch_manifests
+from hapi.repo.storage.layout import (
     DELTAS,
     LOCKS,
     MANIFESTS,
@@ -30,10 +31,10 @@ from hapi.repo.layout import (
     hash_of_tensor_key,
     id_of_manifest_key,
     manifest_key,
+    parse_ref_key,
 )
-from hapi.repo.locks import Locks
-from hapi.repo.markers import read_markers, with_bases
-from hapi.repo.sync import fetch_manifests, parse_ref_key
+from hapi.repo.storage.locks import Locks
+from hapi.repo.storage.markers import read_markers, with_bases
 
 __all__ = ["GcReport", "collect_garbage"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hapi.repo.manifest import VersionManifest
+from hapi.repo.storage.manifest import VersionManifest
 
 __all__ = ["ModelVersion", "PushedVersion"]
 

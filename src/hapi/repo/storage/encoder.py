@@ -20,11 +20,11 @@ import torch
 
 from hapi.data.store import ObjectStore
 from hapi.errors import IntegrityError, UnknownCodec
-from hapi.repo.blobs import read_blobs
-from hapi.repo.codec import compresses, encode_compressed
-from hapi.repo.manifest import VersionManifest
-from hapi.repo.repo_config import RepoConfig
-from hapi.repo.tensors import encode_blob
+from hapi.repo.storage.blobs import read_blobs
+from hapi.repo.storage.codec import compresses, encode_compressed
+from hapi.repo.storage.manifest import VersionManifest
+from hapi.repo.storage.repo_config import RepoConfig
+from hapi.repo.storage.tensors import encode_blob
 
 __all__ = [
     "BlobEncoder",

@@ -23,16 +23,22 @@ from torch import nn
 
 from hapi.data.store import ObjectStore
 from hapi.errors import InvalidRequest
-from hapi.repo._fields import check_tensor_key
-from hapi.repo.encoder import PLAIN_ENCODER, BlobEncoder
-from hapi.repo.epoch import mark_changed, mark_epoch
-from hapi.repo.layout import REFS, delta_key, manifest_key, ref_key, tensor_key
-from hapi.repo.locks import HeldLock, Locks
-from hapi.repo.manifest import TensorEntry, VersionManifest
-from hapi.repo.modules import describe_modules
-from hapi.repo.sync import parse_ref_key
-from hapi.repo.tensors import dtype_name, tensor_hash
-from hapi.repo.version import PushedVersion
+from hapi.repo.index.version import PushedVersion
+from hapi.repo.storage._fields import check_tensor_key
+from hapi.repo.storage.encoder import PLAIN_ENCODER, BlobEncoder
+from hapi.repo.storage.epoch import mark_changed, mark_epoch
+from hapi.repo.storage.layout import (
+    REFS,
+    delta_key,
+    manifest_key,
+    parse_ref_key,
+    ref_key,
+    tensor_key,
+)
+from hapi.repo.storage.locks import HeldLock, Locks
+from hapi.repo.storage.manifest import TensorEntry, VersionManifest
+from hapi.repo.storage.modules import describe_modules
+from hapi.repo.storage.tensors import dtype_name, tensor_hash
 
 __all__ = ["PushTransaction", "build_manifest"]
 

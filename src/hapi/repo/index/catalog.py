@@ -20,9 +20,9 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from hapi.repo.manifest import VersionManifest
-from hapi.repo.snapshot import Snapshot
-from hapi.repo.version import ModelVersion
+from hapi.repo.index.snapshot import Snapshot
+from hapi.repo.index.version import ModelVersion
+from hapi.repo.storage.manifest import VersionManifest
 
 __all__ = ["Catalog"]
 
@@ -237,14 +237,6 @@ class Catalog:
         sql = _VERSIONS + (f" WHERE {where}" if where else "")
         sql += f" ORDER BY {order}" if order else " ORDER BY m.name, r.version"
         return [_version(row) for row in self.query(sql, args)]
-
-    def version_of(self, manifest_id: str) -> ModelVersion | None:
-        found = self.versions("m.id = ?", (manifest_id,))
-        return found[0] if found else None
-
-    def ref_target(self, name: str, version: int) -> str | None:
-        rows = self.query("SELECT id FROM refs WHERE name = ? AND version = ?", (name, version))
-        return rows[0][0] if rows else None
 
     def names(self) -> list[str]:
         return [r[0] for r in self.query("SELECT DISTINCT name FROM refs ORDER BY name")]

@@ -16,9 +16,9 @@ from functools import cached_property
 from typing import Any
 
 from hapi.errors import IntegrityError
-from hapi.repo._fields import check_tensor_key, digest, mapping, optional, required, strings
-from hapi.repo.modules import ModuleEntry
-from hapi.repo.refs import check_name
+from hapi.repo.storage._fields import check_tensor_key, digest, mapping, optional, required, strings
+from hapi.repo.storage.modules import ModuleEntry
+from hapi.repo.storage.refs import check_name
 
 __all__ = ["FORMAT", "TensorEntry", "VersionManifest"]
 

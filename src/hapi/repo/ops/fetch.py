@@ -8,9 +8,9 @@ import torch
 
 from hapi.data.store import ObjectStore
 from hapi.errors import IntegrityError
-from hapi.repo.blobs import read_blobs
-from hapi.repo.manifest import VersionManifest
-from hapi.repo.tensors import dtype_name
+from hapi.repo.storage.blobs import read_blobs
+from hapi.repo.storage.manifest import VersionManifest
+from hapi.repo.storage.tensors import dtype_name
 
 __all__ = ["fetch_tensors"]
 

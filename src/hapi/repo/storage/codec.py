@@ -50,7 +50,6 @@ ZSTD = "bytegroup-zstd/1"
 DELTA = "xor-bytegroup-zstd/1"
 _KNOWN = (ZSTD, DELTA)
 _PAYLOAD = "hapi.payload"
-_PLAIN_NAME = "tensor"
 # Level 1 measured both faster and smaller than level 3 on weight exponent planes
 # (0.37 vs 0.42 of raw for a normal fp32 tensor); higher levels buy little on planes
 # that are mostly noise.

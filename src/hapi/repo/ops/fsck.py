@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 from hapi.data.store import ObjectStore
 from hapi.errors import HapiError, IntegrityError, ObjectNotFound, StoreUnavailable, UnknownCodec
-from hapi.repo.blobs import read_blobs
-from hapi.repo.codec import read_info
-from hapi.repo.layout import (
+from hapi.repo.storage.blobs import read_blobs
+from hapi.repo.storage.codec import read_info
+from hapi.repo.storage.layout import (
     MANIFESTS,
     TENSORS,
     hash_of_tensor_key,
@@ -31,9 +31,9 @@ from hapi.repo.layout import (
     manifest_key,
     tensor_key,
 )
-from hapi.repo.manifest import VersionManifest
-from hapi.repo.markers import read_markers, with_bases
-from hapi.repo.tensors import decode_blob
+from hapi.repo.storage.manifest import VersionManifest
+from hapi.repo.storage.markers import read_markers, with_bases
+from hapi.repo.storage.tensors import decode_blob
 
 __all__ = ["FsckReport", "check_repository"]
 

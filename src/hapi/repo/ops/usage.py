@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from hapi.data.store import ObjectStore
 from hapi.errors import ObjectNotFound
-from hapi.repo.catalog import Catalog
-from hapi.repo.layout import MANIFESTS, TENSORS
+from hapi.repo.index.catalog import Catalog
+from hapi.repo.storage.layout import MANIFESTS, TENSORS
 
 __all__ = ["RepoUsage", "measure_usage"]
 

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from hapi.errors import IntegrityError, InvalidRequest
-from hapi.repo.manifest import VersionManifest
-from hapi.repo.modules import ModuleEntry, describe_modules
+from hapi.repo.storage.manifest import VersionManifest
+from hapi.repo.storage.modules import ModuleEntry, describe_modules
 
 __all__ = ["check_matches", "few", "layer_ids"]
 

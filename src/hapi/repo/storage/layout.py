@@ -35,6 +35,7 @@ __all__ = [
     "id_of_manifest_key",
     "manifest_key",
     "parse_delta_key",
+    "parse_ref_key",
     "ref_key",
     "tensor_key",
 ]
@@ -80,6 +81,14 @@ def id_of_manifest_key(key: str) -> str | None:
 def ref_key(name: str, version: int) -> str:
     """The key of version `version` of model `name`."""
     return f"{REFS}/{name}/{version}"
+
+
+def parse_ref_key(key: str) -> tuple[str, int] | None:
+    """`(name, version)` of a ref object's key, or None for any other key."""
+    parts = key.split("/")
+    if len(parts) != 3 or parts[0] != REFS or not parts[2].isdigit():
+        return None
+    return parts[1], int(parts[2])
 
 
 def delta_key(digest: str, base: str) -> str:

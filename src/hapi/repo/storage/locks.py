@@ -39,8 +39,8 @@ from typing import Any
 
 from hapi.data.store import ObjectStore
 from hapi.errors import ObjectNotFound, RepoError
-from hapi.repo.layout import LOCKS
-from hapi.repo.liveness import holder_is_gone, machine_id, process_started
+from hapi.repo.storage.layout import LOCKS
+from hapi.repo.storage.liveness import holder_is_gone, machine_id, process_started
 
 __all__ = ["HeldLock", "LockInfo", "Locks"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from hapi.data.store import ObjectStore
-from hapi.repo.layout import DELTAS, parse_delta_key
+from hapi.repo.storage.layout import DELTAS, parse_delta_key
 
 __all__ = ["read_markers", "with_bases"]
 

@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from hapi.graph import ModelGraph
 
 from hapi.errors import IntegrityError, InvalidRequest
-from hapi.repo.manifest import VersionManifest
-from hapi.repo.modules import describe_modules
+from hapi.repo.storage.manifest import VersionManifest
+from hapi.repo.storage.modules import describe_modules
 
 __all__ = ["HeadInfo", "PlannedHead", "finish_head", "plan_head", "trace_version"]
 

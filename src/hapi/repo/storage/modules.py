@@ -25,7 +25,7 @@ from typing import Any
 
 from torch import nn
 
-from hapi.repo._fields import optional, required, strings
+from hapi.repo.storage._fields import optional, required, strings
 
 __all__ = ["ModuleEntry", "class_name", "describe_modules", "module_config"]
 
