@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import pytest
 import torch
 
 from hapi.client import FeatureLoader, TransferJob, connect
-from hapi.client.planning import measuring
 from hapi.client.servers.connection import ChunkPart, Connection
+from hapi.client.servers.source import PartStream
 from hapi.data import open_store, synth_dataset
 from hapi.errors import InvalidCut
 from hapi.graph import INPUT, RAW
 from hapi.server import HapiServer, serve
-from hapi.wire import ActionType, ChunkTicket, SessionRequest
+from hapi.wire import ActionType, ChunkTicket, SessionInfo, SessionRequest
 
 SIZE = 64
 LAYER3 = 10  # resnet18's cut after layer3 (its 15 cuts: conv1, bn1, ..., fc)
@@ -30,7 +31,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HapiServer]:
         yield running
 
 
-def _job(server: HapiServer, **options: object) -> TransferJob:
+def _job(server: HapiServer | Connection, **options: object) -> TransferJob:
     defaults: dict[str, object] = {
         "freeze": "layer3",
         "image_size": SIZE,
@@ -40,7 +41,8 @@ def _job(server: HapiServer, **options: object) -> TransferJob:
         "seed": 5,
     }
     defaults.update(options)
-    return TransferJob({"name": "resnet18", "num_classes": 3}, "train", server.address, **defaults)
+    where = server if isinstance(server, Connection) else server.address
+    return TransferJob({"name": "resnet18", "num_classes": 3}, "train", where, **defaults)
 
 
 def _same_losses(a: TransferJob, b: TransferJob) -> None:
@@ -84,9 +86,52 @@ def test_an_automatic_plan_is_a_valid_choice_and_trains(server: HapiServer) -> N
     assert all(torch.isfinite(torch.tensor(job.history.losses)))
 
 
+class _Counted:
+    """A chunk's stream, passed through: the server time its reports give is noted at
+    its end."""
+
+    def __init__(self, stream: PartStream, done: Callable[[float], None]) -> None:
+        self._stream, self._done = stream, done
+
+    def __iter__(self) -> Iterator[ChunkPart]:
+        reported = 0.0
+        for part in self._stream:
+            reported += part.report.server_s if part.report is not None else 0.0
+            yield part
+        self._done(reported)
+
+    def cancel(self) -> None:
+        self._stream.cancel()
+
+
+@dataclass
+class Watched(Connection):
+    """The job's server as the test sees it: each chunk (session, keys, the server time
+    reported) and each action. `unlike`: it says it runs more torch threads than the
+    trainer, as a server unlike it would, which then profiles itself."""
+
+    unlike: bool = False
+    seen: list[tuple[str, int, float]] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)
+
+    def open_session(self, request: SessionRequest) -> SessionInfo:
+        info = super().open_session(request)
+        return info.model_copy(update={"threads": info.threads + 1}) if self.unlike else info
+
+    def stream(self, ticket: ChunkTicket) -> _Counted:  # type: ignore[override]
+        def done(reported: float) -> None:
+            self.seen.append((ticket.session, len(ticket.keys), reported))
+
+        return _Counted(super().stream(ticket), done)
+
+    def action(self, name: str, body: bytes = b"") -> bytes:
+        self.actions.append(name)
+        return super().action(name, body)
+
+
 @pytest.mark.parametrize("own_profile", [True, False], ids=["profile-action", "scaled-trainer"])
 def test_the_plan_predicts_the_freeze_cut_at_what_its_probe_chunks_reported(
-    server: HapiServer, monkeypatch: pytest.MonkeyPatch, own_profile: bool
+    server: HapiServer, own_profile: bool
 ) -> None:
     """The server's profile is levelled on the probe at the freeze cut: its head, its wait
     for the store and the rest of its chunks' reported time, so the plan's server time at
@@ -94,29 +139,10 @@ def test_the_plan_predicts_the_freeze_cut_at_what_its_probe_chunks_reported(
     job's chunks against - not the profile action's reads, timed one by one. So it is
     whether the server profiles itself (a server unlike the trainer: a GPU, more threads)
     or its heads are the trainer's scaled (this in-process server runs them alike)."""
-    if own_profile:
-        monkeypatch.setattr(measuring, "alike", lambda *_: False)
-    seen: list[tuple[str, int, float]] = []  # session, keys, reported server time
-    stream = Connection.stream
-
-    def recorded(self: Connection, ticket: ChunkTicket) -> Iterator[ChunkPart]:
-        reported = 0.0
-        for part in stream(self, ticket):
-            reported += part.report.server_s if part.report is not None else 0.0
-            yield part
-        seen.append((ticket.session, len(ticket.keys), reported))
-
-    monkeypatch.setattr(Connection, "stream", recorded)
-    actions: list[str] = []
-    action = Connection.action
-
-    def counted(self: Connection, kind: str, body: bytes = b"") -> bytes:
-        actions.append(kind)
-        return action(self, kind, body)
-
-    monkeypatch.setattr(Connection, "action", counted)
+    connection = Watched(address=server.address, unlike=own_profile)
+    seen, actions = connection.seen, connection.actions
     # Measured, not kept ones; uncompressed, as the probes are (a codec adds its encoding).
-    job = _job(server, replan=False, reuse_profiles=False, wire_compression="none")
+    job = _job(connection, replan=False, reuse_profiles=False, wire_compression="none")
     assert job.plan is not None
     assert (ActionType.PROFILE in actions) == own_profile
     # The probes: RAW first (the link, both tiers idle), then at the freeze cut a chunk of

@@ -6,13 +6,15 @@ from __future__ import annotations
 import io
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
-from hapi.client import TransferJob
+from hapi.client import Connection, TransferJob
 from hapi.data import (
+    DatasetManifest,
     HorizontalFlip,
     Normalize,
     RandomResizedCrop,
@@ -42,7 +44,18 @@ def server(store_dir: Path) -> Iterator[HapiServer]:
         yield running
 
 
-def _job(server: HapiServer, cache_dir: Path, **options: object) -> TransferJob:
+@dataclass
+class Listing(Connection):
+    """The job's server, noting each listing the job asks of it."""
+
+    events: list[str] = field(default_factory=list)
+
+    def manifest(self, prefix: str = "") -> DatasetManifest:
+        self.events.append(f"list {prefix}")
+        return super().manifest(prefix)
+
+
+def _job(server: HapiServer | Connection, cache_dir: Path, **options: object) -> TransferJob:
     defaults: dict[str, object] = {
         "freeze": "layer3",
         "cut": None,
@@ -55,7 +68,8 @@ def _job(server: HapiServer, cache_dir: Path, **options: object) -> TransferJob:
         "cache_dir": str(cache_dir),
     }
     defaults.update(options)
-    return TransferJob({"name": "resnet18", "num_classes": 2}, "train", server.address, **defaults)
+    where = server if isinstance(server, Connection) else server.address
+    return TransferJob({"name": "resnet18", "num_classes": 2}, "train", where, **defaults)
 
 
 def test_later_epochs_come_from_the_cache_bit_for_bit(server: HapiServer, tmp_path: Path) -> None:
@@ -111,51 +125,46 @@ def _rewrite(victim: Path) -> None:
 
 
 def test_the_first_epoch_takes_the_jobs_own_listing_and_later_ones_list_again(
-    server: HapiServer, store_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    server: HapiServer, tmp_path: Path
 ) -> None:
     _job(server, tmp_path / "c").fit(epochs=1)
-    job = _job(server, tmp_path / "c")
-    listed: list[str] = []
-    manifest = job.connection.manifest
-    monkeypatch.setattr(job.connection, "manifest", lambda p: listed.append(p) or manifest(p))
+    connection = Listing(address=server.address)
+    job = _job(connection, tmp_path / "c")
     history = job.fit(epochs=2)
     # The job's listing (its keys) gives epoch 1's versions too; epoch 2 lists again.
-    assert listed == ["train", "train"]
+    assert connection.events == ["list train", "list train"]
     assert [e.cached for e in history.epochs] == [12, 12]
 
 
 def test_the_next_epochs_listing_begins_before_the_epoch_ends(
-    server: HapiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    server: HapiServer, tmp_path: Path
 ) -> None:
     """A listing of a million keys takes seconds: the next epoch's begins while the last
     chunks of this one train, so the next epoch starts without waiting for it."""
-    job = _job(server, tmp_path / "c")
-    events: list[str] = []
-    manifest = job.connection.manifest
-    monkeypatch.setattr(job.connection, "manifest", lambda p: events.append("list") or manifest(p))
+    connection = Listing(address=server.address)
+    job = _job(connection, tmp_path / "c")
+    events = connection.events  # the listings, and each step as it ends
 
     def slow_step(done: int, total: int) -> None:
         events.append(f"step {done}/{total}")
         time.sleep(0.5)  # a step long enough that the listing's thread has begun
 
     job.fit(epochs=2, progress=slow_step)
-    assert events.count("list") == 2  # the job's own (epoch 1's too), then epoch 2's
-    second = [i for i, e in enumerate(events) if e == "list"][1]
+    assert events.count("list train") == 2  # the job's own (epoch 1's too), then epoch 2's
+    second = [i for i, e in enumerate(events) if e == "list train"][1]
     assert second < events.index("step 3/3"), events
 
 
 def test_a_job_fit_long_after_its_listing_lists_again(
-    server: HapiServer, store_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    server: HapiServer, store_dir: Path, tmp_path: Path
 ) -> None:
-    """Past `FRESH_S` the job's listing no longer gives the first epoch's versions: an
-    object rewritten since is a miss."""
-    import hapi.client.pipeline.keys as epoch_keys
-
+    """Past `listing_fresh_s` the job's listing no longer gives the first epoch's versions:
+    an object rewritten since is a miss."""
     _job(server, tmp_path / "c").fit(epochs=1)
-    job = _job(server, tmp_path / "c")
+    job = _job(server, tmp_path / "c", listing_fresh_s=0.5)
     job.manifest("train")  # listed, then the object changes before the job's first epoch
     _rewrite(next(store_dir.glob("train/*/*.jpg")))
-    monkeypatch.setattr(epoch_keys, "FRESH_S", 0.0)
+    time.sleep(0.6)
     first = job.fit(epochs=1).epochs[0]
     assert first.cached == 11 and first.computed == 1
 

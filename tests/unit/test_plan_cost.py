@@ -20,7 +20,6 @@ from hapi.plan import (
     Workload,
     best_share,
     choose_plan,
-    cost,
     estimate,
 )
 
@@ -212,9 +211,7 @@ def test_a_local_chunk_on_a_slow_link_leaves_the_server_waiting() -> None:
     assert estimate(1, 1 / 6, server, trainer, link, roomy).epoch_s == pytest.approx(1.06)
 
 
-def test_a_long_epoch_is_extrapolated_from_its_steady_state(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_long_epoch_is_extrapolated_from_its_steady_state() -> None:
     link = LinkProfile(bytes_per_s=1e6)
     work = Workload(samples=100_000, chunk_size=100)  # 1,000 chunks: past what is run
     # A pure cut by hand: server 0.8 per chunk holds it, after the first chunk's server
@@ -225,9 +222,9 @@ def test_a_long_epoch_is_extrapolated_from_its_steady_state(
     long = [
         estimate(1, f, server_profile(), trainer_profile(), link, work).epoch_s for f in (0.25, 0.3)
     ]
-    monkeypatch.setattr(cost, "_SIMULATED", 10_000)
     every = [
-        estimate(1, f, server_profile(), trainer_profile(), link, work).epoch_s for f in (0.25, 0.3)
+        estimate(1, f, server_profile(), trainer_profile(), link, work, simulated=10_000).epoch_s
+        for f in (0.25, 0.3)
     ]
     assert long == pytest.approx(every, rel=1e-9)
 

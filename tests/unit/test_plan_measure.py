@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from hapi.data import Transforms
+from hapi.data import Transforms, load_sample
 from hapi.graph import ModelGraph, ModelSpec, build_model, trace
 from hapi.plan import (
     LinkProfile,
@@ -29,6 +29,7 @@ from hapi.plan import (
     time_segments,
     wire_bytes,
 )
+from hapi.plan.measure import time_per_item
 
 from ..image_bytes import jpeg
 
@@ -82,12 +83,9 @@ def test_the_optimizers_step_is_measured_on_the_weights_left_as_they_were(
     assert measure_step(resnet18, resnet18.num_cuts) == 0.0
 
 
-def test_every_tail_carries_its_share_of_the_optimizers_step(
-    resnet18: ModelGraph, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_every_tail_carries_its_share_of_the_optimizers_step(resnet18: ModelGraph) -> None:
     # A step per training batch, shared by its samples, from every cut alike.
-    monkeypatch.setattr("hapi.plan.measure.measure_step", lambda *a, **k: 100.0)
-    profile = measure_trainer(resnet18, FREEZE, batch_size=4, repeats=1)
+    profile = measure_trainer(resnet18, FREEZE, batch_size=4, repeats=1, step_s=100.0)
     assert all(25.0 <= t < 26.0 for t in profile.tail_s)
     assert profile.head_s[FREEZE] < 1.0
 
@@ -156,24 +154,21 @@ def test_tails_measured_one_by_one(resnet18: ModelGraph) -> None:
     assert all(p.grad is None for p in resnet18.model.parameters())
 
 
-def test_decoding_is_measured_warm(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_decoding_is_measured_warm() -> None:
     # A job measures decoding first thing in its process, where the codec's first call
     # is slow: that call must not set the plan's decoding cost.
-    import hapi.plan.measure as measure
-
-    real = measure.load_sample
     calls = itertools.count()
+    blobs = [jpeg(40, 40, seed) for seed in range(3)]
 
-    def first_call_slow(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def first_call_slow(i: int, data: bytes) -> None:
         if next(calls) == 0:
             time.sleep(0.3)
-        return real(*args, **kwargs)
+        load_sample(data, f"probe/{i}", Transforms.eval(32), i)
 
-    monkeypatch.setattr(measure, "load_sample", first_call_slow)
-    blobs = [jpeg(40, 40, seed) for seed in range(3)]
-    decode = measure_decode(blobs, Transforms.eval(32))
+    decode = time_per_item(first_call_slow, blobs)
     assert 0 < decode < 0.05  # the cold pass would read 0.1 s a sample
     assert next(calls) == 3 * 4  # one warm pass, then three measured
+    assert 0 < measure_decode(blobs, Transforms.eval(32)) < 0.05
 
 
 def test_server_profile_and_a_plan_from_measurements(resnet18: ModelGraph) -> None:
@@ -242,19 +237,15 @@ def test_a_warm_up_on_a_few_samples_then_the_whole_batch_timed() -> None:
     assert [s.batches for s in segments] == [[2, 8]] * 3
 
 
-def test_decoding_warmed_on_a_few_objects(monkeypatch: pytest.MonkeyPatch) -> None:
-    import hapi.plan.measure as measure
-
-    real = measure.load_sample
+def test_decoding_warmed_on_a_few_objects() -> None:
     calls = itertools.count()
-
-    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
-        next(calls)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(measure, "load_sample", counted)
     blobs = [jpeg(40, 40, seed) for seed in range(5)]
-    assert measure_decode(blobs, Transforms.eval(32), repeats=1, warm=2) > 0
+
+    def counted(i: int, data: bytes) -> None:
+        next(calls)
+        load_sample(data, f"probe/{i}", Transforms.eval(32), i)
+
+    assert time_per_item(counted, blobs, repeats=1, warm=2) > 0
     assert next(calls) == 2 + 5  # two to warm up, then each object once
 
 

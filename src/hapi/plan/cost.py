@@ -36,7 +36,7 @@ after a drop from 1 Gbit/s to 10 Mbit/s 4 of them in flight left 3 MB (2.4 s) to
 before the re-plan's first chunk. One is enough where pushed-down chunks cross between
 them while the next is read."""
 
-_SIMULATED = 256
+SIMULATED_CHUNKS = 256
 """Chunks an epoch is run for one by one; a longer one is extrapolated."""
 _EVERY_SHARE = 64
 """Epochs of up to this many chunks have every whole-chunk share weighed."""
@@ -143,8 +143,10 @@ def estimate(
     workload: Workload,
     *,
     name: str = "",
+    simulated: int = SIMULATED_CHUNKS,
 ) -> Estimate:
-    """Predict the epoch of option (`cut`, `share`).
+    """Predict the epoch of option (`cut`, `share`); an epoch of more than `simulated`
+    chunks is extrapolated from its steady state.
 
     Raises:
         InvalidRequest: a cut the profiles have no entry for, or a share outside [0, 1].
@@ -153,7 +155,7 @@ def estimate(
     lines = _stage_lines(cut, server, trainer, link, workload)
     per_chunk = [a + b * share for a, b in lines]
     m = workload.chunks
-    epoch = _epoch(lines, share, workload)
+    epoch = _epoch(lines, share, workload, simulated)
     mean_bytes = (1 - share) * server.wire_bytes(cut) + share * server.raw_bytes
     return Estimate(
         cut=cut,
@@ -214,13 +216,18 @@ def locals_before(share: float, i: int) -> int:
     return math.ceil(share * i - 1e-9)
 
 
-def _epoch(lines: list[tuple[float, float]], f: float, workload: Workload) -> float:
+def _epoch(
+    lines: list[tuple[float, float]],
+    f: float,
+    workload: Workload,
+    simulated: int = SIMULATED_CHUNKS,
+) -> float:
     """Run the epoch's chunks through the pipeline one by one (see the module's note)."""
     m = workload.chunks
-    # Back to back, the epoch before it is run first; past `_SIMULATED` chunks its fill is
+    # Back to back, the epoch before it is run first; past `simulated` chunks its fill is
     # a small part of it, and the steady-state extrapolation below stands.
-    before = m if workload.back_to_back and 2 * m <= _SIMULATED else 0
-    n = before + min(m, _SIMULATED)
+    before = m if workload.back_to_back and 2 * m <= simulated else 0
+    n = before + min(m, simulated)
     windows = {
         False: workload.prefetch * workload.servers,
         # The loader's: one local chunk in flight per server in a hybrid, K in RAW.

@@ -22,7 +22,7 @@ import itertools
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -41,9 +41,12 @@ __all__ = [
     "measure_tails",
     "measure_trainer",
     "memory_per_sample",
+    "time_per_item",
     "time_segments",
     "wire_bytes",
 ]
+
+T = TypeVar("T")
 
 
 def measure_heads(
@@ -162,6 +165,7 @@ def measure_trainer(
     warm: int | None = None,
     exact: bool = False,
     head_batch: int | None = None,
+    step_s: float | None = None,
 ) -> TrainerProfile:
     """The trainer's profile for cuts 0..freeze.
 
@@ -182,6 +186,7 @@ def measure_trainer(
         warm: samples the heads' warm-up runs on (`time_segments`); None: the batch.
         exact: measure the tail from every cut rather than derive it.
         head_batch: samples the heads are timed on; None: `batch_size`.
+        step_s: seconds of one optimizer step where known; None: measured (`measure_step`).
     """
     heads = measure_heads(
         graph, freeze, batch_size=head_batch or batch_size, repeats=repeats, warm=warm
@@ -192,7 +197,9 @@ def measure_trainer(
     else:
         train = measure_tails(graph, freeze, [freeze], batch_size=batch_size, repeats=repeats)
         tails = tuple(train[freeze] + heads[freeze] - heads[k] for k in range(freeze + 1))
-    step = measure_step(graph, freeze, repeats=repeats) / batch_size
+    if step_s is None:
+        step_s = measure_step(graph, freeze, repeats=repeats)
+    step = step_s / batch_size
     return TrainerProfile(
         decode_s=decode_s,
         head_s=heads,
@@ -226,13 +233,29 @@ def measure_decode(
     if not blobs:
         raise ValueError("measure_decode needs at least one object's bytes")
 
-    def decode_all(few: Sequence[bytes] = blobs) -> None:
-        for i, data in enumerate(few):
-            load_sample(data, f"probe/{i}", transforms, seed + i)
+    def decode(i: int, data: bytes) -> None:
+        load_sample(data, f"probe/{i}", transforms, seed + i)
 
-    # Warm: a job's first decode in its process is not its steady cost.
-    decode_all(blobs if warm is None else blobs[:warm])
-    return _median_time(decode_all, repeats, torch.device("cpu")) / len(blobs)
+    return time_per_item(decode, blobs, repeats=repeats, warm=warm)
+
+
+def time_per_item(
+    fn: Callable[[int, T], object],
+    items: Sequence[T],
+    *,
+    repeats: int = 3,
+    warm: int | None = None,
+) -> float:
+    """Seconds per item of `fn(i, item)` over `items`: the median of `repeats` passes,
+    after one that warms up on the first `warm` items (None: all of them)."""
+
+    def run(few: Sequence[T] = items) -> None:
+        for i, item in enumerate(few):
+            fn(i, item)
+
+    # Warm: a job's first call in its process (a codec's, a transform's) is not its steady cost.
+    run(items if warm is None else items[:warm])
+    return _median_time(run, repeats, torch.device("cpu")) / len(items)
 
 
 def measure_server(

@@ -234,6 +234,7 @@ class JobOptions(TypedDict, total=False):
     on_error: OnError
     cache_dir: str | None
     cache_size: int | str
+    listing_fresh_s: float
     token: str | None
     tls_ca: str | None
     tls_cert: str | None

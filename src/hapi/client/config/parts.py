@@ -271,9 +271,17 @@ class CacheConfig:
     size: int | str = "10GiB"
     """The feature cache's bound on disk (`10GiB`, or bytes): least recently used go.
     Flat keyword: `cache_size`."""
+    listing_fresh_s: float = 60.0
+    """How long the job's own listing of its dataset stands for the first epoch's object
+    versions (the time from building a job to its first epoch: planning, a warm-up).
+    Later, the first epoch lists again, so an object rewritten meanwhile is a miss."""
 
     def __post_init__(self) -> None:
         parse_bytes(self.size)
+        if not 0.0 <= self.listing_fresh_s < float("inf"):
+            raise InvalidRequest(
+                f"listing_fresh_s must be >= 0 seconds, got {self.listing_fresh_s!r}"
+            )
 
     @property
     def max_bytes(self) -> int:

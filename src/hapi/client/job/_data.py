@@ -247,7 +247,7 @@ class JobData:
                 functools.partial(self.list, prefix) if cacheability(transforms).cacheable else None
             ),
             # The first loop over a prefix may take its listing for its first epoch.
-            listed_at=listed_at if fresh else None,
+            fresh_until=listed_at + config.cache.listing_fresh_s if fresh else None,
             listing_s=listing_s,
             batch_size=config.training.batch_size,
             chunk_size=fetch.chunk_size,

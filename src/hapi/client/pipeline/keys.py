@@ -20,12 +20,7 @@ from hapi.data.shard_order import shard_order
 from hapi.errors import HapiError, shorten
 from hapi.wire import SkippedKey
 
-__all__ = ["FRESH_S", "Chunks", "EpochKeys"]
-
-FRESH_S = 60.0
-"""How old the job's listing may be and still give its first epoch's versions: the time a
-job takes from its listing to its first epoch (the plan's measuring, a warm-up), not the
-pause of a user who builds a job and fits it later."""
+__all__ = ["Chunks", "EpochKeys"]
 
 log = logging.getLogger("hapi.client")
 
@@ -46,8 +41,9 @@ class EpochKeys:
         shard: this rank's part of every epoch, with several data-parallel ranks.
         relist: lists the dataset again, for its objects' versions at each epoch's start
             (or just before: `list_ahead`).
-        listed_at: when `manifest` was listed (`time.monotonic`), where its versions may
-            stand for the first epoch (within `FRESH_S`).
+        fresh_until: until when (`time.monotonic`) `manifest`'s versions stand for the
+            first epoch's, without listing again (`CacheConfig.listing_fresh_s`); None:
+            the first epoch lists.
         listing_s: how long a listing takes, where known (else guessed from the size).
     """
 
@@ -61,7 +57,7 @@ class EpochKeys:
         batch_size: int,
         shard: Shard | None = None,
         relist: Callable[[], DatasetManifest] | None = None,
-        listed_at: float | None = None,
+        fresh_until: float | None = None,
         listing_s: float = 0.0,
     ) -> None:
         self.manifest, self.seed, self.shuffle = manifest, seed, shuffle
@@ -74,7 +70,7 @@ class EpochKeys:
         self._orders: dict[int, np.ndarray] = {}
         """Orders computed, by epoch (a million keys take a second to order)."""
         self._listed_at = 0.0
-        self._fresh_until = listed_at + FRESH_S if listed_at is not None else -1.0
+        self._fresh_until = fresh_until if fresh_until is not None else -1.0
 
     def lost(self) -> list[SkippedKey]:
         """The samples damaged shards lost (`DatasetManifest.damaged`): skipped in every

@@ -81,8 +81,8 @@ class FeatureLoader:
             the others are kept in it as they arrive. None: no cache.
         relist: lists the dataset again, for its objects' versions at the start of each
             epoch (tickets carry them, and the cache keys entries by them).
-        listed_at: when `manifest` was listed (`time.monotonic`): within `FRESH_S` of
-            it, the first epoch takes its versions instead of listing again.
+        fresh_until: until when (`time.monotonic`) the first epoch takes `manifest`'s
+            versions instead of listing again; None: it lists.
         listing_s: how long a listing takes, where known: the next epoch's listing
             begins that much before this one ends (`EpochKeys.list_ahead`).
 
@@ -113,7 +113,7 @@ class FeatureLoader:
         fallback: ObjectStore | None = None,
         cache: TrainerCache | None = None,
         relist: Callable[[], DatasetManifest] | None = None,
-        listed_at: float | None = None,
+        fresh_until: float | None = None,
         listing_s: float = 0.0,
     ) -> None:
         for name, value in (
@@ -172,7 +172,7 @@ class FeatureLoader:
             batch_size=batch_size,
             shard=shard,
             relist=relist,
-            listed_at=listed_at,
+            fresh_until=fresh_until,
             listing_s=listing_s,
         )
         """Each epoch's order, chunks and objects' versions."""
