@@ -132,11 +132,6 @@ class MemorySource:
         with self._lock:
             self._sessions.clear()
 
-    @property
-    def open_streams(self) -> int:
-        with self._lock:
-            return len(self._streams)
-
     # ChunkSource -------------------------------------------------------------------------
 
     def open_session(self, request: SessionRequest) -> SessionInfo:
