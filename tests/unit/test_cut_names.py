@@ -11,7 +11,7 @@ from torch import nn
 from torchvision.models import VisionTransformer
 
 from hapi.errors import InvalidCut
-from hapi.graph import INPUT, RAW, ModelGraph, ModelSpec, build_model, trace
+from hapi.graph import INPUT, RAW, Cut, ModelGraph, ModelSpec, build_model, trace
 
 
 def _vit() -> nn.Module:
@@ -162,3 +162,33 @@ def test_the_job_and_the_cli_give_the_same_answer(
     err = " ".join(capsys.readouterr().err.split())
     assert exited.value.code == 1
     assert "'layer5' names no module of ResNet" in err and "'layer4' (cut 12)" in err
+
+
+@pytest.mark.parametrize(
+    ("written", "spec"),
+    [
+        ("auto", "auto"), (" Auto ", "auto"), (None, "freeze"), ("freeze", "freeze"),
+        ("RAW", "raw"), (RAW, RAW), ("input", "input"), ("0", INPUT), ("-1", RAW), (10, 10),
+        ("10", 10), ("layer3", "layer3"), (Cut("layer3"), "layer3"),
+    ],
+)  # fmt: skip
+def test_every_form_a_user_writes_is_one_cut(written: object, spec: object) -> None:
+    assert Cut.of(written).spec == spec  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("written", [True, -2, "", "  ", 1.5, ["layer3"]])
+def test_what_is_no_cut_is_refused_by_name(written: object) -> None:
+    with pytest.raises(InvalidCut, match="cut must be"):
+        Cut.of(written)  # type: ignore[arg-type]
+
+
+def test_a_cut_becomes_the_index_the_wire_carries(resnet18: ModelGraph) -> None:
+    freeze = resnet18.resolve_cut("avgpool+flatten")
+    assert Cut.of(None).index(resnet18, freeze) == freeze
+    assert Cut.of("raw").index(resnet18, freeze) == RAW
+    assert Cut.of("input").index(resnet18, freeze) == INPUT
+    assert Cut.of("layer3").index(resnet18, freeze) == resnet18.resolve_cut("layer3")
+    with pytest.raises(InvalidCut, match="planner"):
+        Cut.of("auto").index(resnet18, freeze)
+    with pytest.raises(InvalidCut, match="past the freeze point"):
+        Cut.of("layer4").index(resnet18, resnet18.resolve_cut("layer3"))

@@ -97,7 +97,9 @@ class _Report(TrainHooks):
 
     def planned(self, job: TransferJob) -> None:
         self.console.print(f"[bold]hapi train[/]: {job.summary()}")
-        plan = job.plan if job.config.planning.cut == "auto" else None
+        from hapi.graph import Cut
+
+        plan = job.plan if Cut.of(job.config.planning.cut).auto else None
         if plan is not None:  # its reason is in the summary: the table of options follows
             self.console.print("\n".join(plan.explain(limit=6).splitlines()[1:]))
 

@@ -221,9 +221,11 @@ def run_train(config: TrainConfig, hooks: TrainHooks = NO_HOOKS) -> TrainResult:
 
 
 def _job_options(config: TrainConfig) -> dict[str, Any]:
+    from hapi.graph import Cut
+
     return {
         "freeze": _int_or_name(config.freeze),
-        "cut": None if config.cut == "freeze" else _int_or_name(config.cut),
+        "cut": Cut.of(config.cut),
         "num_classes": config.num_classes,
         "image_size": config.image_size,
         "batch_size": config.batch_size,

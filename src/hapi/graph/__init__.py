@@ -1,6 +1,7 @@
 """Models as cut points: tracing, heads and tails, and named models."""
 
 from hapi.graph._exported import model_output
+from hapi.graph.cut import Cut, CutLike
 from hapi.graph.cut_point import INPUT, RAW, CutPoint
 from hapi.graph.cut_rows import profile_rows
 from hapi.graph.export import HeadArtifact, export_head, load_head
@@ -12,6 +13,8 @@ from hapi.graph.zoo import ModelSpec, build_model, known_models
 __all__ = [
     "INPUT",
     "RAW",
+    "Cut",
+    "CutLike",
     "CutPoint",
     "HeadArtifact",
     "ModelGraph",

@@ -21,7 +21,7 @@ from hapi.client.config.parts import (
 )
 from hapi.data import StoreOptions, Transforms
 from hapi.errors import InvalidRequest, shorten
-from hapi.graph import ModelSpec
+from hapi.graph import CutLike, ModelSpec
 from hapi.plan.replan import ReplanConfig
 from hapi.repo.storage.refs import is_repo_ref
 from hapi.wire import OnError, WireDtype
@@ -217,7 +217,7 @@ class JobOptions(TypedDict, total=False):
     augment: bool
     views: int | None
     mode: Literal["pushdown", "local"]
-    cut: int | str | None
+    cut: CutLike
     local_share: float
     replan: bool | ReplanConfig
     probe_samples: int

@@ -13,7 +13,7 @@ from typing import Literal
 from hapi._sizes import parse_bytes
 from hapi.data import StoreOptions, Transforms
 from hapi.errors import InvalidRequest, shorten
-from hapi.graph import RAW
+from hapi.graph import Cut, CutLike
 from hapi.plan.replan import ReplanConfig
 from hapi.wire import MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, OnError, WireDtype, check_wire_dtype
 from hapi.wire.codecs import COMPRESSIONS, Compression
@@ -135,9 +135,10 @@ class PlanningConfig:
 
     mode: Literal["pushdown", "local"] = "pushdown"
     """`local`: the baseline, fetching raw bytes and running everything in the trainer."""
-    cut: int | str | None = "auto"
+    cut: CutLike = "auto"
     """Where to split: `auto` (the planner chooses the cut and local share from
-    measurements), a cut index or cut point name, or None for the freeze point."""
+    measurements), a cut index or cut point name, or `freeze` (None) for the freeze
+    point; any form `Cut.of` reads."""
     local_share: float = 0.0
     """With an explicit cut: the share of chunks the trainer computes itself from raw
     bytes (a fixed hybrid plan); `auto` chooses its own."""
@@ -155,17 +156,13 @@ class PlanningConfig:
             raise InvalidRequest(
                 f"mode must be 'pushdown' or 'local', got {shorten(repr(self.mode))}"
             )
-        if isinstance(self.cut, bool) or (isinstance(self.cut, int) and self.cut < RAW):
-            raise InvalidRequest(
-                f"cut must be 'auto', RAW (-1), INPUT (0), a cut point >= 1 or its name, got "
-                f"{self.cut!r}; or None to cut at the freeze point"
-            )
+        cut = Cut.of(self.cut)  # refuses what is no cut
         if not 0.0 <= self.local_share <= 1.0:
             raise InvalidRequest(
                 f"local_share must be in [0, 1] (the share of chunks computed in the trainer), "
                 f"got {self.local_share}"
             )
-        if self.local_share and self.cut == "auto":
+        if self.local_share and cut.auto:
             raise InvalidRequest(
                 "local_share goes with an explicit cut; with cut='auto' the planner chooses it"
             )

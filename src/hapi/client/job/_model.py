@@ -19,7 +19,7 @@ from hapi.client.job.export import UploadedHeads
 from hapi.client.pipeline.distributed import DataParallel
 from hapi.client.pipeline.rebatch import Batch
 from hapi.errors import InvalidRequest
-from hapi.graph import INPUT, RAW, ModelGraph, ModelSpec, build_model, trace
+from hapi.graph import INPUT, Cut, CutLike, ModelGraph, ModelSpec, build_model, trace
 from hapi.plan import choose_freeze
 
 if TYPE_CHECKING:
@@ -109,12 +109,9 @@ class JobModel:
         with TRACING.exclusive():
             return trace(model, input_shape=(3, size, size))
 
-    def resolve_cut(self, cut: int | str) -> int:
+    def resolve_cut(self, cut: CutLike) -> int:
         """A cut's index, checked against the freeze point (RAW passes)."""
-        index = self.graph.resolve_cut(cut)
-        if index != RAW:
-            self.graph.check_cut(index, self.freeze)
-        return index
+        return Cut.of(cut).index(self.graph, self.freeze)
 
     # The step ---------------------------------------------------------------------------
 

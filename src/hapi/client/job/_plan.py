@@ -17,7 +17,7 @@ from hapi.client.planning.measuring import plan_job
 from hapi.client.planning.profile_cache import ProfileCache
 from hapi.client.servers.connection import Connection
 from hapi.client.servers.retry import RetryPolicy
-from hapi.graph import RAW
+from hapi.graph import RAW, Cut
 from hapi.plan import Plan, Workload
 
 __all__ = ["describe", "job_plans", "measure_plan"]
@@ -74,10 +74,10 @@ def fixed_choice(config: JobConfig, model: JobModel) -> tuple[int, float] | None
     planning = config.planning
     if planning.mode == "local":
         return (RAW, 0.0)
-    if planning.cut == "auto":
+    cut = Cut.of(planning.cut)
+    if cut.auto:
         return None
-    cut = model.freeze if planning.cut is None else model.resolve_cut(planning.cut)
-    return (cut, planning.local_share)
+    return (cut.index(model.graph, model.freeze), planning.local_share)
 
 
 def measure_plan(

@@ -22,7 +22,7 @@ from hapi.client.pipeline.distributed import DataParallel
 from hapi.client.pipeline.history import EpochStats, History
 from hapi.client.servers.connection import Connection
 from hapi.data import DatasetManifest
-from hapi.graph import INPUT, RAW, ModelGraph, ModelSpec
+from hapi.graph import INPUT, RAW, CutLike, ModelGraph, ModelSpec
 from hapi.plan import Plan
 
 if TYPE_CHECKING:
@@ -162,7 +162,7 @@ class TransferJob:
         return self.cut == RAW
 
     def set_plan(
-        self, cut: int | str, share: float = 0.0, *, reason: str = "set by the user"
+        self, cut: CutLike, share: float = 0.0, *, reason: str = "set by the user"
     ) -> None:
         """Use (`cut`, `share`) for the chunks not yet issued: mid-epoch (from a progress
         callback) or for the next `fit`. Every key is still delivered once per epoch.
