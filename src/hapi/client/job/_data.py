@@ -23,7 +23,7 @@ from hapi.client.servers.decode import RawDecoder
 from hapi.client.servers.local import LocalCompute
 from hapi.client.servers.retry import RETRYABLE, RetryPolicy
 from hapi.client.servers.sessions import Sessions
-from hapi.client.servers.source import recall_all
+from hapi.client.servers.source import Server, recall_all
 from hapi.data import DatasetManifest, Transforms, open_store
 from hapi.errors import ServerUnavailable
 from hapi.wire import WireDtype
@@ -133,7 +133,7 @@ class JobData:
     def requests(
         self,
         transforms: Transforms,
-        connection: Connection | None = None,
+        connection: Server | None = None,
         codec: Codec | None = None,
     ) -> SessionRequests:
         """The session requests of a loop with `transforms`, on `connection`'s server

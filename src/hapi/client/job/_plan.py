@@ -15,8 +15,8 @@ from hapi.client.planning.codec_choice import job_codecs
 from hapi.client.planning.in_force import PlanInForce
 from hapi.client.planning.measuring import plan_job
 from hapi.client.planning.profile_cache import ProfileCache
-from hapi.client.servers.connection import Connection
 from hapi.client.servers.retry import RetryPolicy
+from hapi.client.servers.source import Server
 from hapi.graph import RAW, Cut
 from hapi.plan import Plan, Workload
 
@@ -85,7 +85,7 @@ def measure_plan(
     model: JobModel,
     data: JobData,
     record: Callable[[Event], None],
-    connection: Connection,
+    connection: Server,
     *,
     aside: bool = False,
 ) -> Plan:

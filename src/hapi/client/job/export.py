@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 
 from hapi._fx_lock import TRACING
-from hapi.client.servers.connection import Connection
+from hapi.client.servers.source import Server
 from hapi.graph import INPUT, ModelGraph, export_head
 from hapi.graph.export import HeadArtifact
 from hapi.wire.messages import UploadedHead
@@ -57,7 +57,7 @@ class UploadedHeads:
                     self._artifacts[cut] = export_head(self.graph, cut)
             return self._artifacts[cut]
 
-    def model(self, cut: int, connection: Connection) -> UploadedHead:
+    def model(self, cut: int, connection: Server) -> UploadedHead:
         """How a session at `cut` on `connection`'s server names the model: the uploaded
         head's digest (uploaded now if the server lacks it), or no head at RAW and INPUT.
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 from hapi.client.config.job import JobConfig
 from hapi.client.job._model import JobModel
-from hapi.client.servers.connection import Connection
+from hapi.client.servers.source import Server
 from hapi.errors import HapiError
 from hapi.graph import RAW
 from hapi.wire import SessionRequest
@@ -29,7 +29,7 @@ not answer is the job's first real call's to report (and retry), not the warm-up
 
 
 @contextlib.contextmanager
-def server_warmed(connection: Connection, request: SessionRequest | None) -> Iterator[None]:
+def server_warmed(connection: Server, request: SessionRequest | None) -> Iterator[None]:
     """Within the block, `connection`'s server loads the model of `request` (a RAW
     session's, opened and closed); None: nothing to warm (a model the server cannot load
     before the trainer has built it: a module of the user's own, a repository version

@@ -14,7 +14,7 @@ from typing import Any
 
 from hapi.client.job.export import UploadedHeads
 from hapi.client.planning.codec_choice import Codec
-from hapi.client.servers.connection import Connection
+from hapi.client.servers.source import Server
 from hapi.data import Transforms
 from hapi.graph import RAW
 from hapi.wire import OnError, SessionRequest
@@ -39,7 +39,7 @@ class SessionRequests:
         exact: run the head per sample.
     """
 
-    connection: Connection
+    connection: Server
     model: dict[str, Any] | str | UploadedHeads
     freeze: int
     transforms: Transforms

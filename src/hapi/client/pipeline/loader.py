@@ -29,7 +29,7 @@ from hapi.client.servers.local import LocalCompute
 from hapi.client.servers.pool import Servers
 from hapi.client.servers.retry import RetryPolicy
 from hapi.client.servers.sessions import Sessions
-from hapi.client.servers.source import ChunkSource, recall_all
+from hapi.client.servers.source import Server, recall_all
 from hapi.data import DatasetManifest, ObjectStore
 from hapi.errors import InvalidRequest
 from hapi.graph import INPUT
@@ -92,7 +92,7 @@ class FeatureLoader:
 
     def __init__(
         self,
-        connection: ChunkSource,
+        connection: Server,
         session: str | Sessions | Sequence[Sessions],
         manifest: DatasetManifest,
         *,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from hapi.client.servers.connection import Connection
+from hapi.client.servers.source import Server
 from hapi.errors import InvalidRequest
 from hapi.plan import LinkProfile
 from hapi.wire import ChunkTicket, SessionStats
@@ -105,7 +105,7 @@ def link_of(raw: Probe) -> LinkProfile:
         return LinkProfile(bytes_per_s=raw.nbytes / max(raw.seconds, 1e-6))
 
 
-def probe_raw(connection: Connection, session: str, keys: list[str], labels: list[int]) -> Probe:
+def probe_raw(connection: Server, session: str, keys: list[str], labels: list[int]) -> Probe:
     """The RAW probe: `RAW_FIRST` of `keys` as one chunk, and the rest as another where the
     first chunk's pace says the link carries them within `RAW_REST_S`."""
     first = probe(connection, session, keys[:RAW_FIRST], labels[:RAW_FIRST])
@@ -116,7 +116,7 @@ def probe_raw(connection: Connection, session: str, keys: list[str], labels: lis
 
 
 def probe(
-    connection: Connection,
+    connection: Server,
     session: str,
     keys: list[str],
     labels: list[int],
@@ -149,9 +149,7 @@ def tickets(
     ]
 
 
-def read_all(
-    connection: Connection, tickets: list[ChunkTicket]
-) -> tuple[int, int, list[bytes], float]:
+def read_all(connection: Server, tickets: list[ChunkTicket]) -> tuple[int, int, list[bytes], float]:
     """The chunks' bytes, samples, raw objects and the server's reported time on them."""
     nbytes = samples = 0
     reported_s = 0.0
@@ -162,7 +160,7 @@ def read_all(
     return nbytes, samples, blobs, reported_s
 
 
-def read(connection: Connection, ticket: ChunkTicket) -> tuple[int, int, list[bytes], float]:
+def read(connection: Server, ticket: ChunkTicket) -> tuple[int, int, list[bytes], float]:
     """The chunk's bytes, samples, raw objects and the server's reported time on it."""
     nbytes = samples = 0
     reported_s = 0.0
@@ -177,7 +175,7 @@ def read(connection: Connection, ticket: ChunkTicket) -> tuple[int, int, list[by
     return nbytes, samples, blobs, reported_s
 
 
-def counters(connection: Connection, session: str) -> tuple[SessionStats, float, float]:
+def counters(connection: Server, session: str) -> tuple[SessionStats, float, float]:
     """The session's counters, the server process's CPU time, and the action's round trip
     (the request latency)."""
     t0 = time.perf_counter()

@@ -14,18 +14,18 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 
-from hapi.client.servers.connection import Connection
 from hapi.client.servers.retry import RETRYABLE, RetryPolicy
+from hapi.client.servers.source import Server
 from hapi.errors import HapiError
 from hapi.plan import Plan
 
 __all__ = ["DeferredPlan", "measure_any", "measure_round"]
 
-Measure = Callable[[Connection], Plan]
+Measure = Callable[[Server], Plan]
 
 
 def measure_any(
-    connections: Sequence[Connection],
+    connections: Sequence[Server],
     measure: Measure,
     policy: RetryPolicy,
     *,
@@ -65,7 +65,7 @@ def measure_any(
     raise AssertionError("unreachable: tenacity returns or raises")
 
 
-def measure_round(connections: Sequence[Connection], measure: Measure) -> Plan:
+def measure_round(connections: Sequence[Server], measure: Measure) -> Plan:
     """`measure` on each server once, in order, until one answers (no backoff).
 
     Raises:
@@ -97,7 +97,7 @@ class DeferredPlan:
 
     def __init__(
         self,
-        connections: Sequence[Connection],
+        connections: Sequence[Server],
         measure: Measure,
         policy: RetryPolicy,
         *,

@@ -10,13 +10,12 @@ import dataclasses
 import torch
 
 from hapi.client.planning._probe_chunks import Probe, raw_s, send_s
-from hapi.client.servers.connection import Connection
+from hapi.client.servers.source import Server
 from hapi.errors import InvalidRequest, OverBudget
 from hapi.graph import INPUT, ModelGraph
 from hapi.plan import ServerProfile, TrainerProfile, memory_per_sample, wire_bytes
-from hapi.wire import ActionType
 from hapi.wire.messages import MAX_PROFILE_BATCH, MAX_PROFILE_KEYS, ProfileRequest
-from hapi.wire.replies import ProfileReply, SessionInfo
+from hapi.wire.replies import SessionInfo
 
 __all__ = ["alike", "calibrated", "device_of", "profile_action", "scaled_trainer"]
 
@@ -78,22 +77,22 @@ def calibrated(
 
 
 def profile_action(
-    connection: Connection, session: str, keys: list[str], batch_size: int
+    connection: Server, session: str, keys: list[str], batch_size: int
 ) -> ServerProfile | None:
     """The server's own profile of the session's cuts, its heads timed in batches of
     `batch_size` (the job's chunks'), or None from a server without the `profile` action."""
-    body = ProfileRequest(
+    request = ProfileRequest(
         session=session,
         keys=keys[:MAX_PROFILE_KEYS],
         batch_size=min(batch_size, MAX_PROFILE_BATCH),
-    ).to_bytes()
+    )
     try:
-        reply = connection.action(ActionType.PROFILE, body)
+        reply = connection.profile(request)
     except OverBudget:  # the job's own samples do not fit: the job's error, said as such
         raise
     except InvalidRequest:  # an older server: "unknown action"
         return None
-    return ServerProfile.from_dict(ProfileReply.model_validate_json(reply).server_profile())
+    return ServerProfile.from_dict(reply.server_profile())
 
 
 def scaled_trainer(

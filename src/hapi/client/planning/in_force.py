@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator, Sequence
 from hapi.client.pipeline.history import Event
 from hapi.client.pipeline.routing import PlanCell, Router, check_choice
 from hapi.client.planning._retry import DeferredPlan, measure_any, measure_round
-from hapi.client.servers.connection import Connection
 from hapi.client.servers.retry import RETRYABLE, RetryPolicy
+from hapi.client.servers.source import Server
 from hapi.errors import HapiError
 from hapi.plan import Plan, ReadMeasurement, ReplanConfig, Replanner, TrainMeasurement
 
@@ -52,9 +52,9 @@ class PlanInForce:
         *,
         fixed: Choice | None,
         default: Choice,
-        connections: Sequence[Connection],
-        measure: Callable[[Connection], Plan],
-        measure_aside: Callable[[Connection], Plan],
+        connections: Sequence[Server],
+        measure: Callable[[Server], Plan],
+        measure_aside: Callable[[Server], Plan],
         retries: RetryPolicy,
         record: Callable[[Event], None],
         shared: Callable[[Callable[[], Plan]], Plan] | None = None,

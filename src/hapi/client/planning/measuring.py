@@ -47,7 +47,7 @@ from hapi.client.planning._server_profile import (
 )
 from hapi.client.planning.codec_choice import Codec, codecs_may_pay, measure_codecs
 from hapi.client.planning.profile_cache import ProfileCache, job_key
-from hapi.client.servers.connection import Connection
+from hapi.client.servers.source import Server
 from hapi.data import DatasetManifest, Transforms
 from hapi.errors import HapiError, InvalidRequest
 from hapi.graph import INPUT, RAW, ModelGraph
@@ -115,7 +115,7 @@ class Planned:
 
 
 def plan_job(
-    connection: Connection,
+    connection: Server,
     request: Callable[[int], SessionRequest],
     manifest: DatasetManifest,
     graph: ModelGraph,
@@ -194,7 +194,7 @@ def plan_job(
 
 
 def _stale_link(
-    connection: Connection,
+    connection: Server,
     request: SessionRequest,
     manifest: DatasetManifest,
     kept: LinkProfile,
@@ -245,7 +245,7 @@ def _covering(
 
 
 def measure_job(
-    connection: Connection,
+    connection: Server,
     request: Callable[[int], SessionRequest],
     manifest: DatasetManifest,
     graph: ModelGraph,
@@ -376,7 +376,7 @@ def _time_trainer(
 
 
 @contextlib.contextmanager
-def _session(connection: Connection, request: SessionRequest) -> Iterator[SessionInfo]:
+def _session(connection: Server, request: SessionRequest) -> Iterator[SessionInfo]:
     """A session for the probes, closed after them if its server still answers.
 
     The close is best effort: a server that died has no session left to close, and a

@@ -1,4 +1,4 @@
-"""The trainer's side of the one server protocol (`ChunkSource`).
+"""The trainer's side of the one server protocol (`Server`).
 
 `Connection` speaks it to a `hapi serve` over Arrow Flight; `MemorySource` implements it in
 memory for tests; `LocalSource` computes chunks on the trainer itself (a hybrid's share).

@@ -25,6 +25,8 @@ from hapi.wire import (
     CloseSessionRequest,
     FeatureBatch,
     ManifestRequest,
+    ProfileReply,
+    ProfileRequest,
     ServerStats,
     SessionInfo,
     SessionRequest,
@@ -310,6 +312,16 @@ class Connection:
     def stats(self) -> ServerStats:
         """The server's settings and counters."""
         return ServerStats.model_validate_json(self.action(ActionType.STATS))
+
+    def profile(self, request: ProfileRequest) -> ProfileReply:
+        """The server's own timing of a session's cuts on some of its keys.
+
+        Raises:
+            InvalidRequest: a server without the `profile` action (an older one).
+            OverBudget: the keys do not fit the server's memory.
+        """
+        reply = self.action(ActionType.PROFILE, request.to_bytes())
+        return ProfileReply.model_validate_json(reply)
 
     def has_head(self, digest: str) -> HasHeadReply:
         """Whether the server holds the uploaded head with `digest`, and its size limit."""

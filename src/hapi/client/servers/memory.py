@@ -1,4 +1,4 @@
-"""`MemorySource`: a `ChunkSource` in memory, for testing code that drives a loader.
+"""`MemorySource`: a `Server` in memory, for testing code that drives a loader or a plan.
 
 It serves a dataset whose features are a function of the key (`feature_of`), in batches,
 with a report at each chunk's end, as a server does - and fails on request: a stream cut
@@ -23,18 +23,21 @@ from dataclasses import dataclass, field
 import torch
 
 from hapi.client.servers.connection import ChunkPart
-from hapi.data import ObjectStore
+from hapi.data import DatasetManifest, ObjectStore
 from hapi.errors import (
     HapiError,
+    InvalidRequest,
     ServerUnavailable,
     SessionNotFound,
     StreamRecalled,
 )
-from hapi.graph import RAW
+from hapi.graph import RAW, HeadArtifact
 from hapi.wire import (
     ChunkReport,
     ChunkTicket,
     FeatureBatch,
+    ProfileReply,
+    ProfileRequest,
     ServerStats,
     SessionInfo,
     SessionRequest,
@@ -110,6 +113,8 @@ class MemorySource:
     """Faults of `fail_next` that failed a stream so far."""
     skip: set[str] = field(default_factory=set)
     """Keys it reports skipped (a corrupt object under `on_error="skip"`)."""
+    heads: dict[str, HeadArtifact] = field(default_factory=dict)
+    """The heads given to it (`put_head`), by digest."""
     _faults: list[_Fault] = field(default_factory=list)
     _sessions: set[str] = field(default_factory=set)
     _streams: list[_MemoryStream] = field(default_factory=list)
@@ -132,7 +137,7 @@ class MemorySource:
         with self._lock:
             self._sessions.clear()
 
-    # ChunkSource -------------------------------------------------------------------------
+    # Server -------------------------------------------------------------------------
 
     def open_session(self, request: SessionRequest) -> SessionInfo:
         if request.cut == RAW and self.store is None:
@@ -189,6 +194,25 @@ class MemorySource:
         for stream in streams:
             stream.recalled = True
         return bool(streams)
+
+    def manifest(self, prefix: str = "") -> DatasetManifest:
+        """The dataset under `prefix` in its store, laid out as a server lists it.
+
+        Raises:
+            InvalidRequest: it was given no store.
+        """
+        if self.store is None:
+            raise InvalidRequest(f"{self.address} has no store to list: give it one")
+        return DatasetManifest.from_store(self.store, prefix)
+
+    def profile(self, request: ProfileRequest) -> ProfileReply:
+        """Refused, as by a server older than the `profile` action: a planner then scales
+        the trainer's own heads."""
+        raise InvalidRequest(f"{self.address} does not know the action 'profile'")
+
+    def put_head(self, artifact: HeadArtifact) -> None:
+        with self._lock:
+            self.heads.setdefault(artifact.digest, artifact)
 
     def stats(self) -> ServerStats:
         with self._lock:

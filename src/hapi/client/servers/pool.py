@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 from hapi.client.servers.sessions import Sessions
-from hapi.client.servers.source import ChunkSource
+from hapi.client.servers.source import Server
 from hapi.data.keys import key_under
 from hapi.errors import InvalidRequest
 
@@ -82,7 +82,7 @@ class Member:
         self._since = now
 
     @property
-    def connection(self) -> ChunkSource:
+    def connection(self) -> Server:
         return self.sessions.connection
 
     @property

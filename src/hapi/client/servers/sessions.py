@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from hapi.client.servers.source import ChunkSource
+from hapi.client.servers.source import Server
 from hapi.errors import HapiError, SessionNotFound
 from hapi.wire import SessionRequest
 
@@ -41,7 +41,7 @@ class Sessions:
 
     def __init__(
         self,
-        connection: ChunkSource,
+        connection: Server,
         request: Callable[[int], SessionRequest] | None,
         *,
         on_reopen: OnReopen | None = None,
@@ -63,7 +63,7 @@ class Sessions:
         self._keeper: threading.Thread | None = None
 
     @classmethod
-    def fixed(cls, connection: ChunkSource, session: str, cut: int) -> Sessions:
+    def fixed(cls, connection: Server, session: str, cut: int) -> Sessions:
         """An already open session at `cut`, which this object neither re-opens nor closes."""
         sessions = cls(connection, None)
         sessions._ids[cut] = session

@@ -1,7 +1,9 @@
-"""`ChunkSource`: what the loader needs of a server - the seam between them.
+"""`Server`: everything the trainer asks of a server, data and control alike - the seam
+between a `hapi serve` and the trainer's loader, planner and job.
 
 The loader opens sessions, streams chunks, keeps sessions alive and recalls the streams in
-flight through this protocol only. `Connection` (Arrow Flight) implements it for a real
+flight; the planner probes, profiles and reads counters; the job lists its dataset and
+uploads its heads - through this protocol only. `Connection` (Arrow Flight) implements it for a real
 server; `hapi.client.servers.memory.MemorySource` implements it in memory, so the loader's
 concurrency (windows, epochs back to back, recall, failover, exactly once) is tested in
 milliseconds without a server. The trainer's own tiers - computing raw bytes locally, and
@@ -15,9 +17,19 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from hapi.client.servers.connection import ChunkPart
-    from hapi.wire import ChunkTicket, ServerStats, SessionInfo, SessionRequest, SessionStats
+    from hapi.data import DatasetManifest
+    from hapi.graph import HeadArtifact
+    from hapi.wire import (
+        ChunkTicket,
+        ProfileReply,
+        ProfileRequest,
+        ServerStats,
+        SessionInfo,
+        SessionRequest,
+        SessionStats,
+    )
 
-__all__ = ["ChunkSource", "PartStream", "recall_all"]
+__all__ = ["PartStream", "Server", "recall_all"]
 
 
 class PartStream(Protocol):
@@ -34,8 +46,8 @@ class PartStream(Protocol):
 
 
 @runtime_checkable
-class ChunkSource(Protocol):
-    """A server of chunks, as the loader sees it."""
+class Server(Protocol):
+    """A server, as the trainer sees it."""
 
     address: str
 
@@ -63,8 +75,25 @@ class ChunkSource(Protocol):
         """The server's counters (per session: for servers that report no time per chunk)."""
         ...
 
+    def manifest(self, prefix: str = "") -> DatasetManifest:
+        """The dataset under `prefix` in the server's store: its keys, labels, versions."""
+        ...
 
-def recall_all(sources: Sequence[ChunkSource]) -> list[str]:
+    def profile(self, request: ProfileRequest) -> ProfileReply:
+        """The server's own timing of a session's cuts on some of its keys.
+
+        Raises:
+            InvalidRequest: a server without the action (an older one): profile it another
+                way. OverBudget: the keys do not fit its memory.
+        """
+        ...
+
+    def put_head(self, artifact: HeadArtifact) -> None:
+        """Give the server a head it does not have (the job's own model), once."""
+        ...
+
+
+def recall_all(sources: Sequence[Server]) -> list[str]:
     """Cut the streams in flight of every source in `sources` (a router's `recall`); the
     addresses of those that had some."""
     return [source.address for source in sources if source.recall()]
