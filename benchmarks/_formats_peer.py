@@ -34,7 +34,7 @@ class _Samples(IterableDataset[tuple[torch.Tensor, int]]):
 
         from hapi.data import Transforms
         from hapi.data.images import load_sample
-        from hapi.data.tar_index import split_wds_name
+        from hapi.data.shards.tar_index import split_wds_name
 
         transforms = Transforms.eval(64)
         shards = S3IterableDataset.from_prefix(

@@ -45,9 +45,10 @@ def write_formats(
     """The photos in each format under its name as prefix; their mean size and the
     requests that indexing each format's shards takes (once per shard version)."""
     from hapi._sizes import parse_bytes
-    from hapi.data import DatasetManifest, import_folder, open_store, shard_indexes, synth_dataset
-    from hapi.data.members import MemberStore
+    from hapi.data import DatasetManifest, import_folder, open_store, synth_dataset
     from hapi.data.shard_writer import import_shards
+    from hapi.data.shards import indexes as shard_indexes
+    from hapi.data.shards.members import MemberStore
 
     source = tmp / "src"
     per_class = args.images // 4

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hapi.data.partial import is_partial_name
+from hapi.data.store.partial import is_partial_name
 from hapi.repo import ModelRepo, RepoConfig
 from hapi.repo.storage.liveness import machine_id
 

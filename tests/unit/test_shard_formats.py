@@ -19,10 +19,10 @@ import pytest
 from hapi.client.pipeline.distributed import Shard
 from hapi.data import DatasetManifest, open_store
 from hapi.data.formats import expand_braces
-from hapi.data.members import MemberStore, split_member
-from hapi.data.parquet_index import ParquetIndex
-from hapi.data.shard_order import shard_order
-from hapi.data.tar_index import LARGE, TarIndex
+from hapi.data.shards.members import MemberStore, split_member
+from hapi.data.shards.order import shard_order
+from hapi.data.shards.parquet_index import ParquetIndex
+from hapi.data.shards.tar_index import LARGE, TarIndex
 from hapi.errors import CorruptObject, InvalidRequest, ObjectNotFound
 
 
@@ -281,10 +281,10 @@ def test_parquet_columns_by_name_hugging_face_class_names_and_row_keys(tmp_path:
     assert store.get(manifest.keys[9]) == _image(9)
     with pytest.raises(InvalidRequest, match="no image column.*pic"):
         DatasetManifest.from_store(store, "d/b.parquet")
-    from hapi.data.formats import parquet_manifest
+    from hapi.data.formats import list_parquet
 
     listed = [(k, v) for k, v in store.list_versions("d") if k == "d/b.parquet"]
-    named = parquet_manifest(store, "d", listed, image_column="pic", label_column="y")
+    named = list_parquet(store, listed, image_column="pic", label_column="y")
     assert named.keys == ("d/b.parquet#row=0&image=pic",) and named.classes == ("cat",)
     assert store.get(named.keys[0]) == _image(50)
     with pytest.raises(InvalidRequest, match="names no Parquet row"):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hapi.data import open_store
-from hapi.data.partial import is_partial_name, sweep_partial
+from hapi.data.store.partial import is_partial_name, sweep_partial
 from hapi.errors import InvalidRequest
 from hapi.repo import ModelRepo, RepoConfig
 

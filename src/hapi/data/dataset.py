@@ -7,8 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from hapi.data.dataset_manifest import DatasetManifest
-from hapi.data.members import split_member
-from hapi.data.shard_damage import ShardDamage
+from hapi.data.shards.damage import ShardDamage
+from hapi.data.shards.members import split_member
 from hapi.data.store import ObjectStore, Store, StoreOptions, open_store
 
 __all__ = ["DatasetSummary", "open_dataset", "summarize"]

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hapi.data.shard_damage import ShardDamage
+from hapi.data.formats import list_layout, names_files
+from hapi.data.shards.damage import ShardDamage
 from hapi.data.store import ObjectStore
 from hapi.errors import InvalidRequest, ObjectNotFound
 
@@ -84,16 +85,21 @@ class DatasetManifest:
 
         Raises:
             ObjectNotFound: no images in that layout under the prefix.
-            InvalidRequest, CorruptObject: shards that cannot be listed (`layout_manifest`).
+            InvalidRequest, CorruptObject: shards that cannot be listed (`list_layout`).
         """
-        from hapi.data.formats import layout_manifest, names_files
-
         prefix = prefix.strip("/")
         # A plain prefix is listed once, for both: the shards under it, else its images.
         listed = None if names_files(prefix) else list(store.list_versions(prefix))
-        sharded = layout_manifest(store, prefix, listed)
+        sharded = list_layout(store, prefix, listed)
         if sharded is not None:
-            return sharded
+            return cls(
+                prefix,
+                sharded.keys,
+                sharded.labels,
+                sharded.classes,
+                sharded.versions,
+                sharded.damaged,
+            )
         base = f"{prefix}/" if prefix else ""
         endings = tuple(e.lower() for e in extensions)
         pairs: list[tuple[str, str]] = []

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hapi.data._upload import Progress, put_all
 from hapi.data.dataset_manifest import IMAGE_EXTENSIONS, DatasetManifest
 from hapi.data.store import ObjectStore
+from hapi.data.store.upload import Progress, put_all
 from hapi.errors import ObjectNotFound
 
 __all__ = ["import_folder", "local_images"]

@@ -1,5 +1,5 @@
 """Datasets in other layouts than an ImageFolder tree: WebDataset shards, Parquet files, a
-key list. `DatasetManifest.from_store` calls `layout_manifest` first; what the dataset
+key list. `DatasetManifest.from_store` calls `list_layout` first; what the dataset
 string names decides the layout, so a job, a server's `manifest` action and `hapi data ls`
 list the same samples from the same string, with no option to agree on:
 
@@ -16,24 +16,23 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple
 
-from hapi.data.members import split_member
-from hapi.data.parquet_index import LABEL_COLUMNS, ParquetIndex, class_names, find_column
-from hapi.data.shard_damage import ShardDamage
+from hapi.data.shards.damage import ShardDamage
+from hapi.data.shards.members import member_store, split_member
+from hapi.data.shards.parquet_index import LABEL_COLUMNS, ParquetIndex, class_names, find_column
+from hapi.data.shards.tar_index import TarIndex
 from hapi.data.store import ObjectStore
-from hapi.data.tar_index import TarIndex
 from hapi.errors import CorruptObject, InvalidRequest, ObjectNotFound, shorten
-
-if TYPE_CHECKING:
-    from hapi.data.dataset_manifest import DatasetManifest
 
 __all__ = [
     "SHARD_EXTENSIONS",
+    "Listing",
     "expand_braces",
-    "layout_manifest",
+    "list_key_list",
+    "list_layout",
+    "list_parquet",
     "names_files",
-    "parquet_manifest",
 ]
 
 SHARD_EXTENSIONS = (".tar", ".parquet")
@@ -60,16 +59,27 @@ def expand_braces(pattern: str) -> list[str]:
     return [x for c in choices for x in expand_braces(head + c + tail)]
 
 
+class Listing(NamedTuple):
+    """A dataset's samples as its layout lists them: the fields of its `DatasetManifest`
+    after the prefix (`DatasetManifest.from_store` makes the manifest of them)."""
+
+    keys: tuple[str, ...]
+    labels: tuple[int, ...]
+    classes: tuple[str, ...]
+    versions: tuple[str, ...] = ()
+    damaged: tuple[ShardDamage, ...] = ()
+
+
 def names_files(prefix: str) -> bool:
     """Whether a dataset string names files (a brace pattern, a shard, a key list), which
-    `layout_manifest` lists itself, rather than a folder."""
+    `list_layout` lists itself, rather than a folder."""
     return "{" in prefix or prefix.lower().endswith((*_LISTS, *SHARD_EXTENSIONS))
 
 
-def layout_manifest(
+def list_layout(
     store: ObjectStore, prefix: str, listing: list[tuple[str, str]] | None = None
-) -> DatasetManifest | None:
-    """The manifest of a sharded or listed dataset named by `prefix`; None for a prefix
+) -> Listing | None:
+    """The samples of a sharded or listed dataset named by `prefix`; None for a prefix
     that holds no shards (an ImageFolder tree, listed by the caller).
 
     `listing`: the prefix's listing, where the caller holds it - listed once, not again
@@ -82,7 +92,7 @@ def layout_manifest(
     """
     lower = prefix.lower()
     if lower.endswith(_LISTS):
-        return key_list_manifest(store, prefix)
+        return list_key_list(store, prefix)
     if "{" in prefix:
         names = expand_braces(prefix)
         folder = _folder(names[0])
@@ -93,12 +103,12 @@ def layout_manifest(
                 f"shard {shorten(repr(missing[0]))} of pattern {prefix!r} is not in store "
                 f"{store.uri} ({len(missing)} of {len(names)} missing): check the pattern"
             )
-        return _shards_manifest(store, prefix, [(n, listed[n]) for n in names])
+        return _list_shards(store, prefix, [(n, listed[n]) for n in names])
     if lower.endswith(SHARD_EXTENSIONS):
         listed = dict(store.list_versions(_folder(prefix)))
         if prefix not in listed:
             raise ObjectNotFound(f"no shard {prefix!r} in store {store.uri}")
-        return _shards_manifest(store, prefix, [(prefix, listed[prefix])])
+        return _list_shards(store, prefix, [(prefix, listed[prefix])])
     base = f"{prefix}/" if prefix else ""
     shards, images = [], 0
     for key, version in store.list_versions(prefix) if listing is None else listing:
@@ -116,17 +126,16 @@ def layout_manifest(
             f"folders ({images}): name the shards alone with a pattern such as "
             f"{base}train-{{000..009}}.tar, or keep them under a prefix of their own"
         )
-    return _shards_manifest(store, prefix, sorted(shards))
+    return _list_shards(store, prefix, sorted(shards))
 
 
-def parquet_manifest(
+def list_parquet(
     store: ObjectStore,
-    prefix: str,
     files: Sequence[tuple[str, str]],
     *,
     image_column: str | None = None,
     label_column: str | None = None,
-) -> DatasetManifest:
+) -> Listing:
     """The rows of Parquet `files` ((key, version), in order) as samples.
 
     Args:
@@ -134,10 +143,7 @@ def parquet_manifest(
             by name (`IMAGE_COLUMNS`) when None. Keys then say it (`#row=N&image=COL`).
         label_column: the label column; found by name (`LABEL_COLUMNS`) when None.
     """
-    from hapi.data.dataset_manifest import DatasetManifest
-    from hapi.data.members import member_store
-
-    indexes = member_store(store).indexes  # type: ignore[attr-defined]
+    indexes = member_store(store).indexes
 
     def index(name: str, version: str) -> ParquetIndex | CorruptObject:
         try:
@@ -172,14 +178,10 @@ def parquet_manifest(
     if not keys and damaged:
         raise damaged[0].error()
     classes, ids = _classes(labels, keys, names)
-    return DatasetManifest(
-        prefix, tuple(keys), tuple(ids), classes, tuple(versions), tuple(damaged)
-    )
+    return Listing(tuple(keys), tuple(ids), classes, tuple(versions), tuple(damaged))
 
 
-def _shards_manifest(
-    store: ObjectStore, prefix: str, files: list[tuple[str, str]]
-) -> DatasetManifest:
+def _list_shards(store: ObjectStore, prefix: str, files: list[tuple[str, str]]) -> Listing:
     kinds = {f.lower().rsplit(".", 1)[-1] for f, _ in files}
     if len(kinds) > 1:
         raise InvalidRequest(
@@ -187,11 +189,8 @@ def _shards_manifest(
             "prefix of its own, or name one kind with a pattern"
         )
     if kinds == {"parquet"}:
-        return parquet_manifest(store, prefix, files)
-    from hapi.data.dataset_manifest import DatasetManifest
-    from hapi.data.members import member_store
-
-    indexes = member_store(store).indexes  # type: ignore[attr-defined]
+        return list_parquet(store, files)
+    indexes = member_store(store).indexes
     built = _all(lambda f: indexes.get(f[0], version=f[1]), files)
     keys, labels, versions = [], [], []
     damaged: list[ShardDamage] = []
@@ -213,16 +212,12 @@ def _shards_manifest(
             raise damaged[0].error()
         raise ObjectNotFound(f"no samples in the shards of {prefix!r} in store {store.uri}")
     classes, ids = _classes(labels, keys, _class_file(store, _folder(files[0][0])))
-    return DatasetManifest(
-        prefix, tuple(keys), tuple(ids), classes, tuple(versions), tuple(damaged)
-    )
+    return Listing(tuple(keys), tuple(ids), classes, tuple(versions), tuple(damaged))
 
 
-def key_list_manifest(store: ObjectStore, name: str) -> DatasetManifest:
+def list_key_list(store: ObjectStore, name: str) -> Listing:
     """A CSV (`key,label`, a header optional) or JSONL (`{"key": .., "label": ..}`) list;
     keys are relative to the list's folder and may name shard members."""
-    from hapi.data.dataset_manifest import DatasetManifest
-
     text = store.get(name).decode("utf-8-sig")
     rows: list[tuple[str, Any]] = []
     try:
@@ -255,7 +250,7 @@ def key_list_manifest(store: ObjectStore, name: str) -> DatasetManifest:
             )
         versions.append(version)
     classes, ids = _classes([v for _, v in rows], keys, None)
-    return DatasetManifest(name, tuple(keys), tuple(ids), classes, tuple(versions))
+    return Listing(tuple(keys), tuple(ids), classes, tuple(versions))
 
 
 def _classes(

@@ -7,7 +7,7 @@ import io
 import torch
 from PIL import Image
 
-from hapi.data.blob import Blob
+from hapi.data.shards.blob import Blob
 from hapi.data.transforms import Transforms
 from hapi.errors import CorruptObject, shorten
 

@@ -16,9 +16,9 @@ from typing import Protocol, cast
 
 import torch
 
-from hapi.data.blob import Blob
 from hapi.data.images import load_sample
-from hapi.data.members import MemberStore, split_member
+from hapi.data.shards.blob import Blob
+from hapi.data.shards.members import MemberStore, split_member
 from hapi.data.store import ObjectStore
 from hapi.data.transforms import Transforms
 from hapi.errors import HapiError

@@ -16,9 +16,9 @@ from collections.abc import Iterator
 import numpy as np
 from PIL import Image
 
-from hapi.data._upload import Progress, put_all
 from hapi.data.dataset_manifest import DatasetManifest
 from hapi.data.store import ObjectStore
+from hapi.data.store.upload import Progress, put_all
 from hapi.errors import InvalidRequest
 
 __all__ = ["class_name", "synth_dataset", "synth_image"]

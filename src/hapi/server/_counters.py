@@ -6,7 +6,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 
-from hapi.data.blob import Blob
+from hapi.data.shards.blob import Blob
 from hapi.wire import SessionStats
 
 __all__ = ["SessionCounters", "TimedReads"]

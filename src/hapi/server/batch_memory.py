@@ -40,8 +40,8 @@ from torch.utils._pytree import tree_flatten
 
 from hapi._fx_lock import TRACING
 from hapi.data import Transforms, decoded_size
-from hapi.data.blob import Blob
 from hapi.data.ops import CenterCrop, HorizontalFlip, Normalize, RandomResizedCrop, Resize
+from hapi.data.shards.blob import Blob
 from hapi.errors import OverBudget, shorten
 from hapi.graph import RAW, ModelGraph
 from hapi.server.budget import MemoryModel

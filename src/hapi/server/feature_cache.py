@@ -31,9 +31,9 @@ import torch
 from torch import nn
 
 from hapi.cache import FeatureCache, FeatureSpace, entry_name
-from hapi.data.blob import Blob
-from hapi.data.members import split_member
 from hapi.data.samples import read_objects
+from hapi.data.shards.blob import Blob
+from hapi.data.shards.members import split_member
 from hapi.graph import INPUT, RAW
 from hapi.graph.content import module_digest
 from hapi.server._counters import TimedReads

@@ -15,7 +15,6 @@ from torch import nn
 
 from hapi._fx_lock import TRACING
 from hapi.data import ObjectStore, Transforms
-from hapi.data.blob import Blob
 from hapi.data.samples import (
     Sample,
     Skipped,
@@ -23,6 +22,7 @@ from hapi.data.samples import (
     read_objects,
     skip_or_raise,
 )
+from hapi.data.shards.blob import Blob
 from hapi.errors import InvalidRequest, OverBudget, shorten
 from hapi.graph import RAW
 from hapi.server._counters import SessionCounters, TimedReads

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hapi.data.keys import key_under
+from hapi.data.store.keys import key_under
 from hapi.errors import Forbidden, InvalidRequest, Unauthenticated, shorten
 
 __all__ = ["Tenant", "Tenants", "reload_on_sighup"]

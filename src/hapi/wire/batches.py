@@ -85,7 +85,7 @@ def binary_array(parts: Sequence[bytes | memoryview]) -> pa.BinaryArray:
 
     `pa.array` grows its buffer as it goes (copying what it holds at each doubling) and
     cost a RAW batch's server twice this per sample; a part may be a view (a shard's
-    member, `hapi.data.blob`), copied here and nowhere else.
+    member, `hapi.data.shards.blob`), copied here and nowhere else.
     """
     sizes = np.fromiter((len(p) for p in parts), np.int64, len(parts))
     offsets = np.zeros(len(parts) + 1, np.int64)

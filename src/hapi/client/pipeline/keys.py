@@ -16,7 +16,7 @@ import numpy as np
 
 from hapi.client.pipeline.distributed import Shard
 from hapi.data import DatasetManifest
-from hapi.data.shard_order import shard_order
+from hapi.data.shards.order import shard_order
 from hapi.errors import HapiError, shorten
 from hapi.wire import SkippedKey
 
@@ -125,7 +125,7 @@ class EpochKeys:
         """The epoch's chunks in order from place `start` of its order on. Chunks keep the
         epoch's boundaries (multiples of `chunk_size`): a resumed epoch's first chunk is
         the rest of the one it stopped in, so a sharded dataset's chunks stay one block of
-        one shard each (`hapi.data.shard_order`)."""
+        one shard each (`hapi.data.shards.order`)."""
         order = self.order(epoch)
         keys, labels = self.manifest.keys, self.manifest.labels
         size = self.chunk_size

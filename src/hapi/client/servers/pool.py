@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from hapi.client.servers.sessions import Sessions
 from hapi.client.servers.source import Server
-from hapi.data.keys import key_under
+from hapi.data.store.keys import key_under
 from hapi.errors import InvalidRequest
 
 __all__ = ["LOCAL_GAIN", "MAX_COOLDOWN_S", "Member", "Servers"]

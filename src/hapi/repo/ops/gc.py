@@ -8,7 +8,7 @@ push lock exists (`locks.py`), so no push can be between "found blob X already s
 names (left by pushes that died between the two writes) are removed too, once older than
 the lock TTL. A blob is referenced when a kept manifest names it or a referenced delta
 blob is a delta against it (`markers.py`), however deep the chain. On a local directory
-store, the staging files of writes cut short (`hapi.data.partial`), which no listing shows,
+store, the staging files of writes cut short (`hapi.data.store.partial`), which no listing shows,
 are removed too.
 """
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from hapi.data.partial import sweep_partial
 from hapi.data.store import ObjectStore
+from hapi.data.store.partial import sweep_partial
 from hapi.errors import ObjectNotFound
 from hapi.repo.index.sync import fetch_manifests
 from hapi.repo.storage.layout import (

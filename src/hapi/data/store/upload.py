@@ -6,7 +6,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from hapi.data.store import ObjectStore
+from hapi.data.store.object_store import ObjectStore
 
 __all__ = ["Progress", "put_all"]
 

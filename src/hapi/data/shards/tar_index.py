@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hapi.data.shard_damage import ShardDamage
+from hapi.data.shards.damage import ShardDamage
 from hapi.errors import CorruptObject, shorten
 
 __all__ = ["IMAGE_EXTS", "TarIndex", "TarMember", "split_wds_name"]

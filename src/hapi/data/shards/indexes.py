@@ -17,8 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from hapi.data.parquet_index import ParquetIndex
-from hapi.data.tar_index import WINDOW, TarIndex
+from hapi.data.shards.parquet_index import ParquetIndex
+from hapi.data.shards.tar_index import WINDOW, TarIndex
 from hapi.errors import HapiError, ObjectNotFound
 
 __all__ = ["ShardIndex", "ShardIndexes", "StaleIndex", "index_dir"]

@@ -7,9 +7,9 @@ One string keeps every guarantee keys give: a chunk names its samples, a feature
 keys them with the shard's version, a tenant's prefixes and a store's root hold them.
 
 Reading a member is one ranged request, found through the shard's index (built once per
-shard version, `hapi.data.shard_indexes`); `read` reads many samples with one request per
+shard version, `hapi.data.shards.indexes`); `read` reads many samples with one request per
 run of members that lie close together in one shard, each member a view of its
-response (`hapi.data.blob`).
+response (`hapi.data.shards.blob`).
 """
 
 from __future__ import annotations
@@ -21,11 +21,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from hapi.data.blob import Blob
-from hapi.data.parquet_index import ParquetIndex
-from hapi.data.shard_indexes import ShardIndexes, StaleIndex
-from hapi.data.store import ObjectStore
-from hapi.data.tar_index import TarIndex
+from hapi.data.shards.blob import Blob
+from hapi.data.shards.indexes import ShardIndexes, StaleIndex
+from hapi.data.shards.parquet_index import ParquetIndex
+from hapi.data.shards.tar_index import TarIndex
 from hapi.errors import CorruptObject, InvalidRequest, ObjectNotFound, shorten
 
 __all__ = ["MemberStore", "member_store", "split_member"]
@@ -348,11 +347,12 @@ class MemberStore:
         return rows
 
 
-def member_store(store: ObjectStore) -> ObjectStore:
-    """`store` able to read member keys (itself if it already is)."""
+def member_store(store: Any) -> MemberStore:
+    """`store` (an `ObjectStore` with ranged reads) able to read member keys: itself if it
+    already is, else a `MemberStore` over it."""
     if isinstance(store, MemberStore):
         return store
-    return MemberStore(store)  # type: ignore[return-value]
+    return MemberStore(store)
 
 
 def _missing(key: str) -> ObjectNotFound:

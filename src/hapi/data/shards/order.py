@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hapi.data.members import split_member
+from hapi.data.shards.members import split_member
 
 __all__ = ["SHARDS_MIXED", "shard_order"]
 

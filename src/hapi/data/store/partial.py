@@ -16,8 +16,9 @@ import os
 import stat
 import time
 
-from hapi.data._store_location import _check_key, _is_local, _local_path, _resolves_under
-from hapi.data.store import ObjectStore, Store
+from hapi.data.store._location import check_key, local_path, resolves_under
+from hapi.data.store.object_store import ObjectStore
+from hapi.data.store.store import Store
 from hapi.errors import InvalidRequest
 
 __all__ = ["is_partial_name", "sweep_partial"]
@@ -53,14 +54,14 @@ def sweep_partial(
     """
     if older_than_s < 0:
         raise InvalidRequest(f"older_than_s must be >= 0 seconds, got {older_than_s}")
-    if not isinstance(store, Store) or not _is_local(store.uri):
+    if not isinstance(store, Store) or not store.scheme.local:
         return 0
     prefix = prefix.strip("/")
-    root = os.path.realpath(_local_path(store.uri)).rstrip(os.sep) + os.sep
+    root = os.path.realpath(local_path(store.uri)).rstrip(os.sep) + os.sep
     if prefix:
-        _check_key(prefix)
+        check_key(prefix)
         # A prefix linked out of the root is refused to every reader; never sweep there.
-        if not _resolves_under(root, prefix):
+        if not resolves_under(root, prefix):
             return 0
     top = os.path.join(root, *prefix.split("/")) if prefix else root
     cutoff = time.time() - older_than_s

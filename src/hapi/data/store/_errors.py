@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 
-from hapi.data._cloud import credential_hint
 from hapi.errors import InvalidRequest, ObjectNotFound, StoreUnavailable, shorten
 
 __all__ = ["connect_failure", "is_not_implemented", "translate"]
@@ -30,8 +29,9 @@ def connect_failure(exc: Exception) -> str | None:
     return "timed out" if "kind: Timeout" in text else "cannot connect"
 
 
-def translate(exc: Exception, uri: str, key: str) -> Exception:
-    """Map obstore's exceptions onto hapi's errors, naming the key and the store."""
+def translate(exc: Exception, uri: str, key: str, credentials: str) -> Exception:
+    """Map obstore's exceptions onto hapi's errors, naming the key and the store;
+    `credentials` says where the store's are set (`Scheme.credentials`)."""
     from obstore.exceptions import (
         InvalidPathError,
         NotFoundError,
@@ -56,7 +56,7 @@ def translate(exc: Exception, uri: str, key: str) -> Exception:
     if isinstance(exc, PermissionDeniedError | UnauthenticatedError) or code in _AUTH_CODES:
         return StoreUnavailable(
             f"store {uri} refused the request for {what} ({code or 'access denied'}): "
-            f"check {credential_hint(uri)}"
+            f"check {credentials}"
         )
     reason = connect_failure(exc)
     if reason is not None:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hapi.data.blob import Blob
+from hapi.data.shards.blob import Blob
 from hapi.errors import CorruptObject, InvalidRequest, shorten
 
 __all__ = ["IMAGE_COLUMNS", "LABEL_COLUMNS", "ParquetIndex", "RowGroup"]

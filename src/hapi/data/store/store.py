@@ -14,124 +14,25 @@ import threading
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
-from urllib.parse import urlparse
+from typing import Any
 
-from hapi.data._cloud import endpoint_hint, is_cloud, is_remote
-from hapi.data._store_errors import connect_failure, is_not_implemented, translate
-from hapi.data._store_location import (
-    _check_endpoint,
-    _check_key,
-    _check_not_forked,
-    _escapes,
-    _is_local,
-    _is_windows_drive,
-    _local_dir,
-    _local_path,
-    _make_client,
-    _resolves_under,
+from hapi.data.shards.members import MemberStore, split_member
+from hapi.data.store._errors import connect_failure, is_not_implemented, translate
+from hapi.data.store._location import (
+    check_key,
+    check_not_forked,
+    escapes,
+    local_dir,
+    local_path,
+    resolves_under,
 )
-from hapi.errors import Forbidden, InvalidRequest, ObjectNotFound, StoreUnavailable, shorten
+from hapi.data.store.options import StoreOptions
+from hapi.data.store.schemes import scheme_of
+from hapi.errors import Forbidden, ObjectNotFound, StoreUnavailable, shorten
 
-if TYPE_CHECKING:
-    from hapi.data.members import MemberStore
-
-__all__ = ["ObjectStore", "Store", "StoreOptions", "object_version", "open_store"]
+__all__ = ["Store", "object_version", "open_store"]
 
 log = logging.getLogger("hapi.data")
-
-
-@runtime_checkable
-class ObjectStore(Protocol):
-    """What hapi needs of an object store.
-
-    Keys are `/`-separated strings relative to the store's root (never a leading `/`), because
-    the same key must name the same object on a local directory and in an S3 bucket. Values
-    are whole `bytes`: hapi's objects (images, tensor blobs, manifests) are read whole.
-    """
-
-    uri: str
-
-    def get(self, key: str) -> bytes:
-        """Return the object's bytes; raise `ObjectNotFound` if there is none."""
-        ...
-
-    def get_many(self, keys: Iterable[str]) -> list[bytes | BaseException]:
-        """Read many objects concurrently; a failed read gives its exception in place."""
-        ...
-
-    def put(self, key: str, data: bytes) -> None:
-        """Write (or overwrite) an object atomically: readers see the old or the new bytes."""
-        ...
-
-    def put_if_absent(self, key: str, data: bytes) -> bool:
-        """Write unless the key exists; return whether this call wrote it."""
-        ...
-
-    def exists(self, key: str) -> bool:
-        """Whether an object is stored under `key`."""
-        ...
-
-    def size(self, key: str) -> int:
-        """The object's size in bytes; raise `ObjectNotFound` if there is none."""
-        ...
-
-    def list(self, prefix: str = "") -> Iterator[str]:
-        """Yield every key under `prefix` (recursively), in no particular order."""
-        ...
-
-    def list_versions(self, prefix: str = "") -> Iterator[tuple[str, str]]:
-        """Yield `(key, version)` for every key under `prefix`: the version changes
-        whenever the object does (its ETag, size and modification time, digested)."""
-        ...
-
-    def delete(self, key: str) -> None:
-        """Remove an object; removing a missing object is not an error."""
-        ...
-
-
-@dataclass(frozen=True, kw_only=True)
-class StoreOptions:
-    """How to reach an S3, GCS or Azure store. Unset fields fall back to each cloud's usual
-    environment variables (AWS_*, GOOGLE_*, AZURE_STORAGE_*)."""
-
-    endpoint: str | None = None
-    """Endpoint URL: S3's (default `AWS_ENDPOINT_URL`), GCS's base URL, or Azure's blob
-    endpoint (`http://127.0.0.1:10000/devstoreaccount1` for Azurite)."""
-    access_key_id: str | None = None
-    """Access key; default `AWS_ACCESS_KEY_ID`."""
-    secret_access_key: str | None = None
-    """Secret key; default `AWS_SECRET_ACCESS_KEY`."""
-    region: str | None = None
-    """Region; default `AWS_REGION`, else `us-east-1`."""
-    service_account: str | None = None
-    """GCS: path of a service account JSON key; default `GOOGLE_SERVICE_ACCOUNT`."""
-    account_name: str | None = None
-    """Azure: storage account; default `AZURE_STORAGE_ACCOUNT_NAME`."""
-    account_key: str | None = None
-    """Azure: the account's key; default `AZURE_STORAGE_ACCOUNT_KEY` (or a SAS token)."""
-    concurrency: int = 16
-    """Reads in flight at once in `get_many`."""
-    connect_timeout: float = 5.0
-    """Seconds to wait for a connection to a remote store."""
-    request_timeout: float = 120.0
-    """Seconds one request may take, body included: room for large tensor blobs."""
-    max_retries: int = 2
-    """Retries of a failed request. Few and fast, so a store that is down is reported
-    in well under a second instead of after minutes of backoff."""
-
-    def __post_init__(self) -> None:
-        if self.endpoint is not None:
-            _check_endpoint(self.endpoint, "endpoint")
-        if self.concurrency < 1:
-            raise InvalidRequest(f"concurrency must be >= 1, got {self.concurrency}")
-        if not (self.connect_timeout > 0 and self.request_timeout > 0):
-            raise InvalidRequest(
-                f"timeouts must be positive seconds, got connect_timeout={self.connect_timeout}"
-                f", request_timeout={self.request_timeout}"
-            )
-        if self.max_retries < 0:
-            raise InvalidRequest(f"max_retries must be >= 0, got {self.max_retries}")
 
 
 def open_store(
@@ -151,8 +52,8 @@ def open_store(
         ObjectNotFound: `create` is False and the local directory does not exist.
     """
     store = Store(str(uri), options or StoreOptions(), create=create)
-    if not create and _is_local(store.uri):
-        _local_dir(store.uri, create=False)  # report a missing directory now, not on first use
+    if not create and store.scheme.local:
+        local_dir(store.uri, create=False)  # report a missing directory now, not on first use
     return store
 
 
@@ -182,14 +83,8 @@ class Store:
         self._root: str | None = None
         """A local store's real root path, ending in a separator; None until needed."""
         self._members: MemberStore | None = None
-        scheme = urlparse(self.uri).scheme
-        known = scheme in ("", "file", "memory", "s3") or is_cloud(self.uri)
-        if not known and not _is_windows_drive(self.uri):
-            raise InvalidRequest(
-                f"unknown store URI scheme {shorten(repr(scheme))} in {shorten(repr(self.uri))}: "
-                "use a directory path, file:///dir, s3://bucket/prefix, gs://bucket/prefix, "
-                "az://container/prefix or memory://"
-            )
+        self.scheme = scheme_of(self.uri)
+        """The kind of store the URI names (`hapi.data.store.schemes`)."""
 
     def __getstate__(self) -> dict[str, Any]:
         return {"uri": self.uri, "options": self.options, "create": self.create}
@@ -210,11 +105,11 @@ class Store:
         Raises:
             StoreUnavailable: this process was forked from one that had used a store.
         """
-        _check_not_forked(self.uri)
+        check_not_forked(self.uri)
         if self._client is None:
             with self._lock:
                 if self._client is None:
-                    self._client = _make_client(self.uri, self.options, create=self.create)
+                    self._client = self.scheme.client(self.uri, self.options, self.create)
         return self._client
 
     def check(self, timeout: float = 5.0) -> None:
@@ -231,11 +126,11 @@ class Store:
         """
         import obstore
 
-        _check_not_forked(self.uri)
-        if _is_local(self.uri):
-            _local_dir(self.uri, create=self.create)
+        check_not_forked(self.uri)
+        if self.scheme.local:
+            local_dir(self.uri, create=self.create)
             return
-        if not is_remote(self.uri):
+        if not self.scheme.remote:
             return  # memory: always there
         quick = replace(
             self.options,
@@ -244,13 +139,14 @@ class Store:
             max_retries=0,
         )
         try:
-            next(iter(obstore.list(_make_client(self.uri, quick), chunk_size=1)), None)
+            client = self.scheme.client(self.uri, quick, True)
+            next(iter(obstore.list(client, chunk_size=1)), None)
         except Exception as exc:
             reason = connect_failure(exc)
             if reason is None:
-                raise translate(exc, self.uri, "") from exc
+                raise self._error(exc, "") from exc
             raise StoreUnavailable(
-                f"cannot reach store {self.uri} at {endpoint_hint(self.uri, self.options)} "
+                f"cannot reach store {self.uri} at {self.scheme.endpoint(self.options)} "
                 f"({reason}): check that the store is running, the endpoint and the network"
             ) from None
 
@@ -263,7 +159,7 @@ class Store:
         try:
             return bytes(obstore.get(self.client, key).bytes())
         except Exception as exc:
-            raise translate(exc, self.uri, key) from exc
+            raise self._error(exc, key) from exc
 
     def get_versioned(self, key: str) -> tuple[bytes, str]:
         """The object's bytes and the version of exactly those bytes (`object_version` of
@@ -282,7 +178,7 @@ class Store:
             result = obstore.get(self.client, key)
             return bytes(result.bytes()), object_version(result.meta)
         except Exception as exc:
-            raise translate(exc, self.uri, key) from exc
+            raise self._error(exc, key) from exc
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         """Bytes `start` to `end` (exclusive; clamped to the object's end) of the object, in
@@ -313,16 +209,14 @@ class Store:
             data = memoryview(result.bytes())
             return data, object_version(result.meta), int(result.meta["size"])
         except Exception as exc:
-            raise translate(exc, self.uri, key) from exc
+            raise self._error(exc, key) from exc
 
     @property
     def members(self) -> MemberStore:
-        """This store reading shard members (`hapi.data.members`): `get`, `get_versioned`
-        and `get_many` of a member key (`shards/a.tar#KEY`) go through it, so every
-        reader of samples (a server's chunks and profiles, its feature cache, a trainer's
-        fallback) reads a shard's members as it reads objects."""
-        from hapi.data.members import MemberStore
-
+        """This store reading shard members (`hapi.data.shards.members`): `get`,
+        `get_versioned` and `get_many` of a member key (`shards/a.tar#KEY`) go through it,
+        so every reader of samples (a server's chunks and profiles, its feature cache, a
+        trainer's fallback) reads a shard's members as it reads objects."""
         if self._members is None:
             with self._lock:
                 if self._members is None:
@@ -352,7 +246,7 @@ class Store:
         try:
             obstore.put(self.client, key, data)
         except Exception as exc:
-            raise translate(exc, self.uri, key) from exc
+            raise self._error(exc, key) from exc
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         import obstore
@@ -372,7 +266,7 @@ class Store:
                     return False
                 self.put(key, data)
                 return True
-            raise translate(exc, self.uri, key) from exc
+            raise self._error(exc, key) from exc
 
     def exists(self, key: str) -> bool:
         try:
@@ -388,7 +282,7 @@ class Store:
         try:
             return int(obstore.head(self.client, key)["size"])
         except Exception as exc:
-            raise translate(exc, self.uri, key) from exc
+            raise self._error(exc, key) from exc
 
     def list(self, prefix: str = "") -> Iterator[str]:
         for key, _ in self.list_versions(prefix):
@@ -399,7 +293,7 @@ class Store:
 
         prefix = prefix.strip("/")
         if prefix:
-            _check_key(prefix)
+            check_key(prefix)
         root = self._real_root()
         # Whether each directory listed stays inside the root, resolved once per directory.
         inside: dict[str, frozenset[str] | None] = {}
@@ -408,12 +302,12 @@ class Store:
             for page in obstore.list(self.client, prefix or None):
                 for meta in page:
                     key = str(meta["path"])
-                    if root is not None and _escapes(root, key, inside):
+                    if root is not None and escapes(root, key, inside):
                         escaped.append(key)
                         continue
                     yield key, object_version(meta)
         except Exception as exc:
-            raise translate(exc, self.uri, prefix) from exc
+            raise self._error(exc, prefix) from exc
         if escaped:
             # Left out, not refused: one stray link must not hide a whole dataset, and
             # reading such a key is refused anyway (with the reason).
@@ -431,7 +325,7 @@ class Store:
         try:
             obstore.delete(self.client, key)
         except Exception as exc:
-            err = translate(exc, self.uri, key)
+            err = self._error(exc, key)
             if not isinstance(err, ObjectNotFound):
                 raise err from exc
 
@@ -458,10 +352,14 @@ class Store:
     def _real_root(self) -> str | None:
         """A local store's root as `os.path.realpath` gives it, with a trailing separator;
         None for other stores."""
-        if self._root is None and _is_local(self.uri):
-            root = os.path.realpath(_local_path(self.uri))
+        if self._root is None and self.scheme.local:
+            root = os.path.realpath(local_path(self.uri))
             self._root = root.rstrip(os.sep) + os.sep
         return self._root
+
+    def _error(self, exc: Exception, key: str) -> Exception:
+        """obstore's exception `exc` on `key` as hapi's error (`translate`)."""
+        return translate(exc, self.uri, key, self.scheme.credentials)
 
     def _inside(self, key: str) -> str:
         """`key` if it is well formed and, in a local store, its path stays in the root.
@@ -470,9 +368,9 @@ class Store:
             InvalidRequest: the key is malformed.
             Forbidden: the key's path leads outside the store's root through a symlink.
         """
-        _check_key(key)
+        check_key(key)
         root = self._real_root()
-        if root is not None and not _resolves_under(root, key):
+        if root is not None and not resolves_under(root, key):
             # The target is not named: it would tell a client about the server's files.
             raise Forbidden(
                 f"object key {shorten(repr(key))} of store {self.uri} is refused: symlink "
@@ -484,8 +382,6 @@ class Store:
 
 
 def _names_member(key: str) -> bool:
-    from hapi.data.members import split_member
-
     return "#" in key and split_member(key) is not None
 
 
