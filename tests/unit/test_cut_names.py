@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torchvision.models import VisionTransformer
 
-from hapi.errors import InvalidCut
+from hapi.errors import InvalidCut, InvalidRequest
 from hapi.graph import INPUT, RAW, Cut, ModelGraph, ModelSpec, build_model, trace
 
 
@@ -178,7 +178,7 @@ def test_every_form_a_user_writes_is_one_cut(written: object, spec: object) -> N
 
 @pytest.mark.parametrize("written", [True, -2, "", "  ", 1.5, ["layer3"]])
 def test_what_is_no_cut_is_refused_by_name(written: object) -> None:
-    with pytest.raises(InvalidCut, match="cut must be"):
+    with pytest.raises(InvalidRequest, match="cut must be"):
         Cut.of(written)  # type: ignore[arg-type]
 
 

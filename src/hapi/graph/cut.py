@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hapi.errors import InvalidCut
+from hapi.errors import InvalidCut, InvalidRequest
 from hapi.graph.cut_point import INPUT, RAW
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ class Cut:
         number or as text; or a cut point's name.
 
         Raises:
-            InvalidCut: a bool, a number below RAW, an empty name, or another type.
+            InvalidRequest: a bool, a number below RAW, an empty name, or another type.
         """
         if isinstance(value, Cut):
             return value
@@ -48,7 +48,7 @@ class Cut:
                 return cls(text)
         elif isinstance(value, int) and not isinstance(value, bool) and value >= RAW:
             return cls(value)
-        raise InvalidCut(
+        raise InvalidRequest(
             f"cut must be 'auto', 'freeze', 'raw', 'input', a cut point's index (RAW -1, "
             f"INPUT 0, 1..n) or its name, got {value!r}"
         )
