@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from hapi.data import open_store, synth_dataset
-from hapi.server.budget import parse_bytes
+from hapi.server.memory.budget import parse_bytes
 
 from ..memory_cgroup import CgroupUnavailable, MemoryCgroup
 

@@ -8,7 +8,11 @@ import pytest
 
 from hapi.errors import InvalidRequest
 from hapi.server import ServerConfig
-from hapi.server.feature_cache import NO_FEATURE_CACHE, ServerFeatureCache, open_feature_cache
+from hapi.server.chunks.feature_cache import (
+    NO_FEATURE_CACHE,
+    ServerFeatureCache,
+    open_feature_cache,
+)
 
 
 def test_the_cache_is_off_by_default(tmp_path: Path) -> None:

@@ -55,7 +55,7 @@ def bound_allocator() -> bool:
 
 def default_budget(device: str = "cpu", *, root: Path = Path("/")) -> int:
     """The budget when none is configured: what the tightest limit on the process's
-    memory allows (`hapi.server.limits`): half the room left under the host's memory or
+    memory allows (`hapi.server.memory.limits`): half the room left under the host's memory or
     any of the process's memory cgroups (less what is in use there, this process's own
     memory included), and on a GPU also 90% of its free memory. The budget must hold
     where the kernel would kill the process: in a container, that is its cgroup's limit.
@@ -64,7 +64,7 @@ def default_budget(device: str = "cpu", *, root: Path = Path("/")) -> int:
         device: where heads run (cpu, cuda, cuda:N).
         root: where `/proc` and `/sys` are read (a directory laid out like them in tests).
     """
-    from hapi.server.limits import tightest_limit
+    from hapi.server.memory.limits import tightest_limit
 
     return tightest_limit(device, root=root).budget
 

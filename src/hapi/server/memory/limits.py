@@ -70,7 +70,7 @@ class MemoryLimit:
         return int(self.room * self.share)
 
     def __str__(self) -> str:
-        from hapi.server.budget import format_bytes
+        from hapi.server.memory.budget import format_bytes
 
         share = {0.5: "half"}.get(self.share, f"{self.share:.0%}")
         where = f" of {self.where}" if self.where else ""

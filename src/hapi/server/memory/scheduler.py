@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from hapi.errors import HapiError, MemoryBusy, OverBudget
-from hapi.server.budget import MemoryModel, format_bytes
+from hapi.server.memory.budget import MemoryModel, format_bytes
 
 __all__ = [
     "Abandoned",

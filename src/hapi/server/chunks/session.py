@@ -25,12 +25,12 @@ from hapi.data.samples import (
 )
 from hapi.errors import InvalidRequest, OverBudget, shorten
 from hapi.graph import RAW
-from hapi.server._counters import SessionCounters, TimedReads
-from hapi.server._outbox import Outbox
-from hapi.server.batch_memory import decoding, object_decode_bytes
-from hapi.server.budget import MemoryModel
-from hapi.server.feature_cache import NO_FEATURE_CACHE, FeatureTier, Sent
-from hapi.server.scheduler import Demand, Grant, Place, Scheduler
+from hapi.server.chunks._counters import SessionCounters, TimedReads
+from hapi.server.chunks._outbox import Outbox
+from hapi.server.chunks.feature_cache import NO_FEATURE_CACHE, FeatureTier, Sent
+from hapi.server.memory.batch_memory import decoding, object_decode_bytes
+from hapi.server.memory.budget import MemoryModel
+from hapi.server.memory.scheduler import Demand, Grant, Place, Scheduler
 from hapi.wire import (
     ChunkReport,
     ChunkTicket,

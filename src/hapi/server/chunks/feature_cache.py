@@ -36,17 +36,17 @@ from hapi.data.members import split_member
 from hapi.data.samples import read_objects
 from hapi.graph import INPUT, RAW
 from hapi.graph.content import module_digest
-from hapi.server._counters import TimedReads
-from hapi.server._write_behind import WriteBehind
+from hapi.server.chunks._counters import TimedReads
+from hapi.server.chunks._write_behind import WriteBehind
 from hapi.wire.batches import decode_batch
 from hapi.wire.messages import UploadedHead
 from hapi.wire.replies import FeatureCacheStats
 
 if TYPE_CHECKING:
     from hapi.data import ObjectStore
-    from hapi.server._outbox import Outbox
+    from hapi.server.chunks._outbox import Outbox
+    from hapi.server.chunks.session import Session
     from hapi.server.server_config import ServerConfig
-    from hapi.server.session import Session
     from hapi.wire import ChunkTicket
 
 __all__ = [
@@ -155,7 +155,7 @@ def open_feature_cache(config: ServerConfig) -> FeatureTier:
     """
     if config.feature_cache is None:
         return NO_FEATURE_CACHE
-    from hapi.server.budget import parse_bytes
+    from hapi.server.memory.budget import parse_bytes
 
     # No memory tier: decoded entries in the server's memory would sit outside its budget.
     cache = FeatureCache(
@@ -359,7 +359,7 @@ class _CachedChunk:
                 compute(self._part(start, end), reads, self._sent)
 
     def _send_hits(self, start: int, end: int, compute: Compute, out: Outbox[Wire]) -> None:
-        from hapi.server.session import WIRE_BATCH_BYTES  # (session imports this module)
+        from hapi.server.chunks.session import WIRE_BATCH_BYTES  # (session imports this module)
 
         session = self.session
         per_batch = max(WIRE_BATCH_BYTES // max(session.info.bytes_per_sample, 1), 1)
