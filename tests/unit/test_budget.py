@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from hapi._sizes import format_bytes, parse_bytes
 from hapi.data import Transforms
 from hapi.data.ops import CenterCrop, Resize
 from hapi.errors import InvalidRequest, OverBudget
@@ -23,7 +24,7 @@ from hapi.server.memory.batch_memory import (
     static_bytes,
     tensor_bytes,
 )
-from hapi.server.memory.budget import MemoryModel, default_budget, format_bytes, parse_bytes
+from hapi.server.memory.budget import MemoryModel, default_budget
 from hapi.server.memory.scheduler import Scheduler
 
 SIZE = 64

@@ -83,8 +83,9 @@ def serve(
     ),
 ) -> None:
     """Serve features computed next to the data over Arrow Flight, until Ctrl-C."""
+    from hapi._sizes import format_bytes
     from hapi.cli._stores import existing_repo, existing_store, store_options
-    from hapi.server.memory.budget import bound_allocator, format_bytes
+    from hapi.server.memory.budget import bound_allocator
 
     # Before torch and the server start their threads: see `bound_allocator`.
     bound_allocator()
@@ -176,7 +177,7 @@ def serve(
 
 def _warn_over_limit(budget: int, device: str) -> None:
     """Warn when a configured budget leaves no room under the tightest memory limit."""
-    from hapi.server.memory.budget import format_bytes
+    from hapi._sizes import format_bytes
     from hapi.server.memory.limits import tightest_room
 
     limit = tightest_room(device)

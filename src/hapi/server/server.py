@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import torch
 
+from hapi._sizes import parse_bytes
 from hapi.data import ObjectStore, open_store
 from hapi.errors import InvalidRequest, shorten
 from hapi.graph import RAW
@@ -25,7 +26,6 @@ from hapi.server.chunks.feature_cache import open_feature_cache
 from hapi.server.chunks.session import Session
 from hapi.server.head_cache import HeadCache
 from hapi.server.memory.batch_memory import device_memory
-from hapi.server.memory.budget import parse_bytes
 from hapi.server.memory.limits import MemoryLimit, tightest_limit
 from hapi.server.memory.scheduler import Scheduler, never
 from hapi.server.metrics import Metrics
@@ -142,7 +142,7 @@ class HapiServer(flight.FlightServerBase):
         self.sending = SendOrder()
         """Each client connection's chunk streams send in chunk order."""
         self._clock = clock
-        self.features = open_feature_cache(config)
+        self.features = open_feature_cache(config.feature_cache, size=config.feature_cache_size)
         """Computed features kept beside the data (`--feature-cache`), shared by sessions."""
         self.opener = SessionOpener(
             config,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from hapi._sizes import parse_bytes
 from hapi.data import StoreOptions
 from hapi.errors import InvalidRequest, shorten
 
@@ -108,11 +109,7 @@ class ServerConfig:
                 "no session uses it"
             )
         if self.memory_budget is not None:
-            from hapi.server.memory.budget import parse_bytes
-
             parse_bytes(self.memory_budget)  # refuse a bad size before binding a port
-        from hapi.server.memory.budget import parse_bytes
-
         parse_bytes(self.max_head_bytes)
         parse_bytes(self.feature_cache_size)
         if self.compute_slots is not None and (

@@ -39,8 +39,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from hapi._sizes import format_bytes
 from hapi.errors import HapiError, MemoryBusy, OverBudget
-from hapi.server.memory.budget import MemoryModel, format_bytes
+from hapi.server.memory.budget import MemoryModel
 
 __all__ = [
     "Abandoned",
