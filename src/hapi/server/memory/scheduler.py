@@ -207,13 +207,6 @@ class Scheduler:
 
     # Sessions ------------------------------------------------------------------------
 
-    def add_session(self, session: str, weight: float = 1.0) -> None:
-        """Give `session` a share of the compute in proportion to `weight` (> 0)."""
-        if not weight > 0:
-            raise ValueError(f"a session's weight must be > 0, got {weight}")
-        with self._cond:
-            self._shares.setdefault(session, _Share(weight=weight))
-
     def remove_session(self, session: str) -> None:
         """Forget a closed session's share once its running batches have finished."""
         with self._cond:
