@@ -89,7 +89,7 @@ def main() -> None:
         if args.results:
             write_section("memory", table)
         return
-    from hapi.server.budget import parse_bytes
+    from hapi._sizes import parse_bytes
 
     args.out.mkdir(parents=True, exist_ok=True)
     budget = parse_bytes(args.budget)

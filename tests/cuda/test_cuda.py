@@ -20,9 +20,9 @@ from hapi.client import Connection, TransferJob, connect
 from hapi.data import Transforms, open_store, synth_dataset
 from hapi.graph import ModelSpec, build_model, trace
 from hapi.server import HapiServer, ServerConfig, serve
-from hapi.server.batch_memory import measure_head, measured_batches
-from hapi.server.budget import default_budget
-from hapi.server.limits import memory_limits
+from hapi.server.memory.batch_memory import measure_head, measured_batches
+from hapi.server.memory.budget import default_budget
+from hapi.server.memory.limits import memory_limits
 from hapi.wire import ActionType, ChunkTicket, SessionRequest
 from hapi.wire.messages import ProfileRequest
 from hapi.wire.replies import ProfileReply

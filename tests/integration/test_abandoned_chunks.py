@@ -17,9 +17,9 @@ from hapi.client import connect
 from hapi.data import Transforms, open_store, synth_dataset
 from hapi.graph import ModelSpec
 from hapi.server import HapiServer, ServerConfig, serve
-from hapi.server.budget import MemoryModel
-from hapi.server.scheduler import Demand
-from hapi.server.session import AHEAD_BATCHES
+from hapi.server.chunks.session import AHEAD_BATCHES
+from hapi.server.memory.budget import MemoryModel
+from hapi.server.memory.scheduler import Demand
 from hapi.wire import ChunkTicket, SessionRequest, SessionStats
 
 SIZE = 64

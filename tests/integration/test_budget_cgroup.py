@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from hapi._sizes import parse_bytes
 from hapi.data import open_store, synth_dataset
-from hapi.server.budget import parse_bytes
 
 from ..memory_cgroup import CgroupUnavailable, MemoryCgroup
 

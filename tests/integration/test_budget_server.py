@@ -18,8 +18,8 @@ from hapi.errors import InvalidCut, OverBudget
 from hapi.graph import ModelSpec
 from hapi.plan.profiles import ServerProfile
 from hapi.server import HapiServer, ServerConfig, serve
-from hapi.server.budget import MemoryModel
-from hapi.server.scheduler import Demand
+from hapi.server.memory.budget import MemoryModel
+from hapi.server.memory.scheduler import Demand
 from hapi.wire import ActionType, ChunkReport, ChunkTicket, SessionRequest
 from hapi.wire.messages import ProfileRequest
 from hapi.wire.replies import ProfileReply

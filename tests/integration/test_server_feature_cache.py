@@ -20,7 +20,7 @@ from hapi.data import DatasetManifest, StoreOptions, Transforms, open_store, syn
 from hapi.errors import Forbidden
 from hapi.graph import ModelSpec
 from hapi.server import HapiServer, ServerConfig, serve
-from hapi.server.feature_cache import ServerFeatureCache
+from hapi.server.chunks.feature_cache import ServerFeatureCache
 from hapi.wire import ChunkReport, ChunkTicket, SessionRequest
 
 SIZE = 64

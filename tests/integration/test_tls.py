@@ -28,9 +28,9 @@ from hapi.client import connect
 from hapi.errors import InvalidRequest, ServerUnavailable, Unauthenticated
 from hapi.server import ServerConfig
 from hapi.server import serve as hapi_serve
-from hapi.server.auth import TENANT_MIDDLEWARE, TenantMiddlewareFactory, caller
-from hapi.server.tenants import Tenant, Tenants
-from hapi.server.tls import ServerTls, flight_location
+from hapi.server.security.auth import TENANT_MIDDLEWARE, TenantMiddlewareFactory, caller
+from hapi.server.security.tenants import Tenant, Tenants
+from hapi.server.security.tls import ServerTls, flight_location
 from hapi.wire import decode_error
 
 from ..certs import Certs, make_certs

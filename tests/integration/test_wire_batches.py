@@ -11,7 +11,8 @@ from hapi.client import connect
 from hapi.data import Transforms, open_store, synth_dataset
 from hapi.graph import RAW, ModelSpec
 from hapi.server import HapiServer, ServerConfig, serve
-from hapi.server.session import RAW_BATCH_BYTES, WIRE_BATCH_BYTES
+from hapi.server.chunks._batches import WIRE_BATCH_BYTES
+from hapi.server.chunks.session import RAW_BATCH_BYTES
 from hapi.wire import ChunkTicket, SessionRequest
 
 SIZE = 64

@@ -11,20 +11,21 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from hapi._sizes import format_bytes, parse_bytes
 from hapi.data import Transforms
 from hapi.data.ops import CenterCrop, Resize
 from hapi.errors import InvalidRequest, OverBudget
 from hapi.graph import ModelSpec, build_model, trace
-from hapi.server.batch_memory import (
+from hapi.server.head_cache import HeadCache
+from hapi.server.memory.batch_memory import (
     decode_bytes,
     measure_head,
     measured_batches,
     static_bytes,
     tensor_bytes,
 )
-from hapi.server.budget import MemoryModel, default_budget, format_bytes, parse_bytes
-from hapi.server.head_cache import HeadCache
-from hapi.server.scheduler import Scheduler
+from hapi.server.memory.budget import MemoryModel, default_budget
+from hapi.server.memory.scheduler import Scheduler
 
 SIZE = 64
 

@@ -287,7 +287,7 @@ def test_views_apply_to_the_default_augmentation() -> None:
 
 
 def test_the_server_writer_drops_what_would_wait_past_its_bound(tmp_path: Path) -> None:
-    from hapi.server._write_behind import WriteBehind
+    from hapi.server.chunks._write_behind import WriteBehind
 
     class SlowCache(FeatureCache):
         def __init__(self, root: Path, gate: threading.Event) -> None:

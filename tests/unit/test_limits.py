@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hapi.server.budget import default_budget
-from hapi.server.limits import cgroup_limits, host_limit, memory_limits, tightest_limit
+from hapi.server.memory.budget import default_budget
+from hapi.server.memory.limits import cgroup_limits, host_limit, memory_limits, tightest_limit
 
 GiB, MiB = 1 << 30, 1 << 20
 NO_LIMIT = 9223372036854771712  # what cgroup v1 writes for "no limit"

@@ -14,8 +14,8 @@ from collections import Counter
 import pytest
 
 from hapi.errors import OverBudget
-from hapi.server.budget import MemoryModel
-from hapi.server.scheduler import Abandoned, Demand, Scheduler
+from hapi.server.memory.budget import MemoryModel
+from hapi.server.memory.scheduler import Abandoned, Demand, Scheduler
 
 
 class FakeClock:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from hapi.server._order import SendOrder
+from hapi.server.chunks._order import SendOrder
 
 
 class _Clock:

@@ -9,7 +9,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 from hapi.errors import InvalidRequest
-from hapi.server.tls import ServerTls, check_exposure, flight_location, is_loopback
+from hapi.server.security.tls import ServerTls, check_exposure, flight_location, is_loopback
 
 from ..certs import Certs, make_certs
 

@@ -11,13 +11,13 @@ import torch
 from hapi.data import Transforms
 from hapi.errors import SessionNotFound
 from hapi.graph import RAW
-from hapi.server._counters import SessionCounters
+from hapi.server.chunks._counters import SessionCounters
+from hapi.server.chunks.session import Session
 from hapi.server.head_cache import HeadCache
+from hapi.server.memory.scheduler import Scheduler
 from hapi.server.metrics import Metrics
 from hapi.server.registry import CLOSED_KEPT, SessionRegistry
-from hapi.server.scheduler import Scheduler
-from hapi.server.session import Session
-from hapi.server.tenants import Tenant
+from hapi.server.security.tenants import Tenant
 from hapi.wire import SessionInfo, SessionRequest, SessionStats, raw_schema
 
 

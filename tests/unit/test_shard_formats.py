@@ -407,7 +407,7 @@ def test_the_servers_feature_cache_reads_a_chunks_members_in_one_request(
     tmp_path: Path,
 ) -> None:
     from hapi.data import read_objects
-    from hapi.server.feature_cache import _VersionedReader
+    from hapi.server.chunks.feature_cache import _VersionedReader
 
     store = open_store(tmp_path)
     store.put("shards/a.tar", _tar(_samples(64)))

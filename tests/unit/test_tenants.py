@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hapi.errors import Forbidden, InvalidRequest, Unauthenticated
-from hapi.server.tenants import Tenant, Tenants, reload_on_sighup
+from hapi.server.security.tenants import Tenant, Tenants, reload_on_sighup
 
 TOKEN_A = "alpha-secret-token-0123456789"
 TOKEN_B = "beta-secret-token-9876543210"

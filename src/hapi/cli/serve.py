@@ -83,13 +83,14 @@ def serve(
     ),
 ) -> None:
     """Serve features computed next to the data over Arrow Flight, until Ctrl-C."""
+    from hapi._sizes import format_bytes
     from hapi.cli._stores import existing_repo, existing_store, store_options
-    from hapi.server.budget import bound_allocator, format_bytes
+    from hapi.server.memory.budget import bound_allocator
 
     # Before torch and the server start their threads: see `bound_allocator`.
     bound_allocator()
     from hapi.server import HapiServer, ServerConfig
-    from hapi.server.tenants import reload_on_sighup
+    from hapi.server.security.tenants import reload_on_sighup
 
     if token is not None and os.environ.get("HAPI_TOKEN") != token:
         Console(stderr=True, highlight=False).print(
@@ -176,8 +177,8 @@ def serve(
 
 def _warn_over_limit(budget: int, device: str) -> None:
     """Warn when a configured budget leaves no room under the tightest memory limit."""
-    from hapi.server.budget import format_bytes
-    from hapi.server.limits import tightest_room
+    from hapi._sizes import format_bytes
+    from hapi.server.memory.limits import tightest_room
 
     limit = tightest_room(device)
     if budget > limit.room:

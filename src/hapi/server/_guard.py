@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 import pyarrow.flight as flight
 
 from hapi.errors import HapiError, InternalError, InvalidRequest, shorten
-from hapi.server.auth import caller
-from hapi.server.tenants import Tenant
+from hapi.server.security.auth import caller
+from hapi.server.security.tenants import Tenant
 from hapi.wire import encode_error
 
 if TYPE_CHECKING:

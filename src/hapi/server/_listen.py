@@ -11,11 +11,11 @@ import pyarrow.flight as flight
 
 from hapi.errors import Unauthenticated
 from hapi.server._guard import UnusedCallsRefusal
-from hapi.server.auth import TENANT_MIDDLEWARE, TenantMiddlewareFactory
 from hapi.server.metrics import Metrics
+from hapi.server.security.auth import TENANT_MIDDLEWARE, TenantMiddlewareFactory
+from hapi.server.security.tenants import Tenants
+from hapi.server.security.tls import ServerTls, check_exposure, flight_location, is_loopback
 from hapi.server.server_config import ServerConfig
-from hapi.server.tenants import Tenants
-from hapi.server.tls import ServerTls, check_exposure, flight_location, is_loopback
 
 __all__ = ["Listener", "serve_metrics"]
 

@@ -40,11 +40,11 @@ from torch import nn
 from hapi._fx_lock import TRACING
 from hapi.errors import HapiError, InvalidRequest, UnknownModel
 from hapi.graph import ModelGraph, ModelSpec, build_model, trace
-from hapi.server.batch_memory import static_bytes
+from hapi.server.memory.batch_memory import static_bytes
 
 if TYPE_CHECKING:
     from hapi.repo import ModelRepo
-    from hapi.server.scheduler import Scheduler
+    from hapi.server.memory.scheduler import Scheduler
 
 __all__ = ["HeadCache", "HeadLease", "LoadedModel"]
 

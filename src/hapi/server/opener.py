@@ -13,14 +13,14 @@ from hapi._fx_lock import TRACING
 from hapi.data import StoreOptions, Transforms
 from hapi.errors import InvalidCut, InvalidRequest, shorten
 from hapi.graph import INPUT, RAW, ModelGraph, load_head
-from hapi.server.batch_memory import session_memory, session_name, tensor_bytes
-from hapi.server.budget import MemoryModel
-from hapi.server.feature_cache import NO_FEATURE_CACHE, FeatureTier
+from hapi.server.chunks.session import RAW_BATCH_BYTES, Session
+from hapi.server.chunks.tier import NO_FEATURE_CACHE, FeatureTier
 from hapi.server.head_cache import HeadCache, HeadLease
-from hapi.server.scheduler import Scheduler
+from hapi.server.memory.batch_memory import session_memory, session_name, tensor_bytes
+from hapi.server.memory.budget import MemoryModel
+from hapi.server.memory.scheduler import Scheduler
+from hapi.server.security.tenants import Tenant
 from hapi.server.server_config import ServerConfig
-from hapi.server.session import RAW_BATCH_BYTES, Session
-from hapi.server.tenants import Tenant
 from hapi.server.uploads import HeadUploads, head_graph, on_device
 from hapi.wire import (
     SessionInfo,

@@ -49,11 +49,16 @@ from hapi.errors import InvalidCut, shorten
 from hapi.graph import INPUT
 from hapi.plan import head_segments, time_segments
 from hapi.plan.profiles import ProfileKey
-from hapi.server.batch_memory import decoding, object_decode_bytes, session_memory, session_name
-from hapi.server.budget import MemoryModel
+from hapi.server.chunks.session import Session
 from hapi.server.head_cache import HeadCache, LoadedModel
-from hapi.server.scheduler import Demand, Scheduler, never
-from hapi.server.session import Session
+from hapi.server.memory.batch_memory import (
+    decoding,
+    object_decode_bytes,
+    session_memory,
+    session_name,
+)
+from hapi.server.memory.budget import MemoryModel
+from hapi.server.memory.scheduler import Demand, Scheduler, never
 from hapi.server.uploads import head_graph
 from hapi.wire import dtype_width
 from hapi.wire.messages import ProfileRequest, UploadedHead

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from hapi.errors import SessionNotFound, shorten
+from hapi.server.chunks.session import Session
 from hapi.server.head_cache import HeadCache, HeadLease
+from hapi.server.memory.scheduler import Scheduler
 from hapi.server.metrics import Metrics
-from hapi.server.scheduler import Scheduler
-from hapi.server.session import Session
-from hapi.server.tenants import Tenant
+from hapi.server.security.tenants import Tenant
 from hapi.wire import SessionStats
 
 __all__ = ["CLOSED_KEPT", "SessionRegistry", "TenantSessions"]

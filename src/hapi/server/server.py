@@ -15,28 +15,28 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import torch
 
+from hapi._sizes import parse_bytes
 from hapi.data import ObjectStore, open_store
 from hapi.errors import InvalidRequest, shorten
 from hapi.graph import RAW
 from hapi.server._guard import tenant_call
 from hapi.server._listen import Listener, serve_metrics
-from hapi.server._order import SendOrder
-from hapi.server.access import check_keys, readable_manifest
-from hapi.server.batch_memory import device_memory
-from hapi.server.budget import parse_bytes
-from hapi.server.feature_cache import open_feature_cache
+from hapi.server.chunks._order import SendOrder
+from hapi.server.chunks.feature_cache import open_feature_cache
+from hapi.server.chunks.session import Session
 from hapi.server.head_cache import HeadCache
-from hapi.server.limits import MemoryLimit, tightest_limit
+from hapi.server.memory.batch_memory import device_memory
+from hapi.server.memory.limits import MemoryLimit, tightest_limit
+from hapi.server.memory.scheduler import Scheduler, never
 from hapi.server.metrics import Metrics
 from hapi.server.opener import SessionOpener
 from hapi.server.profile_action import Profiler
 from hapi.server.registry import CLOSED_KEPT, SessionRegistry
-from hapi.server.scheduler import Scheduler, never
+from hapi.server.security.access import check_keys, readable_manifest
+from hapi.server.security.tenants import Tenant, reload_on_sighup
+from hapi.server.security.tls import flight_location
 from hapi.server.server_config import ServerConfig
-from hapi.server.session import Session
 from hapi.server.shaping import TokenBucket, parse_rate
-from hapi.server.tenants import Tenant, reload_on_sighup
-from hapi.server.tls import flight_location
 from hapi.server.uploads import HeadUploads
 from hapi.wire import (
     ActionType,
@@ -142,7 +142,7 @@ class HapiServer(flight.FlightServerBase):
         self.sending = SendOrder()
         """Each client connection's chunk streams send in chunk order."""
         self._clock = clock
-        self.features = open_feature_cache(config)
+        self.features = open_feature_cache(config.feature_cache, size=config.feature_cache_size)
         """Computed features kept beside the data (`--feature-cache`), shared by sessions."""
         self.opener = SessionOpener(
             config,

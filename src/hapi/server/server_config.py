@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from hapi._sizes import parse_bytes
 from hapi.data import StoreOptions
 from hapi.errors import InvalidRequest, shorten
 
@@ -39,7 +40,7 @@ class ServerConfig:
     """Bearer token callers must send (one tenant reading every key); None with no
     `tenants` accepts every caller (loopback use)."""
     tenants: str | None = None
-    """TOML file of tenants (tokens, prefixes, weights; see `hapi.server.tenants`),
+    """TOML file of tenants (tokens, prefixes, weights; see `hapi.server.security.tenants`),
     re-read on SIGHUP; instead of `token`."""
     tls_cert: str | None = None
     """PEM certificate (chain) to serve `grpc+tls://` with; None serves plain `grpc://`."""
@@ -65,7 +66,7 @@ class ServerConfig:
     """URI of a model repository for `repo://` model references; None: named models only."""
     memory_budget: int | str | None = None
     """Bytes heads and running batches may hold together (`4GiB`, or a number); None: from
-    the tightest limit on the process's memory (`hapi.server.limits.tightest_limit`)."""
+    the tightest limit on the process's memory (`hapi.server.memory.limits.tightest_limit`)."""
     max_head_bytes: int | str = "2GiB"
     """The largest head a trainer may upload (a user's own model, exported: program and
     weights); larger uploads are refused before they are held in memory."""
@@ -77,7 +78,7 @@ class ServerConfig:
     runs one batch at a time, so the first chunk's bytes leave first)."""
     feature_cache: str | None = None
     """Directory where computed features are kept and shared by every session whose head,
-    cut and transforms are the same (`hapi.server.feature_cache`); None: no cache."""
+    cut and transforms are the same (`hapi.server.chunks.feature_cache`); None: no cache."""
     feature_cache_size: int | str = "50GiB"
     """The bound on the feature cache's bytes on disk (`50GiB`, or a number): the least
     recently used entries go beyond it. Not part of the memory budget."""
@@ -108,11 +109,7 @@ class ServerConfig:
                 "no session uses it"
             )
         if self.memory_budget is not None:
-            from hapi.server.budget import parse_bytes
-
             parse_bytes(self.memory_budget)  # refuse a bad size before binding a port
-        from hapi.server.budget import parse_bytes
-
         parse_bytes(self.max_head_bytes)
         parse_bytes(self.feature_cache_size)
         if self.compute_slots is not None and (

@@ -34,7 +34,7 @@ from hapi.errors import (
 from hapi.graph import INPUT, RAW, build_model, trace
 from hapi.server import HapiServer, ServerConfig, serve
 from hapi.server import server as server_module
-from hapi.server import session as session_module
+from hapi.server.chunks import session as session_module
 from hapi.wire import (
     ActionType,
     ChunkReport,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hapi.data import DatasetManifest, ObjectStore, Store
 from hapi.errors import Forbidden, shorten
-from hapi.server.tenants import Tenant
+from hapi.server.security.tenants import Tenant
 
 __all__ = ["check_keys", "may_read", "readable_manifest"]
 

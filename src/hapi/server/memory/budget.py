@@ -5,7 +5,7 @@ A session's memory is modelled as the research system's storage side models it
 share the head, plus for each batch running `fixed + per_sample * batch` bytes. The
 scheduler keeps the sum within the budget by choosing batch sizes.
 
-Torch is not imported here: `ServerConfig` parses budgets before `hapi serve` loads it.
+Torch is not imported here: `hapi serve` calls `bound_allocator` before it loads torch.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from hapi._sizes import format_bytes, parse_bytes
 from hapi.errors import InvalidRequest
+from hapi.server.memory.limits import tightest_limit
 
-__all__ = ["MemoryModel", "bound_allocator", "default_budget", "format_bytes", "parse_bytes"]
+__all__ = ["MemoryModel", "bound_allocator", "default_budget"]
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
 ALLOCATOR_THRESHOLD = 4 << 20
@@ -55,7 +55,7 @@ def bound_allocator() -> bool:
 
 def default_budget(device: str = "cpu", *, root: Path = Path("/")) -> int:
     """The budget when none is configured: what the tightest limit on the process's
-    memory allows (`hapi.server.limits`): half the room left under the host's memory or
+    memory allows (`hapi.server.memory.limits`): half the room left under the host's memory or
     any of the process's memory cgroups (less what is in use there, this process's own
     memory included), and on a GPU also 90% of its free memory. The budget must hold
     where the kernel would kill the process: in a container, that is its cgroup's limit.
@@ -64,8 +64,6 @@ def default_budget(device: str = "cpu", *, root: Path = Path("/")) -> int:
         device: where heads run (cpu, cuda, cuda:N).
         root: where `/proc` and `/sys` are read (a directory laid out like them in tests).
     """
-    from hapi.server.limits import tightest_limit
-
     return tightest_limit(device, root=root).budget
 
 

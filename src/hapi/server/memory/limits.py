@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from hapi._sizes import format_bytes
+
 __all__ = [
     "MemoryLimit",
     "cgroup_limits",
@@ -70,8 +72,6 @@ class MemoryLimit:
         return int(self.room * self.share)
 
     def __str__(self) -> str:
-        from hapi.server.budget import format_bytes
-
         share = {0.5: "half"}.get(self.share, f"{self.share:.0%}")
         where = f" of {self.where}" if self.where else ""
         return (

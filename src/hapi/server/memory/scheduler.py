@@ -39,8 +39,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from hapi._sizes import format_bytes
 from hapi.errors import HapiError, MemoryBusy, OverBudget
-from hapi.server.budget import MemoryModel, format_bytes
+from hapi.server.memory.budget import MemoryModel
 
 __all__ = [
     "Abandoned",
@@ -205,13 +206,6 @@ class Scheduler:
         self._vclock = 0.0
 
     # Sessions ------------------------------------------------------------------------
-
-    def add_session(self, session: str, weight: float = 1.0) -> None:
-        """Give `session` a share of the compute in proportion to `weight` (> 0)."""
-        if not weight > 0:
-            raise ValueError(f"a session's weight must be > 0, got {weight}")
-        with self._cond:
-            self._shares.setdefault(session, _Share(weight=weight))
 
     def remove_session(self, session: str) -> None:
         """Forget a closed session's share once its running batches have finished."""

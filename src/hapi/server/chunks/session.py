@@ -25,36 +25,26 @@ from hapi.data.samples import (
 from hapi.data.shards.blob import Blob
 from hapi.errors import InvalidRequest, OverBudget, shorten
 from hapi.graph import RAW
-from hapi.server._counters import SessionCounters, TimedReads
-from hapi.server._outbox import Outbox
-from hapi.server.batch_memory import decoding, object_decode_bytes
-from hapi.server.budget import MemoryModel
-from hapi.server.feature_cache import NO_FEATURE_CACHE, FeatureTier, Sent
-from hapi.server.scheduler import Demand, Grant, Place, Scheduler
+from hapi.server.chunks._batches import WIRE_BATCH_BYTES, Sent, Wire, encode, samples_per_batch
+from hapi.server.chunks._counters import SessionCounters, TimedReads
+from hapi.server.chunks._outbox import Outbox
+from hapi.server.chunks.tier import NO_FEATURE_CACHE, FeatureTier
+from hapi.server.memory.batch_memory import decoding, object_decode_bytes
+from hapi.server.memory.budget import MemoryModel
+from hapi.server.memory.scheduler import Demand, Grant, Place, Scheduler
 from hapi.wire import (
     ChunkReport,
     ChunkTicket,
     SessionInfo,
     SessionRequest,
     SkippedKey,
-    encode_batch,
 )
 
 __all__ = ["Session", "SessionCounters"]
 
-WIRE_BATCH_BYTES = 1 << 20
-"""Bytes a wire batch holds at most (or one sample, when a sample's features are more).
-
-A batch is counted in the budget while it computes; once sent to the outbox it waits for
-its stream outside it, up to `AHEAD_BATCHES` and the one being sent per chunk in flight.
-Batches of at most this many bytes bound that to a few MiB per chunk, whatever the cut:
-the rule an operator caps the server's memory by (README, "Memory") holds for early cuts
-too, where 32 samples of ResNet-18's `relu` at 112 px are 25 MiB."""
 RAW_BATCH_BYTES = WIRE_BATCH_BYTES
 """RAW batches are cut at about this many bytes (`WIRE_BATCH_BYTES`)."""
-_Wire = tuple[pa.RecordBatch, bytes | None]
-"""A wire batch and, on the last, the chunk's report."""
-_Out = Outbox[_Wire]
+_Out = Outbox[Wire]
 AHEAD_BATCHES = 2
 """Batches a chunk computes ahead of its stream (the one it is sending apart): enough to
 overlap computing and sending, few enough that a chunk held up by a slow link holds
@@ -99,7 +89,7 @@ class Session:
     features: FeatureTier = NO_FEATURE_CACHE
     """The server's feature cache: chunks send its hits and offer it their misses."""
 
-    def run_chunk(self, ticket: ChunkTicket, store: ObjectStore) -> Outbox[_Wire]:
+    def run_chunk(self, ticket: ChunkTicket, store: ObjectStore) -> Outbox[Wire]:
         """Start reading, decoding, transforming and running the head over a chunk, now;
         iterate the returned outbox for its wire batches, and close it when done.
 
@@ -311,7 +301,7 @@ class Session:
     def _demand(self, left: int, held: _Item | None) -> Demand:
         """What the chunk's next batch asks for: room to decode `held` too, if there is one."""
         decode = max(self.memory.decode, held.decode if held is not None else 0)
-        wire = max(WIRE_BATCH_BYTES // max(self.info.bytes_per_sample, 1), 1)
+        wire = samples_per_batch(self.info.bytes_per_sample)
         most = min(self.batch_size, left, wire)
         return Demand(model=decoding(self.memory, decode), max_batch=most)
 
@@ -365,10 +355,7 @@ class Session:
         return self._encode([s.key for s in samples], [s.label for s in samples], features=x)
 
     def _encode(self, keys: list[str], labels: list[int], **payload: object) -> pa.RecordBatch:
-        t0 = time.perf_counter()
-        batch = encode_batch(self.schema, keys, labels, **payload)  # type: ignore[arg-type]
-        self.stats.add(encode_s=time.perf_counter() - t0, samples=len(keys))
-        return batch
+        return encode(self.schema, self.stats, keys, labels, **payload)
 
 
 @dataclass(frozen=True)

@@ -23,52 +23,42 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Protocol, cast, runtime_checkable
 
 import pyarrow as pa
 import torch
 from torch import nn
 
+from hapi._sizes import parse_bytes
 from hapi.cache import FeatureCache, FeatureSpace, entry_name
+from hapi.data import ObjectStore
 from hapi.data.samples import read_objects
 from hapi.data.shards.blob import Blob
 from hapi.data.shards.members import split_member
 from hapi.graph import INPUT, RAW
 from hapi.graph.content import module_digest
-from hapi.server._counters import TimedReads
-from hapi.server._write_behind import WriteBehind
+from hapi.server.chunks._batches import Wire, encode, samples_per_batch
+from hapi.server.chunks._counters import TimedReads
+from hapi.server.chunks._outbox import Outbox
+from hapi.server.chunks._write_behind import WriteBehind
+from hapi.server.chunks.tier import (
+    NO_FEATURE_CACHE,
+    ChunkLookup,
+    ChunkSession,
+    Compute,
+    FeatureTier,
+    Uncached,
+)
+from hapi.wire import ChunkTicket
 from hapi.wire.batches import decode_batch
 from hapi.wire.messages import UploadedHead
 from hapi.wire.replies import FeatureCacheStats
 
-if TYPE_CHECKING:
-    from hapi.data import ObjectStore
-    from hapi.server._outbox import Outbox
-    from hapi.server.server_config import ServerConfig
-    from hapi.server.session import Session
-    from hapi.wire import ChunkTicket
-
-__all__ = [
-    "NO_FEATURE_CACHE",
-    "ChunkLookup",
-    "FeatureTier",
-    "ServerFeatureCache",
-    "open_feature_cache",
-]
-
-Wire = tuple[pa.RecordBatch, bytes | None]
-"""A wire batch and, on a chunk's last, its report (`Session`'s outbox items)."""
-Sent = Callable[[pa.RecordBatch], None]
-"""Told of each wire batch a chunk's head computed, once it is in the outbox."""
-Compute = Callable[["ChunkTicket", Iterable[Blob | BaseException], Sent], None]
-"""Runs the session's pipeline over some of a chunk's keys, given their objects in order."""
+__all__ = ["ServerFeatureCache", "open_feature_cache"]
 
 log = logging.getLogger("hapi.server")
-
-
-def _ignore(_: pa.RecordBatch) -> None:
-    pass
 
 
 @runtime_checkable
@@ -79,88 +69,17 @@ class VersionedStore(Protocol):
     def get_versioned(self, key: str) -> tuple[bytes, str]: ...
 
 
-class ChunkLookup(Protocol):
-    """One chunk's view of the cache: which objects it still reads, and how it runs."""
-
-    to_read: Sequence[str]
-    """The keys whose objects the chunk reads, in order (the misses)."""
-    cached: int
-    """Keys sent from the cache so far (the chunk report's `cached`)."""
-    hit_s: float
-    """Seconds spent reading hits from the cache and encoding them (the report's
-    `server_s` counts them with the chunk's computing: they are the server's work)."""
-
-    def reader(self, store: ObjectStore) -> ObjectStore:
-        """The store to read `to_read` through."""
-        ...
-
-    def produce(
-        self, compute: Compute, reads: Iterable[Blob | BaseException], out: Outbox[Wire]
-    ) -> None:
-        """Send the chunk's batches into `out`, in key order, computing the misses with
-        `compute` from `reads` (the objects of `to_read`)."""
-        ...
-
-
-class FeatureTier(Protocol):
-    """What a session asks of its server's feature cache."""
-
-    def lookup(self, session: Session, ticket: ChunkTicket) -> ChunkLookup: ...
-
-    def stats(self) -> FeatureCacheStats | None: ...
-
-    def close(self) -> None: ...
-
-
-class _Uncached:
-    """A chunk computed as if there were no cache."""
-
-    cached = 0
-    hit_s = 0.0
-
-    def __init__(self, ticket: ChunkTicket) -> None:
-        self.ticket = ticket
-        self.to_read: Sequence[str] = ticket.keys
-
-    def reader(self, store: ObjectStore) -> ObjectStore:
-        return store
-
-    def produce(
-        self, compute: Compute, reads: Iterable[Blob | BaseException], out: Outbox[Wire]
-    ) -> None:
-        compute(self.ticket, reads, _ignore)
-
-
-class _NoFeatureCache:
-    """A server without a feature cache: every chunk is computed."""
-
-    def lookup(self, session: Session, ticket: ChunkTicket) -> ChunkLookup:
-        return _Uncached(ticket)
-
-    def stats(self) -> FeatureCacheStats | None:
-        return None
-
-    def close(self) -> None:
-        pass
-
-
-NO_FEATURE_CACHE: FeatureTier = _NoFeatureCache()
-
-
-def open_feature_cache(config: ServerConfig) -> FeatureTier:
-    """The server's feature cache as `config` asks (`NO_FEATURE_CACHE` when off).
+def open_feature_cache(directory: str | Path | None, *, size: int | str) -> FeatureTier:
+    """The server's feature cache in `directory`, of at most `size` bytes (`ServerConfig`'s
+    `feature_cache` and `feature_cache_size`); `NO_FEATURE_CACHE` when None.
 
     Raises:
         InvalidRequest: the directory is a file, or the size is not one.
     """
-    if config.feature_cache is None:
+    if directory is None:
         return NO_FEATURE_CACHE
-    from hapi.server.budget import parse_bytes
-
     # No memory tier: decoded entries in the server's memory would sit outside its budget.
-    cache = FeatureCache(
-        config.feature_cache, max_bytes=parse_bytes(config.feature_cache_size), memory_bytes=0
-    )
+    cache = FeatureCache(directory, max_bytes=parse_bytes(size), memory_bytes=0)
     return ServerFeatureCache(cache)
 
 
@@ -184,7 +103,7 @@ class ServerFeatureCache:
     def __repr__(self) -> str:
         return f"ServerFeatureCache({self.cache!r})"
 
-    def space(self, session: Session) -> FeatureSpace | None:
+    def space(self, session: ChunkSession) -> FeatureSpace | None:
         """The space of a session's features, or None when they are not cached here: RAW
         sends objects, not features, and int8's and fp8's rounding is redone on every
         encode."""
@@ -222,15 +141,15 @@ class ServerFeatureCache:
                 digest = self._digests[head] = module_digest(head)
             return digest
 
-    def lookup(self, session: Session, ticket: ChunkTicket) -> ChunkLookup:
+    def lookup(self, session: ChunkSession, ticket: ChunkTicket) -> ChunkLookup:
         """The chunk's hits and misses: cached only where the features repeat (a view,
         not fresh draws) and the client named each key's version."""
         view = session.transforms.view(ticket.epoch)
         if view is None or ticket.versions is None:
-            return _Uncached(ticket)
+            return Uncached(ticket)
         space = self.space(session)
         if space is None:
-            return _Uncached(ticket)
+            return Uncached(ticket)
         names = [entry_name(k, v, view) for k, v in zip(ticket.keys, ticket.versions, strict=True)]
         hit = [self.cache.contains(space, name) for name in names]
         return _CachedChunk(self, session, ticket, space, names, hit)
@@ -320,7 +239,7 @@ class _CachedChunk:
     def __init__(
         self,
         tier: ServerFeatureCache,
-        session: Session,
+        session: ChunkSession,
         ticket: ChunkTicket,
         space: FeatureSpace,
         names: list[str],
@@ -359,10 +278,8 @@ class _CachedChunk:
                 compute(self._part(start, end), reads, self._sent)
 
     def _send_hits(self, start: int, end: int, compute: Compute, out: Outbox[Wire]) -> None:
-        from hapi.server.session import WIRE_BATCH_BYTES  # (session imports this module)
-
         session = self.session
-        per_batch = max(WIRE_BATCH_BYTES // max(session.info.bytes_per_sample, 1), 1)
+        per_batch = samples_per_batch(session.info.bytes_per_sample)
         for first in range(start, end, per_batch):
             last = min(first + per_batch, end)
             t0 = time.perf_counter()
@@ -378,7 +295,7 @@ class _CachedChunk:
                     labels = self.ticket.labels[first + a : first + b]
                     t0 = time.perf_counter()
                     x = torch.stack([t for t in tensors[a:b] if t is not None])
-                    batch = session._encode(keys, labels, features=x)
+                    batch = encode(session.schema, session.stats, keys, labels, features=x)
                     self.hit_s += time.perf_counter() - t0
                     if not out.put((batch, None)):
                         return

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pyarrow.flight as flight
 
 from hapi.errors import Unauthenticated
-from hapi.server.tenants import Tenant, Tenants
+from hapi.server.security.tenants import Tenant, Tenants
 from hapi.wire import encode_error
 
 __all__ = ["TENANT_MIDDLEWARE", "TenantMiddleware", "TenantMiddlewareFactory", "caller"]

@@ -44,8 +44,8 @@ from hapi.data.ops import CenterCrop, HorizontalFlip, Normalize, RandomResizedCr
 from hapi.data.shards.blob import Blob
 from hapi.errors import OverBudget, shorten
 from hapi.graph import RAW, ModelGraph
-from hapi.server.budget import MemoryModel
-from hapi.server.scheduler import Demand, Scheduler
+from hapi.server.memory.budget import MemoryModel
+from hapi.server.memory.scheduler import Demand, Scheduler
 
 __all__ = [
     "LiveTensors",
