@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,58 +26,21 @@ if TYPE_CHECKING:
 
 
 def register(app: typer.Typer) -> None:
-    """Add `train` to `app`."""
-    app.command()(train)
+    """Add `train` to `app`: its own options, then every job option of the config tree."""
+    app.command(name="train")(_command())
 
 
-def train(
-    model: str = typer.Argument(
-        None, help="A zoo model (resnet18, efficientnet_lite0, timm:NAME) or repo://NAME."
-    ),
-    dataset: str = typer.Option(None, help="The training set's prefix in the server's store."),
-    server: str = typer.Option(
-        None, help="The hapi server beside the data (grpc://host:port; several comma-separated)."
-    ),
-    epochs: int = typer.Option(None, help="Epochs to train [default: 3]."),
-    freeze: str = typer.Option(
-        None, help="Last frozen cut point, index or name [default: all but the classifier]."
-    ),
-    cut: str = typer.Option(
-        None, help="auto (the planner chooses), a cut point, or freeze [default: auto]."
-    ),
-    num_classes: int = typer.Option(None, help="Replace the classifier with this many classes."),
-    weights: str = typer.Option(None, help="imagenet: the zoo model's pre-trained weights."),
-    image_size: int = typer.Option(None, help="The model's input side [default: 224]."),
-    batch_size: int = typer.Option(None, help="Training batch size [default: 32]."),
-    lr: float = typer.Option(None, help="Learning rate, SGD with momentum [default: 0.01]."),
-    eval_dataset: str = typer.Option(None, help="An evaluation set's prefix."),
-    wire_dtype: str = typer.Option(None, help="Features on the wire: fp32, fp16, bf16, int8, fp8."),
-    seed: int = typer.Option(None, help="Seeds the classifier, the order, the augmentations."),
-    augment: bool = typer.Option(
-        None, help="Random crop and flip every epoch; --no-augment caches every feature."
-    ),
-    views: int = typer.Option(None, help="Seeded augmentation views per sample (cached)."),
-    cache: bool = typer.Option(None, help="Keep repeating features in the trainer's cache."),
-    cache_dir: str = typer.Option(None, help="The trainer's feature cache directory."),
-    token: str = typer.Option(None, envvar="HAPI_TOKEN", help="The server's bearer token."),
-    out: str = typer.Option(None, help="Write the fine-tuned model here (.safetensors)."),
-    push: str = typer.Option(None, help="Push the fine-tuned model to --repo under this name."),
-    repo: str = typer.Option(None, envvar="HAPI_REPO", help="The model repository's URI."),
-    endpoint: str = typer.Option(None, help="The repository store's endpoint URL."),
-    config: Path = typer.Option(
-        None, help="A TOML job file of these options; the command line wins over it."
-    ),
-) -> None:
+def train(**given: Any) -> None:
     """Fine-tune MODEL on data beside a hapi server; write it (--out) or push it (--push)."""
     # The options given, by name: unset ones (None) leave the job file's or the default.
-    given: dict[str, Any] = {k: v for k, v in locals().items() if v is not None}
-    given.pop("config", None)
+    options = {k: v for k, v in given.items() if v is not None}
+    config = options.pop("config", None)
     from hapi.cli.train_run import TrainConfig, run_train
 
     if config is not None:
-        job = TrainConfig.from_toml(config, **given)
+        job = TrainConfig.from_toml(config, **options)
     else:
-        job = TrainConfig.from_options(**given)
+        job = TrainConfig.from_options(**options)
     console = Console(highlight=False)
     with Progress(
         TextColumn("{task.description:<14}"),
@@ -86,6 +51,76 @@ def train(
     ) as bars:
         result = run_train(job, _Report(console, bars))
     console.print(_summary(result), soft_wrap=True)
+
+
+_OWN: list[tuple[str, type, Any]] = [
+    (
+        "model",
+        str,
+        typer.Argument(
+            None, help="A zoo model (resnet18, efficientnet_lite0, timm:NAME) or repo://NAME."
+        ),
+    ),
+    ("dataset", str, typer.Option(None, help="The training set's prefix in the server's store.")),
+    (
+        "server",
+        str,
+        typer.Option(
+            None,
+            help="The hapi server beside the data (grpc://host:port; several comma-separated).",
+        ),
+    ),
+    ("epochs", int, typer.Option(None, help="Epochs to train. Default: 3.")),
+    ("lr", float, typer.Option(None, help="Learning rate, SGD with momentum. Default: 0.01.")),
+    ("weights", str, typer.Option(None, help="imagenet: the zoo model's pre-trained weights.")),
+    ("out", str, typer.Option(None, help="Write the fine-tuned model here (.safetensors).")),
+    ("push", str, typer.Option(None, help="Push the fine-tuned model to --repo under this name.")),
+    ("repo", str, typer.Option(None, envvar="HAPI_REPO", help="The model repository's URI.")),
+    ("endpoint", str, typer.Option(None, help="The repository store's endpoint URL.")),
+    (
+        "config",
+        Path,
+        typer.Option(None, help="A TOML job file of these options; the command line wins."),
+    ),
+]
+"""`hapi train`'s own options; the job's follow, one per `hapi.client.config.flags.Flag`."""
+
+_ENVVARS = {"token": "HAPI_TOKEN"}
+
+
+def _command() -> Callable[..., None]:
+    """`train` with a signature typer reads: its own options, then one flag per job option
+    (`--cut`, `--cache-dir`, `--wire-compression`...) with its field's help and default."""
+    from hapi.client.config.flags import job_flags
+
+    params = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=kind)
+        for name, kind, default in _OWN
+    ]
+    for flag in job_flags():
+        shown = "" if flag.default is None else f" Default: {_shown(flag.default)}."
+        option = typer.Option(
+            None, help=flag.help + shown, envvar=_ENVVARS.get(flag.name), rich_help_panel="Job"
+        )
+        params.append(
+            inspect.Parameter(
+                flag.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=flag.kind
+            )
+        )
+
+    def command(**given: Any) -> None:
+        train(**given)
+
+    command.__doc__ = train.__doc__
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    return command
+
+
+def _shown(default: Any) -> str:
+    if isinstance(default, bool):
+        return "yes" if default else "no"
+    return str(default)
 
 
 class _Report(TrainHooks):

@@ -12,7 +12,8 @@ import functools
 import json
 import os
 import tomllib
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +30,9 @@ SPEC_KEY = "hapi.model_spec"
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    """A fine-tune from the command line. Field names are the TOML keys (`-` or `_`)."""
+    """A fine-tune from the command line: what to train and where, how long, and the job's
+    options (`job`, `JobConfig`'s flat keywords). Field names are the TOML keys (`-` or
+    `_`); a job file may also give the job's options as `[part]` tables."""
 
     model: str
     """A zoo name (`resnet18`, `efficientnet_lite0`, `timm:NAME`) or a repository
@@ -40,37 +43,10 @@ class TrainConfig:
     """The `hapi serve` beside the data (`grpc://host:port`; several comma-separated)."""
     epochs: int = 3
     """Epochs to train."""
-    freeze: str | int | None = None
-    """Last frozen cut point (index or module name); default: all but the classifier."""
-    cut: str | int | None = "auto"
-    """`auto` (the planner chooses), a cut point, or `freeze` for the freeze point."""
-    num_classes: int | None = None
-    """Replace the classifier with one of this many classes."""
-    weights: str | None = None
-    """`imagenet` for a zoo model's pre-trained weights (efficientnet_lite0 ships them)."""
-    image_size: int = 224
-    """The model's input side."""
-    batch_size: int = 32
-    """Training batch size."""
     lr: float = 0.01
     """Learning rate (SGD with momentum 0.9)."""
-    eval_dataset: str | None = None
-    """An evaluation set's prefix: its accuracy ends the summary."""
-    wire_dtype: str = "fp32"
-    """Feature dtype on the wire: fp32, fp16, bf16, int8, fp8."""
-    seed: int = 0
-    """Seeds the classifier, the epoch order and the augmentations."""
-    augment: bool = True
-    """Random crop and flip every epoch; false trains on the eval transforms, whose
-    features the trainer caches after epoch 1."""
-    views: int | None = None
-    """Draw each sample's augmentation from this many seeded views: cached from epoch K on."""
-    cache: bool = True
-    """Keep repeating features in the trainer's feature cache."""
-    cache_dir: str | None = None
-    """The trainer's feature cache; default `$HAPI_CACHE_DIR/features`."""
-    token: str | None = None
-    """The server's bearer token (best from HAPI_TOKEN)."""
+    weights: str | None = None
+    """`imagenet` for a zoo model's pre-trained weights (efficientnet_lite0 ships them)."""
     out: str | None = None
     """Write the fine-tuned model here (`.safetensors`)."""
     push: str | None = None
@@ -79,16 +55,17 @@ class TrainConfig:
     """The model repository's URI (for `push` and `repo://` models)."""
     endpoint: str | None = None
     """The repository store's endpoint (S3, GCS or Azure); default: the cloud's variable."""
+    job: Mapping[str, Any] = field(default_factory=dict)
+    """The job's options by flat keyword (`cut`, `cache_dir`: `hapi.client.config.flags`);
+    unset ones keep `JobConfig`'s defaults."""
 
     def __post_init__(self) -> None:
         for name in ("model", "dataset", "server"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
                 raise InvalidRequest(f"{name} must be a non-empty string, got {value!r}")
-        for name, least in (("epochs", 1), ("image_size", 8), ("batch_size", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise InvalidRequest(f"{name} must be an integer >= {least}, got {value!r}")
+        if isinstance(self.epochs, bool) or not isinstance(self.epochs, int) or self.epochs < 1:
+            raise InvalidRequest(f"epochs must be an integer >= 1, got {self.epochs!r}")
         if isinstance(self.lr, bool) or not isinstance(self.lr, int | float) or self.lr <= 0:
             raise InvalidRequest(f"lr must be a positive number, got {self.lr!r}")
         if self.out is not None and not self.out.endswith(".safetensors"):
@@ -111,6 +88,8 @@ class TrainConfig:
         Raises:
             InvalidRequest: the file is missing or not TOML, or has a key that is no option.
         """
+        from hapi.client.config.flags import nested_options
+
         try:
             text = Path(path).read_text()
         except OSError as exc:
@@ -120,22 +99,29 @@ class TrainConfig:
         except tomllib.TOMLDecodeError as exc:
             raise InvalidRequest(f"job file {path} is not valid TOML: {exc}") from None
         settings = {str(k).replace("-", "_"): v for k, v in data.items()}
-        known = [f.name for f in fields(cls)]
-        unknown = sorted(set(settings) - set(known))
-        if unknown:
-            raise InvalidRequest(
-                f"job file {path} has unknown key(s) {', '.join(unknown)}: the keys are "
-                f"{', '.join(known)}"
-            )
-        return cls.from_options(**{**settings, **overrides}, source=str(path))
+        tables = {k: settings.pop(k) for k in list(settings) if isinstance(settings[k], dict)}
+        settings.update(nested_options(tables, f"job file {path}"))
+        return cls.from_options(**{**settings, **overrides}, source=f"job file {path}")
 
     @classmethod
     def from_options(cls, *, source: str = "the command line", **options: Any) -> TrainConfig:
-        """Build from options, naming the first required one missing (and where).
+        """Build from options - this config's fields and the job's flat keywords - naming
+        the first required one missing (and where).
 
         Raises:
-            InvalidRequest: `model`, `dataset` or `server` is missing, or a value is bad.
+            InvalidRequest: `model`, `dataset` or `server` is missing, an option is none of
+                either, or a value is bad.
         """
+        from hapi.client.config.flags import job_flags
+
+        own = {f.name for f in fields(cls)} - {"job"}
+        flags = {f.name for f in job_flags()}
+        unknown = sorted(set(options) - own - flags)
+        if unknown:
+            raise InvalidRequest(
+                f"{source} has unknown key(s) {', '.join(unknown)}: the keys are "
+                f"{', '.join(sorted(own | flags))}"
+            )
         for name in ("model", "dataset", "server"):
             if options.get(name) is None:
                 flag = "MODEL" if name == "model" else f"--{name}"
@@ -143,7 +129,8 @@ class TrainConfig:
                     f"no {name} given in {source}: pass {flag}, or set `{name} = ...` in "
                     "a --config file"
                 )
-        return cls(**options)
+        job = {k: v for k, v in options.items() if k in flags and k not in own}
+        return cls(**{k: v for k, v in options.items() if k in own}, job=job)
 
 
 @dataclass(frozen=True)
@@ -185,17 +172,19 @@ def run_train(config: TrainConfig, hooks: TrainHooks = NO_HOOKS) -> TrainResult:
     import torch
 
     from hapi.cli._stores import store_options
-    from hapi.client import TransferJob
+    from hapi.client import TrainingConfig, TransferJob
 
     model: Any = config.model
     if not _is_repo_ref(model):
-        model = {"name": model, "weights": config.weights, "seed": config.seed}
+        seed = config.job.get("seed", TrainingConfig().seed)  # the job's seed seeds the model
+        model = {"name": model, "weights": config.weights, "seed": seed}
     servers = [s.strip() for s in config.server.split(",") if s.strip()]
     job = TransferJob(
         model,
         config.dataset,
         servers,
-        **_job_options(config),
+        **config.job,
+        repo=config.repo,
         repo_store_options=store_options(config.endpoint),
     )
     start = time.perf_counter()
@@ -206,7 +195,7 @@ def run_train(config: TrainConfig, hooks: TrainHooks = NO_HOOKS) -> TrainResult:
         job.fit(1, optimizer, progress=functools.partial(hooks.progress, phase))
         hooks.epoch(job.history.epochs[-1])
     evaluation = None
-    if config.eval_dataset is not None:
+    if config.job.get("eval_dataset") is not None:
         evaluation = job.evaluate(progress=functools.partial(hooks.progress, "evaluate"))
     if config.out is not None:
         _save(job, Path(config.out))
@@ -220,27 +209,6 @@ def run_train(config: TrainConfig, hooks: TrainHooks = NO_HOOKS) -> TrainResult:
     )
 
 
-def _job_options(config: TrainConfig) -> dict[str, Any]:
-    from hapi.graph import Cut
-
-    return {
-        "freeze": _int_or_name(config.freeze),
-        "cut": Cut.of(config.cut),
-        "num_classes": config.num_classes,
-        "image_size": config.image_size,
-        "batch_size": config.batch_size,
-        "eval_dataset": config.eval_dataset,
-        "wire_dtype": config.wire_dtype,
-        "seed": config.seed,
-        "augment": config.augment,
-        "views": config.views,
-        "cache": config.cache,
-        "cache_dir": config.cache_dir,
-        "token": config.token,
-        "repo": config.repo,
-    }
-
-
 def _save(job: TransferJob, path: Path) -> None:
     """Write the model's weights (and its spec, to rebuild it) as safetensors, atomically."""
     from safetensors.torch import save_model
@@ -251,13 +219,6 @@ def _save(job: TransferJob, path: Path) -> None:
     # save_model drops tensors the model shares (tied weights), which save_file refuses.
     save_model(job.model.to("cpu"), str(partial), metadata=metadata)
     os.replace(partial, path)
-
-
-def _int_or_name(value: str | int | None) -> str | int | None:
-    # A cut point is an index or a module name; the command line gives both as text.
-    if isinstance(value, str) and value.lstrip("-").isdigit():
-        return int(value)
-    return value
 
 
 def _is_repo_ref(model: str) -> bool:
