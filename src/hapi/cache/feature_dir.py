@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hapi._cache_home import cache_home
 from hapi.cache._index import INDEX_SUFFIX, RECORD
 from hapi.cache._segments import SEGMENT_SUFFIX, SpaceSegments
 from hapi.cache.space import FeatureSpace
@@ -50,8 +51,7 @@ _SEGMENT_MAX = 64 << 20
 
 def default_cache_root() -> Path:
     """`$HAPI_CACHE_DIR/features`, or `~/.cache/hapi/features`."""
-    base = os.environ.get("HAPI_CACHE_DIR") or Path.home() / ".cache" / "hapi"
-    return Path(base) / "features"
+    return cache_home("features")
 
 
 @dataclass

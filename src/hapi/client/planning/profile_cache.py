@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from hapi._cache_home import cache_home
 from hapi.graph import ModelGraph
 from hapi.plan import CodecProfile, LinkProfile, ServerProfile, TrainerProfile
 
@@ -48,10 +49,7 @@ class ProfileCache:
     """
 
     def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
-        if root is None:
-            base = os.environ.get("HAPI_CACHE_DIR") or Path.home() / ".cache" / "hapi"
-            root = Path(base) / "profiles"
-        self.root = Path(root)
+        self.root = Path(root) if root is not None else cache_home("profiles")
 
     def trainer(
         self,

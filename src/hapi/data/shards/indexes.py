@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from hapi._cache_home import cache_home
 from hapi.data.shards.parquet_index import ParquetIndex
 from hapi.data.shards.tar_index import WINDOW, TarIndex
 from hapi.errors import HapiError, ObjectNotFound
@@ -40,8 +41,7 @@ class StaleIndex(HapiError):
 
 def index_dir() -> Path:
     """`$HAPI_CACHE_DIR/shards`, or `~/.cache/hapi/shards`."""
-    base = os.environ.get("HAPI_CACHE_DIR") or Path.home() / ".cache" / "hapi"
-    return Path(base) / "shards"
+    return cache_home("shards")
 
 
 class ShardIndexes:

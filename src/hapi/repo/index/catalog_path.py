@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-from pathlib import Path
 from urllib.parse import urlparse
 
+from hapi._cache_home import cache_home
 from hapi.data.store import StoreOptions
 
 __all__ = ["default_catalog_path", "store_identity"]
@@ -54,8 +54,7 @@ def default_catalog_path(uri: str, options: StoreOptions | None = None) -> str:
     if uri.startswith("memory://"):
         return ":memory:"
     digest = hashlib.sha256(store_identity(uri, options).encode()).hexdigest()[:16]
-    root = os.environ.get("HAPI_CACHE_DIR") or os.path.join(Path.home(), ".cache", "hapi")
-    return os.path.join(root, f"repo-{digest}.sqlite")
+    return str(cache_home() / f"repo-{digest}.sqlite")
 
 
 def _normal_endpoint(endpoint: str) -> str:
