@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from hapi.client.config.job import JobConfig
+from hapi.client.job._plan import trains_cached
 from hapi.client.planning.codec_choice import (
     codec_candidates,
     codecs_may_pay,
@@ -57,23 +58,28 @@ def test_lossy_wire_adds_fp16_int8_and_fp8_after_the_jobs_dtype() -> None:
     assert dtypes == ["int8"] * 3 + ["fp16"] * 3 + ["fp8"] * 3
 
 
+def _codecs(**options: object) -> tuple[tuple[str, str], ...]:
+    config = _config(**options)
+    return job_codecs(config.wire, cached=trains_cached(config))
+
+
 def test_a_cached_training_loop_keeps_the_jobs_dtype_under_lossy_wire() -> None:
     # Random augmentation: nothing is cached, so lossy dtypes are weighed.
-    assert {d for d, _ in job_codecs(_config(lossy_wire=True))} == {
+    assert {d for d, _ in _codecs(lossy_wire=True)} == {
         "fp32",
         "fp16",
         "int8",
         "fp8",
     }
     # Deterministic features go to the trainer's cache, whose entries are keyed by dtype.
-    assert {d for d, _ in job_codecs(_config(lossy_wire=True, augment=False))} == {"fp32"}
-    assert {d for d, _ in job_codecs(_config(lossy_wire=True, augment=False, cache=False))} == {
+    assert {d for d, _ in _codecs(lossy_wire=True, augment=False)} == {"fp32"}
+    assert {d for d, _ in _codecs(lossy_wire=True, augment=False, cache=False)} == {
         "fp32",
         "fp16",
         "int8",
         "fp8",
     }
-    assert {d for d, _ in job_codecs(_config())} == {"fp32"}
+    assert {d for d, _ in _codecs()} == {"fp32"}
 
 
 def test_the_config_defaults_to_auto_and_refuses_lossy_with_exact() -> None:

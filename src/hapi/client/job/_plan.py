@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from hapi.cache import Cacheability
+from hapi.cache import Cacheability, cacheability
 from hapi.client.config.job import JobConfig
 from hapi.client.job._data import JobData
 from hapi.client.job._model import JobModel
@@ -117,7 +117,7 @@ def measure_plan(
         seed=training.seed,
         wire_dtype=config.wire.dtype,
         cache=ProfileCache() if config.planning.reuse_profiles else None,
-        codecs=job_codecs(config),
+        codecs=job_codecs(config.wire, cached=trains_cached(config)),
     )
     plan = planned.plan
     message = plan.reason
@@ -133,3 +133,8 @@ def measure_plan(
                "stale_link": planned.stale_link is not None}  # fmt: skip
     record(Event("plan", None, None, message, details))
     return plan
+
+
+def trains_cached(config: JobConfig) -> bool:
+    """Whether the job's training features go to the trainer's cache."""
+    return config.cache.enabled and cacheability(config.train_transforms).cacheable

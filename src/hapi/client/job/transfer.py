@@ -71,7 +71,18 @@ class TransferJob:
         **options: Unpack[JobOptions],
     ) -> None:
         address = server.address if isinstance(server, Connection) else server
-        self.config = config = JobConfig.from_options(model, dataset, address, **options)
+        self._start(JobConfig.from_options(model, dataset, address, **options), server)
+
+    @classmethod
+    def from_config(cls, config: JobConfig) -> TransferJob:
+        """The job `config` describes (built nested, or by `JobConfig.from_options`)."""
+        job = cls.__new__(cls)
+        job._start(config, config.server)
+        return job
+
+    def _start(self, config: JobConfig, server: str | Connection | Sequence[str]) -> None:
+        """Connect, build the model, the data and the plan of the job `config` describes."""
+        self.config = config
         """The job's options, one part per concern (`JobConfig`)."""
         self.connections = connect_all(config, server)
         """One connection per server, in the order given (connected on first use)."""
@@ -104,11 +115,6 @@ class TransferJob:
         if config.planning.mode != "local":
             fixed = self._plans.fixed
             parts.check_exportable(fixed[0] if fixed is not None else self.freeze)
-
-    @classmethod
-    def from_config(cls, config: JobConfig) -> TransferJob:
-        """The job `config` describes (built nested, or by `JobConfig.from_options`)."""
-        return cls(config.model, config.dataset, config.server, **config.options())
 
     @property
     def trainable_parameters(self) -> list[nn.Parameter]:

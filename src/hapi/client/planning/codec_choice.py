@@ -16,8 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from hapi.cache import cacheability
-from hapi.client.config.job import JobConfig
+from hapi.client.config.parts import WireConfig
 from hapi.data import Transforms, load_sample
 from hapi.graph import ModelGraph
 from hapi.plan import (
@@ -170,10 +169,9 @@ def loop_codec(wire_dtype: WireDtype, compression: Compression | str, plan: Plan
     return wire_dtype, "none" if compression == "auto" else check_compression(compression)
 
 
-def job_codecs(config: JobConfig) -> tuple[Codec, ...]:
+def job_codecs(wire: WireConfig, *, cached: bool) -> tuple[Codec, ...]:
     """The codecs a job's planner weighs: its dtype, and with `lossy_wire` fp16, int8 and fp8
-    - unless its training features go to the trainer's cache, whose entries are keyed by
-    the dtype: it then stays the job's, and the planner chooses the compression alone."""
-    cached = config.cache.enabled and cacheability(config.train_transforms).cacheable
-    wire = config.wire
+    - unless its training features go to the trainer's cache (`cached`), whose entries are
+    keyed by the dtype: it then stays the job's, and the planner chooses the compression
+    alone."""
     return codec_candidates(wire.dtype, wire.compression, lossy=wire.lossy and not cached)
