@@ -21,8 +21,8 @@ from hapi.plan import Plan, ReadMeasurement, TrainMeasurement, assign
 
 __all__ = [
     "ChunkRecord",
-    "InForce",
     "PlanCell",
+    "PlanVersion",
     "Route",
     "Router",
     "check_choice",
@@ -77,7 +77,7 @@ class ChunkRecord:
 
 
 @dataclass(frozen=True)
-class InForce:
+class PlanVersion:
     """One version of the plan in force: chunks issued under it follow it whole."""
 
     cut: int
@@ -90,7 +90,7 @@ class InForce:
 
 
 class PlanCell:
-    """The plan in force: one immutable `InForce`, replaced whole by `publish` and read
+    """The plan in force: one immutable `PlanVersion`, replaced whole by `publish` and read
     whole by `get`, so a reader never sees a cut with another version's share.
 
     A job's `PlanInForce` owns one and is its only publisher (the user's `set_plan`, the
@@ -100,11 +100,11 @@ class PlanCell:
 
     def __init__(self, cut: int, share: float = 0.0, *, plan: Plan | None = None) -> None:
         check_choice(cut, share)
-        self._value = InForce(cut, share, plan=plan)
+        self._value = PlanVersion(cut, share, plan=plan)
         self._lock = threading.Lock()
-        self._watchers: list[Callable[[InForce], None]] = []
+        self._watchers: list[Callable[[PlanVersion], None]] = []
 
-    def get(self) -> InForce:
+    def get(self) -> PlanVersion:
         """The version in force now."""
         return self._value
 
@@ -120,12 +120,12 @@ class PlanCell:
         check_choice(cut, share)
         with self._lock:
             before = self._value
-            self._value = InForce(cut, share, before.version + 1, reason, plan)
+            self._value = PlanVersion(cut, share, before.version + 1, reason, plan)
             watchers = list(self._watchers)
         for watcher in watchers:
             watcher(before)
 
-    def watch(self, watcher: Callable[[InForce], None]) -> Callable[[], None]:
+    def watch(self, watcher: Callable[[PlanVersion], None]) -> Callable[[], None]:
         """Call `watcher` with the version replaced at each publish, until the returned
         function is called."""
         with self._lock:
@@ -256,7 +256,7 @@ class Router:
                 )
             )
 
-    def _published(self, before: InForce) -> None:
+    def _published(self, before: PlanVersion) -> None:
         """A new version is in force: the chunks in flight, which follow the version it
         replaced, are recalled if it moves them."""
         if self._moves(before.cut, before.share):
