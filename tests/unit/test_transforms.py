@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import math
 import random
+import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -26,7 +29,7 @@ from hapi.data import (
     sample_seed,
     synth_image,
 )
-from hapi.data import images as images_module
+from hapi.data.images import MAX_PIXELS
 from hapi.data.ops import Op
 from hapi.errors import CorruptObject, InvalidRequest
 
@@ -231,7 +234,19 @@ def test_corrupt_and_truncated_images_name_their_key(data: bytes, reason: str) -
         load_sample(data, "train/cat/7.jpg", Transforms.eval(8), seed=0)
 
 
-def test_oversized_images_are_refused_before_decoding(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(images_module, "MAX_PIXELS", 1000)
-    with pytest.raises(CorruptObject, match="over 1000"):
-        decode_image(jpeg(40, 40), "big.jpg")
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG that says it is `width` x `height` pixels (a decompression bomb's header) and
+    holds no pixels: refused from the header, it never needs them."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        crc = zlib.crc32(kind + body).to_bytes(4, "big")
+        return len(body).to_bytes(4, "big") + kind + body + crc
+
+    header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)  # 1-bit grey
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b"")
+
+
+def test_oversized_images_are_refused_before_decoding() -> None:
+    side = math.isqrt(MAX_PIXELS) + 1
+    with pytest.raises(CorruptObject, match=f"{side}x{side} pixels is over {MAX_PIXELS}"):
+        decode_image(_png_header(side, side), "big.png")
