@@ -79,21 +79,25 @@ def read_objects(
         # A shard's members close together are read with one request (`MemberStore`).
         yield from members.read(keys, ahead=ahead, max_bytes=max_bytes)
         return
-    queue = iter(keys)
+    # A task reads a run of keys: a future and a thread hand-off per object cost more than
+    # reading a small object from a local disk (30% of a server's time on 1 KB JPEGs).
+    # Every read of a chunk is still under way at once when it has up to `ahead` runs.
+    run = 1 if max_bytes is not None else max(1, -(-len(keys) // ahead))
+    runs = (keys[i : i + run] for i in range(0, len(keys), run))
     with ThreadPoolExecutor(min(ahead, len(keys)), thread_name_prefix="hapi-read") as pool:
-        pending: deque[Future[bytes | BaseException]] = deque(
-            pool.submit(_read, store, key) for key in itertools.islice(queue, ahead)
+        pending: deque[Future[list[bytes | BaseException]]] = deque(
+            pool.submit(_read_run, store, keys) for keys in itertools.islice(runs, ahead)
         )
         try:
             while pending:
-                result = pending.popleft().result()
+                results = pending.popleft().result()
                 limit = max_bytes if max_bytes is not None else float("inf")
                 while len(pending) < ahead and _buffered(pending) < limit:
-                    key = next(queue, None)
-                    if key is None:
+                    more = next(runs, None)
+                    if more is None:
                         break
-                    pending.append(pool.submit(_read, store, key))
-                yield result
+                    pending.append(pool.submit(_read_run, store, more))
+                yield from results
         finally:
             for future in pending:
                 future.cancel()
@@ -179,5 +183,9 @@ def _read(store: ObjectStore, key: str) -> bytes | BaseException:
         return exc
 
 
-def _buffered(pending: deque[Future[bytes | BaseException]]) -> int:
-    return sum(len(r) for f in pending if f.done() and isinstance(r := f.result(), bytes))
+def _read_run(store: ObjectStore, keys: Sequence[str]) -> list[bytes | BaseException]:
+    return [_read(store, key) for key in keys]
+
+
+def _buffered(pending: deque[Future[list[bytes | BaseException]]]) -> int:
+    return sum(len(r) for f in pending if f.done() for r in f.result() if isinstance(r, bytes))
