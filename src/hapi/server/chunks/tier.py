@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from hapi.data import ObjectStore, Transforms
-from hapi.data.blob import Blob
+from hapi.data.shards.blob import Blob
 from hapi.server.chunks._batches import Sent, Wire
 from hapi.server.chunks._counters import SessionCounters
 from hapi.server.chunks._outbox import Outbox
