@@ -84,14 +84,7 @@ def check_repository(
         StoreUnavailable: the store cannot be reached.
     """
     manifests, bad_manifests = _read_manifests(store)
-    users: dict[str, list[str]] = {}
-    for m in manifests:
-        for key, entry in m.tensors.items():
-            users.setdefault(tensor_key(entry.hash), []).append(f"{m.name}:{key}")
-    markers = read_markers(store)
-    direct = {h for k in users if (h := hash_of_tensor_key(k)) is not None}
-    for digest in sorted(with_bases(direct, markers) - direct):
-        users[tensor_key(digest)] = ["(the base of a delta)"]
+    users = _users(store, manifests)
     stored = {k: h for k in store.list(TENSORS) if (h := hash_of_tensor_key(k)) is not None}
     # Referenced blobs absent from the listing are read too: one may have been written
     # since the listing, and a read is what tells "missing" for sure.
@@ -131,6 +124,20 @@ def check_repository(
         unreferenced_bytes=unreferenced_bytes,
         repaired=repair,
     )
+
+
+def _users(store: ObjectStore, manifests: list[VersionManifest]) -> dict[str, list[str]]:
+    """Each referenced blob's key, with the tensors (`name:key`) that use it; the bases of
+    delta blobs count as used."""
+    users: dict[str, list[str]] = {}
+    for m in manifests:
+        for key, entry in m.tensors.items():
+            users.setdefault(tensor_key(entry.hash), []).append(f"{m.name}:{key}")
+    markers = read_markers(store)
+    direct = {h for k in users if (h := hash_of_tensor_key(k)) is not None}
+    for digest in sorted(with_bases(direct, markers) - direct):
+        users[tensor_key(digest)] = ["(the base of a delta)"]
+    return users
 
 
 def _read_manifests(store: ObjectStore) -> tuple[list[VersionManifest], dict[str, str]]:
