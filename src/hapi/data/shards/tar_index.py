@@ -1,16 +1,9 @@
 """`TarIndex`: where each WebDataset sample's image lies in a `.tar` shard, from its headers.
 
-A shard is indexed once (per version) by reading its 512-byte headers with ranged reads.
-Where members are small (photos, labels) a read covers many of them (`SPAN`): a request
-per header cost a shard of 100 KB photos ~160 requests, one after the other, 3 s at a
-cloud store's 20 ms each, where a few windows read the same shard in ~0.1 s. Past a large
-member (a video, a big TIFF) the next read is a small window at the next header, so its
-bytes are jumped. Reading a sample is then one ranged request for its image member, and a
-run of samples one request for their span.
-
-A shard that breaks off - cut mid-member by an interrupted upload, a damaged header, no
-end-of-archive blocks - keeps the samples before the break; the sample in progress there
-and the bytes after it are its `damage`.
+A shard is indexed once (per version) by reading its 512-byte headers with ranged reads:
+a `SPAN` covering many small members, a small `WINDOW` after a large one. A shard that
+breaks off keeps the samples before the break; the rest is its `damage`. Why, with
+figures: docs/data.md, "Indexing a tar shard".
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """`fsck`: check every manifest and every stored tensor, and drop the corrupt tensors.
 
-Everything is checked and reported, whatever is found on the way: a manifest that cannot
-be read is one finding, not the end of the check. Blobs no readable manifest references
-are hashed too, because a later push that needs such a tensor finds its blob present and
-does not write it again: a corrupt one would be adopted.
-
-A delta blob is checked by decoding it over its base, so a corrupt base shows in every
-delta on it too. A blob this hapi cannot decode (a newer codec) is reported apart and
-never deleted: it is not known to be corrupt.
-
-A corrupt blob keeps its name, so a push of the same model would find it present and not
-replace it; `fsck(repair=True)` deletes it, and the next push of any model holding that
-tensor writes it again.
+Everything is checked and reported, unreferenced blobs included; a delta is checked by
+decoding it over its base; a blob of an unknown codec is reported apart and never
+deleted. `fsck(repair=True)` deletes corrupt blobs, and the next push of a model holding
+that tensor writes it again. More: docs/repository.md, "Checking a repository (fsck)".
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """Garbage collection: delete the blobs no manifest references.
 
-Safety rests on two rules. First, the referenced set is computed from the manifests in the
-store itself, not from any catalog, and a manifest that cannot be read stops the gc (its
-references are unknown). Second, the gc runs only while it holds the gc lock and no live
-push lock exists (`locks.py`), so no push can be between "found blob X already stored" and
-"wrote the manifest that references X" while blobs are deleted. Manifests that no ref
-names (left by pushes that died between the two writes) are removed too, once older than
-the lock TTL. A blob is referenced when a kept manifest names it or a referenced delta
-blob is a delta against it (`markers.py`), however deep the chain. On a local directory
-store, the staging files of writes cut short (`hapi.data.store.partial`), which no listing shows,
-are removed too.
+The referenced set comes from the store's own manifests (one that cannot be read stops
+the gc), and the gc runs only while it holds the gc lock and no live push lock exists
+(`locks.py`). Unnamed manifests older than the lock TTL, the markers of deleted blobs and,
+on a local directory store, staging files of writes cut short go too. Why this is safe:
+docs/repository.md, "Garbage collection".
 """
 
 from __future__ import annotations
