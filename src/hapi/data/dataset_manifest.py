@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,17 +101,8 @@ class DatasetManifest:
                 sharded.damaged,
             )
         base = f"{prefix}/" if prefix else ""
-        endings = tuple(e.lower() for e in extensions)
-        pairs: list[tuple[str, str]] = []
-        versions: dict[str, str] = {}
-        for key, version in store.list_versions(prefix) if listed is None else listed:
-            if not key.startswith(base) or not key.lower().endswith(endings):
-                continue
-            parts = key[len(base) :].split("/")
-            if len(parts) < 2 or any(p.startswith(".") for p in parts):
-                continue
-            pairs.append((parts[0], key))
-            versions[key] = version
+        listing = store.list_versions(prefix) if listed is None else listed
+        pairs, versions = _image_folder(listing, base, extensions)
         if not pairs:
             where = f"under prefix {prefix!r}" if prefix else "at the root"
             raise ObjectNotFound(
@@ -191,3 +182,25 @@ class DatasetManifest:
             raise InvalidRequest(f"malformed manifest: no field {exc}") from exc
         except (TypeError, ValueError) as exc:
             raise InvalidRequest(f"malformed manifest: {exc}") from exc
+
+
+def _image_folder(
+    listing: Iterable[tuple[str, str]], base: str, extensions: Sequence[str]
+) -> tuple[list[tuple[str, str]], dict[str, str]]:
+    """The (class, key) of every image of an ImageFolder layout under `base`, and versions.
+
+    A class is an image's first folder under `base`; objects right under it, other
+    extensions and paths with a part starting with `.` are left out.
+    """
+    endings = tuple(e.lower() for e in extensions)
+    pairs: list[tuple[str, str]] = []
+    versions: dict[str, str] = {}
+    for key, version in listing:
+        if not key.startswith(base) or not key.lower().endswith(endings):
+            continue
+        parts = key[len(base) :].split("/")
+        if len(parts) < 2 or any(p.startswith(".") for p in parts):
+            continue
+        pairs.append((parts[0], key))
+        versions[key] = version
+    return pairs, versions

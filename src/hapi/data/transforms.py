@@ -1,23 +1,11 @@
 """`Transforms`: a serialisable image pipeline whose randomness comes only from a seed.
 
-A `Transforms` is data (a tuple of small frozen ops, see `hapi.data.ops`), so it travels in
-a session request as JSON and the server builds exactly the pipeline the trainer asked
-for. Random ops draw from a `random.Random` seeded by `sample_seed(job seed, epoch, key)`,
-never from the global RNG, so a sample is bit-identical wherever it is transformed: on the
-server, in the trainer, or on a retry.
-
-Where the tensor appears: ops before the first `Normalize` act on the PIL image; right
-before it (or at the end when there is none) the image becomes a float32 CHW tensor in
-[0, 1] (torchvision's `ToImage` + `ToDtype(float32, scale=True)`).
-
-Decoding at a reduced size (`reduced_decode`, on by default): when the first op shrinks
-the image (`Resize`, `RandomResizedCrop`), a JPEG is decoded at the smallest of 1/2, 1/4 or
-1/8 of its size that still gives the op's output its pixels (PIL's `draft`, libjpeg's
-DCT scaling), and the op resamples from that. A 440 px photo cropped to 64 px decodes at
-half size: 1.5x less decode-and-crop time, and the sample is within 44 dB PSNR of the
-full decode's (mean difference 1.1 of 255). Both tiers decode the same way, so a sample is
-still bit-identical wherever it is computed; `reduced_decode=False` gives torchvision's
-full decode exactly.
+A `Transforms` is data (a tuple of frozen ops, `hapi.data.ops`) that travels as JSON;
+random ops draw from a `random.Random` seeded by `sample_seed(job seed, epoch, key)`, so a
+sample is bit-identical wherever it is transformed. The image becomes a float32 CHW tensor
+in [0, 1] right before the first `Normalize` (or at the end). `reduced_decode` (on by
+default) decodes a JPEG at a reduced size when the first op shrinks it. Details and
+measurements: docs/data.md, "Transforms".
 """
 
 from __future__ import annotations

@@ -1,29 +1,11 @@
 """Finding the cut points of a traced graph (torch.fx's, or torch.export's made into one).
 
-A node is a *candidate* when exactly one value flows across it: of the values defined at
-or before it (the input placeholder included), the only one used after it is its own, and
-that value is a tensor. Some values never count as flowing (`shared_values`):
-
-- parameters, buffers and constants (`get_attr` nodes): both sides read them from the
-  shared modules, so each belongs to the side that uses it;
-- `x.size(0)`, the batch size: the tail reads it off the activation it receives;
-- what is computed from those alone, without parameters or randomness (an attention mask
-  built from the sequence length and the batch size): the tail computes it again.
-
-Candidates are then collapsed to *block* boundaries, so that a ResNet has one cut per
-residual block rather than one per ReLU. A candidate is kept when it is the last node of
-a block's call, a block being a child of the model or of a plain container
-(`nn.Sequential`, `nn.ModuleList`, `nn.ModuleDict`) at any depth, or when it is a
-functional step at the model's top level (`torch.flatten` in a ResNet, `add` in a user's
-forward). Since the graph's output is always a candidate and runs at the top level, the
-last cut point is the model's output when the model returns one tensor.
-
-Names: a block's cut is named after the outermost block that ends there; the inner ones
-are its aliases (`layer1` and `layer1.1` end at the same node). A functional step is
-named after the top-level module that ran last before it and the operation taken,
-`avgpool+flatten`, `encoder+getitem` (the class token of a ViT); its graph node's name
-(`flatten`, `getitem_29`) is an alias. Names depend only on the model's code, so they are
-the same in every run and every process.
+A node is a candidate when exactly one tensor value flows across it (parameters, the
+batch size and what is computed from those alone do not count: `shared_values`).
+Candidates are collapsed to block boundaries - the last node of a child block of the model
+or of a plain container, or a functional step at the top level - and named after the
+outermost block that ends there (`layer1`) or the module before a step and its operation
+(`avgpool+flatten`). The rules in full: docs/graph.md, "Cut points".
 """
 
 from __future__ import annotations

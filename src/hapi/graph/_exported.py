@@ -1,15 +1,10 @@
 """Tracing with torch.export: models torch.fx cannot trace (Hugging Face, some timm).
 
-torch.export runs the model's Python with fake tensors, so keyword arguments, decorators,
-output classes and Python control flow on shapes and configuration are no obstacle; what
-it records is a graph of ATen operations whose nodes carry the module calls they ran in
-(`nn_module_stack`). `export_scoped` turns that program into the same form as an fx trace:
-one input `x`, `get_attr` nodes reading the model's own parameters and buffers, and
-`node.meta["scopes"]`, so that cut points are found and split by the same code.
-
-The graph computes the model's *output tensor*: `model(x)` itself, its `.logits` when it
-returns a Hugging Face `ModelOutput` or a dict, or its first element when it returns a
-tuple (`model_output`).
+`export_scoped` turns torch.export's program into the same form as an fx trace (one input
+`x`, `get_attr` nodes for the model's parameters and buffers, `node.meta["scopes"]`), so
+cut points are found and split by the same code. The graph computes the model's output
+tensor (`model_output`): `model(x)`, its `.logits`, or a tuple's first element. More:
+docs/graph.md, "Tracing with torch.export".
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """A torch.fx model whose root branches on `self.training` in Python: one graph per mode.
 
-torch.fx follows one path through Python's `if`, so a root forward with
-`if self.training:` (noise injection, an auxiliary branch) gives a graph of one mode only.
-Such a root is traced twice, as torchvision's `create_feature_extractor` does with its
-train and eval return nodes: with its flag False (the eval graph) and True (the train
-graph). A tail is a `ModalPart` over both and runs the graph of the mode it is in; a head
-is frozen, so it always runs the eval graph, and a training-only step of the root before
-the cut does not run (as every frozen layer runs in eval mode).
-
-A cut must be one in both graphs: the cut points kept are the eval graph's that the train
-graph also has, matched by name and in the same order, with the same activation shape. A
-block's cut is its module's last node in either graph. A functional step's name
-(`body+add`) says only which module ran before it, so a step is matched only where the
-operations on one side of it, up to the nearest module, are the same in both graphs: a
-training-only `x + noise` is then not taken for a later `x + skip` of the eval graph.
+Such a root is traced twice (its flag False: the eval graph; True: the train graph). A
+tail is a `ModalPart` over both and runs the graph of its mode; a head is frozen and runs
+the eval graph. The cut points kept are the eval graph's that the train graph also has,
+by name, in order and with the same shape; a functional step is matched only where the
+operations up to the nearest module are the same in both. More: docs/graph.md, "A root
+that branches on self.training".
 """
 
 from __future__ import annotations

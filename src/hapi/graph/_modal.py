@@ -1,19 +1,11 @@
 """Heads and tails of exported models, which follow the model's train/eval modes.
 
-torch.export records the operations a model runs in the mode it is in: dropout with its
-`train` flag set, batch norm with batch statistics or running ones, drop-path's random
-mask or nothing. So an exported graph is one *variant* of the model per configuration of
-its modules' `training` flags. `ExportSource` exports the model again (once) for each
-configuration it meets, and `ModalPart`, a head or a tail, runs the variant of the
-configuration the model is in when it is called: the tail trains exactly what the model
-would, with its frozen modules in eval mode and the rest in train mode.
-
-`ModalPart.train(mode)` sets the flags of the model's modules it runs: for a head, those
-whose every operation is in the head; for a tail, those with an operation in the tail,
-and the model itself. (A module running on both sides of the cut follows the tail.)
-
-`ModalPart` runs any `PartSource`: `ExportSource` here, and `hapi.graph._fx_modes`'s
-`FxSource`, a torch.fx model whose root branches on `self.training` (two graphs).
+An exported graph is one variant of the model per configuration of its modules'
+`training` flags. `ExportSource` exports the model once per configuration it meets, and a
+`ModalPart` (a head or a tail) runs the variant of the configuration the model is in;
+`ModalPart.train(mode)` sets the flags of the modules it runs. It runs any `PartSource`:
+`ExportSource`, or `hapi.graph._fx_modes`'s `FxSource`. More: docs/graph.md, "Heads and
+tails that follow train and eval modes".
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """Keeping a model's training behaviour in its traced graph.
 
-torch.fx runs a model's Python once, so a branch on `self.training` (dropout, drop-path,
-stochastic depth, drop-connect) would be frozen in the mode seen while tracing. Two rules
-keep it live instead:
-
-- a submodule whose forward reads `self.training` is traced as a leaf: the graph calls
-  the module itself, which then behaves per its own mode (`reads_training`);
-- the root's own reads of `self.training` become a read of the traced graph's `training`
-  attribute, so `tail.train()` switches them (`training_as_graph_input`). A root that
-  branches on it in Python cannot be traced that way; it is traced once per mode instead
-  (`trace_in_mode`), and its tails run the graph of the mode they are in
-  (`hapi.graph._fx_modes`), as torchvision's `create_feature_extractor` builds a train
-  graph and an eval graph.
+A submodule whose forward reads `self.training` is traced as a leaf (`reads_training`);
+the root's own reads become a read of the traced graph's `training` attribute
+(`training_as_graph_input`), and a root that branches on it in Python is traced once per
+mode (`trace_in_mode`, `hapi.graph._fx_modes`). Why: docs/graph.md, "Keeping a model's
+training behaviour in its traced graph".
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """A head as a content-addressed artifact: a user's own model, run next to the data
 without the server running the user's Python or unpickling anything.
 
-The trainer exports the head at a cut with torch.export for the job's input shape (any
-batch size) and writes it as two byte strings: `program`, torch.export's JSON of the
-program (the schema of `torch._export.serde`, with node metadata and guard code left out),
-and `weights`, a safetensors file of its parameters, buffers and tensor constants. Its
-`digest` (SHA-256 over both) names it: equal content, equal digest, one copy in a server's
-memory.
-
-Loading never calls `torch.load` or `torch.export.load` (which fall back to pickle), and
-never `ExportedProgram.module()` (which executes the program's guard code): the JSON is
-checked first (ATen operators only, shape expressions of symbols and numbers only, no
-custom objects or subgraphs), then read by torch's deserializer with the weights given as
-tensors, and turned into an fx graph module here.
-
-What a model must satisfy: its head must be exportable by torch.export at the input shape
-(no Python branch on tensor values, no data-dependent shapes), and its constants must be
-tensors. `export_head` says which operation fails when it is not.
+`export_head` writes the head at a cut as torch.export's JSON (`program`) and a
+safetensors file (`weights`), named by their SHA-256 `digest`. `load_head` never calls
+`torch.load`, `torch.export.load` or `ExportedProgram.module()`: the JSON is checked (ATen
+operators, plain shape expressions, no custom objects or subgraphs), deserialised with the
+weights as tensors and turned into an fx graph module here. What a model must satisfy:
+docs/graph.md, "A head as a content-addressed artifact".
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """Memory layout of activations: the standard (C-contiguous) strides the wire assumes.
 
-A model may leave an activation channels-last or permuted: ConvNeXt and Swin end in
-`(N, C, 1, 1)` tensors whose strides come from an `(N, 1, 1, C)` one. `Tensor.contiguous()`
-does nothing to those (size-1 dimensions make any stride contiguous), yet numpy and Arrow
-read the strides as a permutation. `standard_layout` gives every tensor the strides of a
-fresh C-contiguous tensor of its shape, copying only when the memory order differs.
-
-Kernels choose their algorithm by layout (a channels-last convolution sums in another
-order), so a tail given the standard layout would compute other bits than the model did.
-A tail therefore lays its input out again as the model had it (`with_sample_strides`):
-`tail(head(x))`, through the wire or not, is `model(x)` bit for bit.
+`standard_layout` gives every tensor the strides of a fresh C-contiguous tensor of its
+shape, copying only when the memory order differs (`contiguous()` is not enough for
+size-1 dimensions). A tail lays its input out again as the model had it
+(`with_sample_strides`), so `tail(head(x))` is `model(x)` bit for bit. Why: docs/graph.md,
+"The memory layout of activations".
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Named models that both sides of the wire build identically.
 
-A session names its model by a `ModelSpec`, and the server and the trainer each build it:
-the same name, weights, options and seed give bit-identical parameters in every process.
-Nothing is downloaded: `weights=None` is a seeded random init, and the only real
-pre-trained weights are the ones that ship inside a package (EfficientNet-Lite0's).
-
-Names: a torchvision classification model (`resnet18`), `efficientnet_lite0`, a timm model
-(`timm:vit_tiny_patch16_224`, when timm is installed) or a Hugging Face image classifier
-built from its config (`hf:ViTConfig`, `hf:ViTForImageClassification` or `hf:vit`, when
-transformers is installed). `config` holds the builder's options: torchvision's and timm's
-keyword arguments, or the Hugging Face config's fields.
+A session names its model by a `ModelSpec`; the same name, weights, options and seed give
+bit-identical parameters in every process, and nothing is downloaded. Names: torchvision
+classification models, `efficientnet_lite0`, `timm:NAME` and `hf:CONFIG` (when installed);
+`config` holds the builder's options. More: docs/graph.md, "Named models".
 """
 
 from __future__ import annotations

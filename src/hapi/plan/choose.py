@@ -73,24 +73,7 @@ def choose_plan(
     if last < INPUT:
         raise InvalidRequest(f"cannot plan: freeze {freeze} or the profiles cover no cut")
     names = tuple(names)
-
-    def name(cut: int) -> str:
-        if cut == RAW:
-            return "raw"
-        if cut == INPUT:
-            return "input"
-        return names[cut - 1] if cut <= len(names) else str(cut)
-
-    def weigh(cut: int, share: float) -> Estimate:
-        return estimate(cut, share, server, trainer, link, workload, name=name(cut))
-
-    options = [weigh(RAW, 0.0)] if config.raw else []
-    for cut in range(INPUT, last + 1):
-        options.append(weigh(cut, 0.0))
-        if config.hybrid:
-            share = best_share(cut, server, trainer, link, workload)
-            if 0.0 < share < 1.0:
-                options.append(weigh(cut, share))
+    options = _options(server, trainer, link, workload, last=last, names=names, config=config)
     options.sort(key=lambda o: (o.epoch_s, _simplicity(o)))
     fastest = options[0]
     ties = [o for o in options if o.epoch_s <= fastest.epoch_s * (1 + config.tolerance)]
@@ -109,6 +92,39 @@ def choose_plan(
         # A re-plan keeps the codec: its profiles' sizes are that codec's.
         compression=current.compression if current is not None else "none",
     )
+
+
+def _options(
+    server: ServerProfile,
+    trainer: TrainerProfile,
+    link: LinkProfile,
+    workload: Workload,
+    *,
+    last: int,
+    names: tuple[str, ...],
+    config: PlannerConfig,
+) -> list[Estimate]:
+    """Every option weighed: RAW, each cut from INPUT to `last`, and each cut's hybrid
+    with its best local share, as `config` allows."""
+
+    def name(cut: int) -> str:
+        if cut == RAW:
+            return "raw"
+        if cut == INPUT:
+            return "input"
+        return names[cut - 1] if cut <= len(names) else str(cut)
+
+    def weigh(cut: int, share: float) -> Estimate:
+        return estimate(cut, share, server, trainer, link, workload, name=name(cut))
+
+    options = [weigh(RAW, 0.0)] if config.raw else []
+    for cut in range(INPUT, last + 1):
+        options.append(weigh(cut, 0.0))
+        if config.hybrid:
+            share = best_share(cut, server, trainer, link, workload)
+            if 0.0 < share < 1.0:
+                options.append(weigh(cut, share))
+    return options
 
 
 def _simplicity(o: Estimate) -> tuple[bool, int, float]:

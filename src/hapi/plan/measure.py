@@ -1,17 +1,9 @@
 """Measuring a model's costs per cut: computation only, on tensors and bytes given.
 
-Both tiers use these: the trainer for its own profile at the start of a job, the server
-for the `profile` action (after reading the objects itself). Kept short - a small batch,
-one or two repeats, the median - so a job can afford them before its first epoch.
-
-Times are wall-clock (`time.perf_counter`), not CPU time: torch runs an operator on its
-intra-op thread pool, so the calling thread's CPU clock misses most of the work when
-there is more than one thread, and on a GPU the work is asynchronous (we synchronise
-before reading the clock). The cost model compares stages that run side by side in wall
-time, so wall time is also what it needs. The median of the repeats damps interference.
-
-The model is left exactly as it was: train/eval modes, `requires_grad`, gradients,
-buffers (batch-norm statistics) and the RNG are restored after each measurement.
+Both tiers use these: the trainer for its own profile, the server for the `profile`
+action. Kept short (a small batch, one or two repeats, the median), in wall-clock time,
+and the model is left exactly as it was (modes, `requires_grad`, gradients, buffers, the
+RNG). Why wall time: docs/cost-model.md, "Measuring a model's costs per cut".
 """
 
 from __future__ import annotations

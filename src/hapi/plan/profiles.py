@@ -1,13 +1,9 @@
 """Profiles: what each tier and the link cost, per sample, as measured.
 
-Every time is seconds per sample and every size bytes per sample, so one profile serves
-any epoch length or chunk size. Per-cut tuples are indexed by cut, `INPUT` (0) first:
-`head_s[k]` is the head up to cut k, and the tuples stop at the last cut that was
-measured (never past the freeze point, as no cut may be).
-
-The server's profile crosses the wire (the `profile` action's reply), so every profile
-has `to_dict` / `from_dict`, and `from_dict` validates as `hapi.wire` does: a bad reply is
-an `InvalidRequest` naming the field.
+Times are seconds per sample and sizes bytes per sample; per-cut tuples are indexed by
+cut, `INPUT` (0) first, up to the last cut measured. Every profile has `to_dict` /
+`from_dict`, and `from_dict` validates as `hapi.wire` does. More: docs/cost-model.md,
+"Profiles".
 """
 
 from __future__ import annotations

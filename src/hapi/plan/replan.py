@@ -110,13 +110,7 @@ class Replanner:
         Raises:
             InvalidRequest: neither is given, or the two are of different chunks.
         """
-        if read is None and trained is None:
-            raise InvalidRequest("observe a chunk's read, its training, or both: got neither")
-        if read is not None and trained is not None and read.chunk != trained.chunk:
-            raise InvalidRequest(
-                f"a read and a training observed together must be of one chunk, got chunk "
-                f"{read.chunk!r} read and chunk {trained.chunk!r} trained"
-            )
+        _check_pair(read, trained)
         sudden = read is not None and self._sudden(read.transfer_s or 0.0)
         self._rates.add(*self._pair(read, trained, sudden=sudden))
         self.steps += 1
@@ -136,6 +130,17 @@ class Replanner:
         reason = self._drift.reason(self.plan, self._rates)
         if reason is None:
             return None
+        return self._replan(reason, averages)
+
+    def _replan(
+        self, reason: str, averages: tuple[dict[str, float], dict[str, float]]
+    ) -> PlanChange | None:
+        """Choose a plan at the measured rates; adopt it when it is worth a change, or the
+        plan in force re-predicted when the window has settled on the new rates.
+
+        A plan not worth it yet, on the last few chunks only, leaves the rates as
+        `averages` (as they were before the run restarted them).
+        """
         server, trainer, link = self.measured_profiles()
         previous = self.plan
         plan = choose_plan(
@@ -241,3 +246,14 @@ class Replanner:
         averaged = {s: (pair[0], pair[1]) for s, pair in pairs.items()}
         averaged["link"] = link_average
         return pairs, averaged
+
+
+def _check_pair(read: ReadMeasurement | None, trained: TrainMeasurement | None) -> None:
+    """Raise `InvalidRequest` unless one or both are given, of one chunk."""
+    if read is None and trained is None:
+        raise InvalidRequest("observe a chunk's read, its training, or both: got neither")
+    if read is not None and trained is not None and read.chunk != trained.chunk:
+        raise InvalidRequest(
+            f"a read and a training observed together must be of one chunk, got chunk "
+            f"{read.chunk!r} read and chunk {trained.chunk!r} trained"
+        )

@@ -1,26 +1,11 @@
 """The head cache: each head is loaded once and shared by every session that needs it.
 
-Loading a model is the slow part of opening a session (seconds for a large model); jobs
-that fine-tune the same base at the same cut share one head in the server's memory.
-
-A session names its model in one of two ways:
-
-- a `ModelSpec` dict: the server builds the whole model, traces it, and keeps its heads by
-  (spec, image size, cut);
-- a repository reference (`repo://flowers@2`, `flowers@2`, `flowers`): the server traces
-  the version's architecture on the meta device and reads only the head's tensors. Heads
-  are kept by their `cache_key`, a digest of their code and tensor hashes, so versions
-  fine-tuned from one base share one head for every cut below what they changed.
-
-Memory: the cache holds its tensors in the server's budget (`Scheduler.reserve`), each
-storage once however many heads and models share it. Traced models and heads no session
-holds are *idle*: kept for the next session, and evicted, oldest first, when a batch or
-another head needs their memory or when there are more than `idle` of them.
-
-Concurrency: each model or head is built once, under a lock of its own key (sessions
-opening the same model wait for the first; different models build side by side), and
-tracing holds the process's `TRACING` lock alone (`hapi._fx_lock`: torch.fx patches
-`nn.Module` for every thread while it traces). A build that fails caches nothing.
+A `ModelSpec` dict is built whole, traced, and its heads kept by (spec, image size, cut); a
+repository reference (`repo://flowers@2`) is traced on the meta device and only the head's
+tensors are read, kept by `cache_key`. Tensors count in the server's budget
+(`Scheduler.reserve`), each storage once; heads no session holds are idle and evicted
+oldest first. Each model or head is built once, under a lock of its own key, and tracing
+holds `hapi._fx_lock.TRACING`. More: docs/server.md, "The head cache".
 """
 
 from __future__ import annotations

@@ -110,25 +110,7 @@ class SessionOpener:
             if lease is not None:
                 self.heads.release(lease)
             raise
-        info = SessionInfo(
-            session=uuid.uuid4().hex,
-            cut=request.cut,
-            freeze=freeze,
-            num_cuts=num_cuts,
-            feature_shape=shape,
-            wire_dtype=request.wire_dtype,
-            bytes_per_sample=per_sample,
-            # Object bytes (JPEG, PNG) are compressed already: a RAW stream is sent as is.
-            compression="none" if request.cut == RAW else request.compression,
-            batch_size=self.config.batch_size,
-            memory_fixed=memory.fixed,
-            memory_per_sample=memory.per_sample,
-            head_bytes=tensor_bytes(head) if head is not None else 0,
-            idle_s=self.config.session_idle_s,
-            local_prefixes=[p.strip("/") for p in self.config.local_prefixes],
-            device=str(self.heads.device),
-            threads=torch.get_num_threads(),
-        )
+        info = self._info(request, freeze, num_cuts, shape, per_sample, memory, head)
         session = Session(
             id=info.session,
             request=request,
@@ -147,6 +129,37 @@ class SessionOpener:
             features=self.features,
         )
         return Opened(session, lease, graph)
+
+    def _info(
+        self,
+        request: SessionRequest,
+        freeze: int,
+        num_cuts: int,
+        shape: list[int],
+        per_sample: int,
+        memory: MemoryModel,
+        head: torch.nn.Module | None,
+    ) -> SessionInfo:
+        """What the trainer is told of its new session."""
+        return SessionInfo(
+            session=uuid.uuid4().hex,
+            cut=request.cut,
+            freeze=freeze,
+            num_cuts=num_cuts,
+            feature_shape=shape,
+            wire_dtype=request.wire_dtype,
+            bytes_per_sample=per_sample,
+            # Object bytes (JPEG, PNG) are compressed already: a RAW stream is sent as is.
+            compression="none" if request.cut == RAW else request.compression,
+            batch_size=self.config.batch_size,
+            memory_fixed=memory.fixed,
+            memory_per_sample=memory.per_sample,
+            head_bytes=tensor_bytes(head) if head is not None else 0,
+            idle_s=self.config.session_idle_s,
+            local_prefixes=[p.strip("/") for p in self.config.local_prefixes],
+            device=str(self.heads.device),
+            threads=torch.get_num_threads(),
+        )
 
     def _named_head(
         self, request: SessionRequest, model: dict[str, Any] | str

@@ -1,32 +1,10 @@
 """The `profile` action: a session's costs per cut, measured on its job's own objects.
 
-The planner chooses the cut and the local share from these (issue: the planner). A
-profile reads a few objects (timing the store), decodes and transforms them (timing the
-sample pipeline the chunks run), and runs the head to its last candidate cut on a batch
-of them.
-
-A profile computes what a chunk computes, so it is admitted as a chunk is, through the
-same code rather than a copy of its checks: the memory at the input and at the last cut
-(which bounds the cuts between) is `session_memory`'s, the function `open_session` sizes
-and refuses a session with (a profile asked of a RAW session whose transforms make a
-260 GiB sample is refused with `open_session`'s words, before any object is read); each
-object's decoding is sized from its header and refused as a chunk's is
-(`object_decode_bytes`, `decoding`); and the decoding and timing run under one grant of
-the scheduler for the heaviest cut's batch, which sets the batch the heads are timed at
-(smaller when the budget is short: the reply's `batch_size` says so). Only the objects
-themselves are read before the grant; the grant counts them.
-
-The batch is the size the request asks for (the job's chunks' batches: a head's time
-per sample depends on its batch, weight-heavy layers most), else `BATCH`. The head is
-timed a segment at a time, cut k-1 to cut k (`hapi.plan.time_segments`), the median of
-`REPEATS` runs after a warm-up on `WARM` samples: one forward per run, not one per cut,
-and the head to k is the sum, non-decreasing in k as the work is. Segments share the
-traced model's weights.
-A repository version's traced model has none (it is traced on the meta device): its
-heads are timed whole, one cut at a time.
-
-Profiles are cached by what they depend on (head content, input shape, transforms,
-device, wire dtype, last cut, batch), so every job on the same model asks once.
+A profile reads a few objects, decodes and transforms them, and runs the head to its last
+candidate cut, a segment at a time, on a batch of them - admitted as a chunk is, by the
+same code (`session_memory`, `object_decode_bytes`, one scheduler grant). Profiles are
+cached by what they depend on, so every job on the same model asks once. How it is
+admitted, timed and cached: docs/server.md, "The profile action".
 """
 
 from __future__ import annotations
@@ -142,6 +120,26 @@ class Profiler:
             if cached is not None:
                 self._cache.move_to_end(cache_key)
                 return cached.model_copy(update={"cached": True})
+        reply = self._measure(session, request, loaded, last, key, batch, gone)
+        # A batch cut short by a full budget is not what the next job gets.
+        if reply.batch_size == batch:
+            with self._lock:
+                self._cache[cache_key] = reply
+                while len(self._cache) > CACHED:
+                    self._cache.popitem(last=False)
+        return reply
+
+    def _measure(
+        self,
+        session: Session,
+        request: ProfileRequest,
+        loaded: LoadedModel,
+        last: int,
+        key: ProfileKey,
+        batch: int,
+        gone: Callable[[], bool],
+    ) -> ProfileReply:
+        """Read, decode and run the head to `last` on `request`'s objects, under one grant."""
         width = dtype_width(session.info.wire_dtype)
         # The batches at the input and at the last cut as sessions at those cuts have
         # them: measured, and refused with the same message, by what `open_session` runs
@@ -164,7 +162,7 @@ class Profiler:
         graph = loaded.graph
         key_bytes = statistics.mean(len(k.encode()) for k in request.keys) + _ROW_OVERHEAD
         shapes = [graph.input_shape, *(graph.cut_point(k).shape for k in range(1, last + 1))]
-        reply = ProfileReply(
+        return ProfileReply(
             read_s=read_s,
             decode_s=decode_s,
             head_s=list(head_s),
@@ -178,12 +176,6 @@ class Profiler:
             samples=len(blobs),
             memory_fixed=[m.fixed for m in models],
         )
-        if ran == batch:  # a batch cut short by a full budget is not what the next job gets
-            with self._lock:
-                self._cache[cache_key] = reply
-                while len(self._cache) > CACHED:
-                    self._cache.popitem(last=False)
-        return reply
 
     def _model(
         self, session: Session, request: ProfileRequest

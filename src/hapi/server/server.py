@@ -123,19 +123,7 @@ class HapiServer(flight.FlightServerBase):
             else open_store(config.store, config.store_options, create=False)
         )
         self.repo = _open_repo(config)
-        self.memory_limit: MemoryLimit | None = None
-        """The limit the default budget came from (None: `memory_budget` was given)."""
-        if config.memory_budget is not None:
-            budget = parse_bytes(config.memory_budget)
-        else:
-            self.memory_limit = tightest_limit(config.device)
-            budget = self.memory_limit.budget
-        slots = config.compute_slots or len(os.sched_getaffinity(0))
-        self.scheduler = Scheduler(budget, slots)
-        self.heads = HeadCache(
-            config.device, repo=self.repo, idle=config.idle_heads, scheduler=self.scheduler
-        )
-        self.scheduler.reclaimer = self.heads
+        self._build_memory(config)
         self.uploads = HeadUploads(parse_bytes(config.max_head_bytes))
         """Heads trainers uploaded for models of their own, by digest."""
         self.shaper = TokenBucket(parse_rate(config.egress_limit)) if config.egress_limit else None
@@ -167,6 +155,28 @@ class HapiServer(flight.FlightServerBase):
         """Set by `shutdown`: ends the reaper thread `serve` starts."""
         if config.threads:
             torch.set_num_threads(config.threads)
+        self._follow_metrics()
+        if config.metrics_port is not None:
+            serve_metrics(self.metrics, config)
+
+    def _build_memory(self, config: ServerConfig) -> None:
+        """The memory budget, the scheduler that shares it and the head cache within it."""
+        self.memory_limit: MemoryLimit | None = None
+        """The limit the default budget came from (None: `memory_budget` was given)."""
+        if config.memory_budget is not None:
+            budget = parse_bytes(config.memory_budget)
+        else:
+            self.memory_limit = tightest_limit(config.device)
+            budget = self.memory_limit.budget
+        slots = config.compute_slots or len(os.sched_getaffinity(0))
+        self.scheduler = Scheduler(budget, slots)
+        self.heads = HeadCache(
+            config.device, repo=self.repo, idle=config.idle_heads, scheduler=self.scheduler
+        )
+        self.scheduler.reclaimer = self.heads
+
+    def _follow_metrics(self) -> None:
+        """Have the metrics read the heads, the queue and the memory at each scrape."""
         # Read at each scrape: heads loaded or evicted anywhere, and the scheduler's
         # queue and budget, are never stale and need no calls where they change.
         self.metrics.follow(
@@ -180,8 +190,6 @@ class HapiServer(flight.FlightServerBase):
             ),
         )
         self.metrics.follow_feature_cache(self.features.stats)
-        if config.metrics_port is not None:
-            serve_metrics(self.metrics, config)
 
     @property
     def _owners(self) -> Mapping[str, str]:
@@ -335,19 +343,11 @@ class HapiServer(flight.FlightServerBase):
                 pack = Packer(session.info.compression)
                 for encoded, report in out.items(gone=gone):
                     batch = pack(encoded)  # once, before its turn: counted and shaped as sent
-                    send()  # the first waits for the streams before it on the connection
-                    if self.shaper is not None:
-                        waited = self.shaper.consume(batch.nbytes, gone=gone)
-                        session.stats.add(shaping_wait_s=waited)
+                    self._await_turn(session, batch, send, gone)
                     if gone():
                         break  # left while this stream waited for its turn or the link
-                    session.stats.add(bytes_sent=batch.nbytes)
-                    # A chunk streaming longer than the idle time is use, not abandonment.
-                    session.last_used = self._clock()
+                    self._count_sent(session, encoded.num_rows, batch.nbytes)
                     samples, sent = samples + encoded.num_rows, sent + batch.nbytes
-                    if session.request.cut != RAW and encoded.num_rows:
-                        # A feature session sends each batch its head ran as one wire batch.
-                        self.metrics.observe_batch(encoded.num_rows)
                     if report is not None:  # the chunk's last batch: its bytes are all counted
                         report = ChunkReport.with_sent_bytes(report, sent, packing_s=pack.seconds)
                     yield batch, (pa.py_buffer(report) if report is not None else None)
@@ -368,9 +368,35 @@ class HapiServer(flight.FlightServerBase):
                 if not ended:
                     # The client left before the chunk's end (a cancel, a disconnect, or
                     # a write to a call already gone, which ends the generator here).
-                    session.stats.add(abandoned=1)
-                    self.metrics.chunk_abandoned(tenant.name)
-                    log.info("chunk %d of session %s: the client left", chunk.chunk, session.id)
+                    self._count_abandoned(session, chunk, tenant)
+
+    def _await_turn(
+        self,
+        session: Session,
+        batch: pa.RecordBatch,
+        send: Callable[[], None],
+        gone: Callable[[], bool],
+    ) -> None:
+        """Wait for the batch's turn on the connection, then for the link's egress limit."""
+        send()  # the first waits for the streams before it on the connection
+        if self.shaper is not None:
+            waited = self.shaper.consume(batch.nbytes, gone=gone)
+            session.stats.add(shaping_wait_s=waited)
+
+    def _count_sent(self, session: Session, rows: int, nbytes: int) -> None:
+        """Count a batch that is about to be sent in the session's stats and the metrics."""
+        session.stats.add(bytes_sent=nbytes)
+        # A chunk streaming longer than the idle time is use, not abandonment.
+        session.last_used = self._clock()
+        if session.request.cut != RAW and rows:
+            # A feature session sends each batch its head ran as one wire batch.
+            self.metrics.observe_batch(rows)
+
+    def _count_abandoned(self, session: Session, chunk: ChunkTicket, tenant: Tenant) -> None:
+        """Count a chunk whose client left before its end."""
+        session.stats.add(abandoned=1)
+        self.metrics.chunk_abandoned(tenant.name)
+        log.info("chunk %d of session %s: the client left", chunk.chunk, session.id)
 
     def open_session(self, request: SessionRequest, *, tenant: Tenant) -> SessionInfo:
         """Load (or reuse) the head a request needs and register a session for `tenant`."""

@@ -1,15 +1,9 @@
 """Heads that trainers uploaded: kept on the server's disk by digest, loaded on demand.
 
-A job with a model of its own uploads the head it exported (`hapi.wire.heads`); the
-server keeps the artifact in a directory of its own, so a head the head cache evicted
-can be loaded again without another upload, and the artifact's bytes stay out of the
-memory budget (the loaded head's tensors are in it, once per digest, in the head cache).
-The directory holds at most `keep_bytes`; the least recently used artifacts go first,
-and a client whose head went asks `has_head` and uploads it again.
-
-Nothing here runs the user's Python or unpickles anything: an artifact is JSON and
-safetensors, checked against its digest when it arrives and again when it is read, and
-turned into a module only by `hapi.graph.load_head`.
+The artifacts stay out of the memory budget (a loaded head's tensors are in it, in the
+head cache); the directory holds at most `keep_bytes`, least recently used first out, and
+a client whose head went asks `has_head` and uploads it again. Nothing here runs the user's
+Python or unpickles anything. More: docs/server.md, "Heads that trainers uploaded".
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """`MemberStore`: a store whose keys may also name a sample inside a shard.
 
-A sample's key is its object's key, or for a member of a shard `CONTAINER#MEMBER`:
-`shards/train-003.tar#KEY` (a WebDataset sample) or `data/train-0001.parquet#row=123`
-(a Parquet row; `#row=123&image=COL` names a column other than the one found by name).
-One string keeps every guarantee keys give: a chunk names its samples, a feature cache
-keys them with the shard's version, a tenant's prefixes and a store's root hold them.
-
-Reading a member is one ranged request, found through the shard's index (built once per
-shard version, `hapi.data.shards.indexes`); `read` reads many samples with one request per
-run of members that lie close together in one shard, each member a view of its
-response (`hapi.data.shards.blob`).
+A member's key is `CONTAINER#MEMBER`: `shards/train-003.tar#KEY` (a WebDataset sample) or
+`data/train-0001.parquet#row=123` (a Parquet row). Reading one is a ranged request found
+through the shard's index (`hapi.data.shards.indexes`); `read` reads a run of members
+that lie close together with one request (`hapi.data.shards.blob`). More: docs/data.md,
+"Samples inside shards".
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """`shard_order`: an epoch's order for a sharded dataset, as WebDataset users expect it.
 
-WebDataset shuffles shards, then samples within a bounded buffer across a few shards.
-hapi's loader owns the order as a permutation of manifest indices, seeded by (seed,
-epoch) so that resume and exactly-once hold; for shards it is this one: shards permuted,
-their members laid end to end in stored order and cut into blocks of a chunk's size, the
-blocks of each few shards shuffled and the samples within each block. Every block but
-the epoch's last is full and that one comes last, so each chunk is exactly one block: a
-run of consecutive members of one shard (or the end of one and the start of the next),
-read with one ranged request per shard.
+Shards are permuted, their members laid end to end and cut into blocks of a chunk's
+size, the blocks of each few shards shuffled and the samples within each block, seeded by
+(seed, epoch). Each chunk is one block, read with one ranged request per shard. More:
+docs/data.md, "An epoch's order over shards".
 """
 
 from __future__ import annotations

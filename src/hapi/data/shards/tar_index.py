@@ -1,16 +1,9 @@
 """`TarIndex`: where each WebDataset sample's image lies in a `.tar` shard, from its headers.
 
-A shard is indexed once (per version) by reading its 512-byte headers with ranged reads.
-Where members are small (photos, labels) a read covers many of them (`SPAN`): a request
-per header cost a shard of 100 KB photos ~160 requests, one after the other, 3 s at a
-cloud store's 20 ms each, where a few windows read the same shard in ~0.1 s. Past a large
-member (a video, a big TIFF) the next read is a small window at the next header, so its
-bytes are jumped. Reading a sample is then one ranged request for its image member, and a
-run of samples one request for their span.
-
-A shard that breaks off - cut mid-member by an interrupted upload, a damaged header, no
-end-of-archive blocks - keeps the samples before the break; the sample in progress there
-and the bytes after it are its `damage`.
+A shard is indexed once (per version) by reading its 512-byte headers with ranged reads:
+a `SPAN` covering many small members, a small `WINDOW` after a large one. A shard that
+breaks off keeps the samples before the break; the rest is its `damage`. Why, with
+figures: docs/data.md, "Indexing a tar shard".
 """
 
 from __future__ import annotations
@@ -19,7 +12,7 @@ import json
 import re
 import tarfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hapi.data.shards.damage import ShardDamage
@@ -107,78 +100,110 @@ class TarIndex:
                 the shard (`name`) and the member. A shard that breaks off is not an
                 error: the samples before the break are indexed, and `damage` says where.
         """
-        images: dict[str, tuple[int, int]] = {}
-        labels: dict[str, int | str] = {}
-        order: list[str] = []
-        window, start = b"", 0
-        offset, long_name, last = 0, None, 0
-        broken: tuple[int, str, str | None] | None = None
-        """(byte, why, the key of the member cut there if its header names one)."""
+        scan = _Scan(read, size, name)
+        scan.walk()
+        damage = scan.drop_broken()
+        missing = [k for k in scan.order if k not in scan.images]
+        if missing:
+            raise CorruptObject(
+                f"sample {shorten(repr(missing[0]))} of shard {name} has no image member "
+                f"(.{'/.'.join(IMAGE_EXTS)}): every WebDataset sample needs KEY.jpg or KEY.png"
+            )
+        samples = tuple(TarMember(k, *scan.images[k], scan.labels.get(k)) for k in scan.order)
+        return cls(samples, damage)
+
+
+@dataclass
+class _Scan:
+    """One pass over a shard's headers: the samples' members, in order, and any break."""
+
+    read: ReadRange
+    size: int
+    name: str
+    images: dict[str, tuple[int, int]] = field(default_factory=dict)
+    labels: dict[str, int | str] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)
+    broken: tuple[int, str, str | None] | None = None
+    """(byte, why, the key of the member cut there if its header names one)."""
+    window: bytes = b""
+    start: int = 0
+    last: int = 0
+    """The size of the member before the next header: a large one is jumped."""
+
+    def walk(self) -> None:
+        """Read every header up to the archive's end or the break."""
+        offset, long_name = 0, None
         while True:
-            if offset + BLOCK > size:
-                why = "a partial tar header" if offset < size else "no end-of-archive blocks"
-                broken = (offset, f"cut short ({why})", None)
-                break
-            if not start <= offset or offset + BLOCK > start + len(window):
-                span = WINDOW if last >= LARGE else SPAN
-                start, window = offset, read(offset, min(size, offset + span))
-            header = window[offset - start : offset - start + BLOCK]
+            if offset + BLOCK > self.size:
+                why = "a partial tar header" if offset < self.size else "no end-of-archive blocks"
+                self.broken = (offset, f"cut short ({why})", None)
+                return
+            header = self._header(offset)
             if header == bytes(BLOCK):
-                break  # the archive's end: two zero blocks
+                return  # the archive's end: two zero blocks
             try:
                 info = tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape")
             except tarfile.HeaderError as exc:
-                broken = (offset, f"a damaged tar header ({exc})", None)
-                break
+                self.broken = (offset, f"a damaged tar header ({exc})", None)
+                return
             data_at = offset + BLOCK
             member = long_name or info.name
-            if data_at + info.size > size:
+            if data_at + info.size > self.size:
                 parts = split_wds_name(member) if info.isfile() else None
                 why = f"cut short (member {shorten(repr(member))} needs {info.size} bytes)"
-                broken = (offset, why, parts[0] if parts else None)
-                break
+                self.broken = (offset, why, parts[0] if parts else None)
+                return
             offset = data_at + -(-info.size // BLOCK) * BLOCK
-            last = info.size
+            self.last = info.size
             if info.type in (tarfile.GNUTYPE_LONGNAME, tarfile.XHDTYPE, tarfile.XGLTYPE):
-                body = _data(read, window, start, data_at, info.size)
+                body = self._data(data_at, info.size)
                 if info.type == tarfile.GNUTYPE_LONGNAME:
                     long_name = body.rstrip(b"\0").decode("utf-8", "surrogateescape")
                 elif info.type == tarfile.XHDTYPE:
                     long_name = _pax_path(body) or long_name
                 continue
             long_name = None
-            if not info.isfile():
-                continue
-            parts = split_wds_name(member)
-            if parts is None:
-                continue
-            key, ext = parts
-            ext = ext.lower()
-            if key not in images and key not in labels:
-                order.append(key)
-            if ext in IMAGE_EXTS:
-                images[key] = (data_at, info.size)
-            elif ext in ("cls", "json"):
-                body = _data(read, window, start, data_at, info.size)
-                labels[key] = _label(body, ext, name, member)
-        damage = None
-        if broken is not None:
-            at, why, cut = broken
-            # The sample at the break - the one whose member is cut, or where no header
-            # names one, the one in progress - is lost unless it has its image and label.
-            at_break = cut if cut is not None else (order[-1] if order else None)
-            whole = at_break in images and at_break in labels
-            lost = [at_break] if at_break is not None and not whole else []
-            order = [k for k in order if k not in lost]
-            damage = ShardDamage(name, size, at, why, tuple(lost))
-        missing = [k for k in order if k not in images]
-        if missing:
-            raise CorruptObject(
-                f"sample {shorten(repr(missing[0]))} of shard {name} has no image member "
-                f"(.{'/.'.join(IMAGE_EXTS)}): every WebDataset sample needs KEY.jpg or KEY.png"
-            )
-        samples = tuple(TarMember(k, *images[k], labels.get(k)) for k in order)
-        return cls(samples, damage)
+            if info.isfile():
+                self._add(member, data_at, info.size)
+
+    def _header(self, offset: int) -> bytes:
+        """The header block at `offset`, reading a new window when the current one ends."""
+        if not self.start <= offset or offset + BLOCK > self.start + len(self.window):
+            span = WINDOW if self.last >= LARGE else SPAN
+            self.start = offset
+            self.window = self.read(offset, min(self.size, offset + span))
+        return self.window[offset - self.start : offset - self.start + BLOCK]
+
+    def _data(self, at: int, size: int) -> bytes:
+        return _data(self.read, self.window, self.start, at, size)
+
+    def _add(self, member: str, data_at: int, size: int) -> None:
+        """Record a regular member: a sample's image or its label; other members are skipped."""
+        parts = split_wds_name(member)
+        if parts is None:
+            return
+        key, ext = parts
+        ext = ext.lower()
+        if key not in self.images and key not in self.labels:
+            self.order.append(key)
+        if ext in IMAGE_EXTS:
+            self.images[key] = (data_at, size)
+        elif ext in ("cls", "json"):
+            self.labels[key] = _label(self._data(data_at, size), ext, self.name, member)
+
+    def drop_broken(self) -> ShardDamage | None:
+        """Drop the sample lost at the break, if any, and say where the shard breaks off."""
+        if self.broken is None:
+            return None
+        at, why, cut = self.broken
+        # The sample at the break - the one whose member is cut, or where no header
+        # names one, the one in progress - is lost unless it has its image and label.
+        order = self.order
+        at_break = cut if cut is not None else (order[-1] if order else None)
+        whole = at_break in self.images and at_break in self.labels
+        lost = [at_break] if at_break is not None and not whole else []
+        self.order = [k for k in order if k not in lost]
+        return ShardDamage(self.name, self.size, at, why, tuple(lost))
 
 
 def _data(read: ReadRange, window: bytes, start: int, at: int, size: int) -> bytes:

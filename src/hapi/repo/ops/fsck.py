@@ -1,17 +1,9 @@
 """`fsck`: check every manifest and every stored tensor, and drop the corrupt tensors.
 
-Everything is checked and reported, whatever is found on the way: a manifest that cannot
-be read is one finding, not the end of the check. Blobs no readable manifest references
-are hashed too, because a later push that needs such a tensor finds its blob present and
-does not write it again: a corrupt one would be adopted.
-
-A delta blob is checked by decoding it over its base, so a corrupt base shows in every
-delta on it too. A blob this hapi cannot decode (a newer codec) is reported apart and
-never deleted: it is not known to be corrupt.
-
-A corrupt blob keeps its name, so a push of the same model would find it present and not
-replace it; `fsck(repair=True)` deletes it, and the next push of any model holding that
-tensor writes it again.
+Everything is checked and reported, unreferenced blobs included; a delta is checked by
+decoding it over its base; a blob of an unknown codec is reported apart and never
+deleted. `fsck(repair=True)` deletes corrupt blobs, and the next push of a model holding
+that tensor writes it again. More: docs/repository.md, "Checking a repository (fsck)".
 """
 
 from __future__ import annotations
@@ -84,14 +76,7 @@ def check_repository(
         StoreUnavailable: the store cannot be reached.
     """
     manifests, bad_manifests = _read_manifests(store)
-    users: dict[str, list[str]] = {}
-    for m in manifests:
-        for key, entry in m.tensors.items():
-            users.setdefault(tensor_key(entry.hash), []).append(f"{m.name}:{key}")
-    markers = read_markers(store)
-    direct = {h for k in users if (h := hash_of_tensor_key(k)) is not None}
-    for digest in sorted(with_bases(direct, markers) - direct):
-        users[tensor_key(digest)] = ["(the base of a delta)"]
+    users = _users(store, manifests)
     stored = {k: h for k in store.list(TENSORS) if (h := hash_of_tensor_key(k)) is not None}
     # Referenced blobs absent from the listing are read too: one may have been written
     # since the listing, and a read is what tells "missing" for sure.
@@ -131,6 +116,20 @@ def check_repository(
         unreferenced_bytes=unreferenced_bytes,
         repaired=repair,
     )
+
+
+def _users(store: ObjectStore, manifests: list[VersionManifest]) -> dict[str, list[str]]:
+    """Each referenced blob's key, with the tensors (`name:key`) that use it; the bases of
+    delta blobs count as used."""
+    users: dict[str, list[str]] = {}
+    for m in manifests:
+        for key, entry in m.tensors.items():
+            users.setdefault(tensor_key(entry.hash), []).append(f"{m.name}:{key}")
+    markers = read_markers(store)
+    direct = {h for k in users if (h := hash_of_tensor_key(k)) is not None}
+    for digest in sorted(with_bases(direct, markers) - direct):
+        users[tensor_key(digest)] = ["(the base of a delta)"]
+    return users
 
 
 def _read_manifests(store: ObjectStore) -> tuple[list[VersionManifest], dict[str, str]]:

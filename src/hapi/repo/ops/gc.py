@@ -1,15 +1,10 @@
 """Garbage collection: delete the blobs no manifest references.
 
-Safety rests on two rules. First, the referenced set is computed from the manifests in the
-store itself, not from any catalog, and a manifest that cannot be read stops the gc (its
-references are unknown). Second, the gc runs only while it holds the gc lock and no live
-push lock exists (`locks.py`), so no push can be between "found blob X already stored" and
-"wrote the manifest that references X" while blobs are deleted. Manifests that no ref
-names (left by pushes that died between the two writes) are removed too, once older than
-the lock TTL. A blob is referenced when a kept manifest names it or a referenced delta
-blob is a delta against it (`markers.py`), however deep the chain. On a local directory
-store, the staging files of writes cut short (`hapi.data.store.partial`), which no listing shows,
-are removed too.
+The referenced set comes from the store's own manifests (one that cannot be read stops
+the gc), and the gc runs only while it holds the gc lock and no live push lock exists
+(`locks.py`). Unnamed manifests older than the lock TTL, the markers of deleted blobs and,
+on a local directory store, staging files of writes cut short go too. Why this is safe:
+docs/repository.md, "Garbage collection".
 """
 
 from __future__ import annotations
@@ -34,6 +29,7 @@ from hapi.repo.storage.layout import (
     parse_ref_key,
 )
 from hapi.repo.storage.locks import Locks
+from hapi.repo.storage.manifest import VersionManifest
 from hapi.repo.storage.markers import read_markers, with_bases
 
 __all__ = ["GcReport", "collect_garbage"]
@@ -92,15 +88,7 @@ def collect_garbage(
         return GcReport(skipped=True, reason=f"{len(pushes)} push(es) running ({owners})")
     try:
         removed_locks = 0 if dry_run else locks.remove_stale(keep=held.key)
-        ids = {i for k in store.list(MANIFESTS) if (i := id_of_manifest_key(k))}
-        manifests = fetch_manifests(store, ids)
-        named = _named_ids(store)
-        now = locks.clock()
-        abandoned = [
-            m for m in manifests if m.id not in named and now - _timestamp(m.created) >= locks.ttl_s
-        ]
-        dropped = {m.id for m in abandoned}
-        kept = [m for m in manifests if m.id not in dropped]
+        kept, abandoned = _kept_and_abandoned(store, locks)
         markers = read_markers(store)
         referenced = with_bases(set().union(*(m.hashes for m in kept)), markers)
         blobs = [(k, h) for k in store.list(TENSORS) if (h := hash_of_tensor_key(k)) is not None]
@@ -110,29 +98,13 @@ def collect_garbage(
         stale_markers = [
             delta_key(h, b) for h, bases in markers.items() if h not in stored for b in bases
         ]
-        removed_bytes = 0
-        for key in garbage:
-            try:
-                removed_bytes += store.size(key)
-            except ObjectNotFound:
-                continue
-            if not dry_run:
-                store.delete(key)
+        removed_bytes = _delete_blobs(store, garbage, dry_run=dry_run)
         if not dry_run:
             for key in stale_markers:
                 store.delete(key)
             for m in abandoned:
                 store.delete(manifest_key(m.id))
-        # Aged by the lock TTL by default. Pushes that start now wait for this gc before
-        # writing blobs, but their own lock may be being written, and a push whose lock
-        # was ignored as older than the TTL may only be paused: a staging file written
-        # within the TTL may yet be renamed into place. The TTL also exceeds the clock
-        # skew of machines sharing a network directory (whose server stamps the mtime).
-        age = locks.ttl_s if partial_age_s is None else partial_age_s
-        removed_partial = sum(
-            sweep_partial(store, prefix, older_than_s=age, dry_run=dry_run)
-            for prefix in (TENSORS, DELTAS, MANIFESTS, REFS, LOCKS)
-        )
+        removed_partial = _sweep_staging(store, locks, partial_age_s, dry_run=dry_run)
         return GcReport(
             dry_run=dry_run,
             manifests=len(kept),
@@ -145,6 +117,51 @@ def collect_garbage(
         )
     finally:
         held.release()
+
+
+def _kept_and_abandoned(
+    store: ObjectStore, locks: Locks
+) -> tuple[list[VersionManifest], list[VersionManifest]]:
+    """The store's manifests a ref names or that are younger than the lock TTL, and the
+    rest: those left unnamed by pushes that died between the manifest and the ref."""
+    ids = {i for k in store.list(MANIFESTS) if (i := id_of_manifest_key(k))}
+    manifests = fetch_manifests(store, ids)
+    named = _named_ids(store)
+    now = locks.clock()
+    abandoned = [
+        m for m in manifests if m.id not in named and now - _timestamp(m.created) >= locks.ttl_s
+    ]
+    dropped = {m.id for m in abandoned}
+    return [m for m in manifests if m.id not in dropped], abandoned
+
+
+def _delete_blobs(store: ObjectStore, garbage: list[str], *, dry_run: bool) -> int:
+    """Delete the blobs at `garbage` (unless `dry_run`); the bytes they held."""
+    removed_bytes = 0
+    for key in garbage:
+        try:
+            removed_bytes += store.size(key)
+        except ObjectNotFound:
+            continue
+        if not dry_run:
+            store.delete(key)
+    return removed_bytes
+
+
+def _sweep_staging(
+    store: ObjectStore, locks: Locks, partial_age_s: float | None, *, dry_run: bool
+) -> int:
+    """Remove the staging files of writes cut short; how many there were."""
+    # Aged by the lock TTL by default. Pushes that start now wait for this gc before
+    # writing blobs, but their own lock may be being written, and a push whose lock
+    # was ignored as older than the TTL may only be paused: a staging file written
+    # within the TTL may yet be renamed into place. The TTL also exceeds the clock
+    # skew of machines sharing a network directory (whose server stamps the mtime).
+    age = locks.ttl_s if partial_age_s is None else partial_age_s
+    return sum(
+        sweep_partial(store, prefix, older_than_s=age, dry_run=dry_run)
+        for prefix in (TENSORS, DELTAS, MANIFESTS, REFS, LOCKS)
+    )
 
 
 def _named_ids(store: ObjectStore) -> set[str]:

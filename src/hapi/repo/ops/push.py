@@ -1,13 +1,9 @@
 """Pushing a model: upload the blobs the store lacks, then the manifest, then the ref.
 
-The order is what makes a push safe to interrupt: blobs first (invisible on their own;
-a delta blob's `deltas/` marker before it, so gc never sees the blob without it),
-the manifest once every blob exists, the ref object last. A push cut short leaves at most
-unreferenced blobs and an unnamed manifest, which no listing shows and `gc` removes; a
-later push of the same model re-uploads only what is missing.
-
-`PushTransaction` runs these steps one at a time so tests can interleave other operations
-(a gc, another push) between them; `ModelRepo.push` runs them back to back.
+The order makes a push safe to interrupt: a push cut short leaves at most unreferenced
+blobs and an unnamed manifest, which `gc` removes. `PushTransaction` runs the steps one
+at a time so tests can interleave other operations; `ModelRepo.push` runs them back to
+back. More: docs/repository.md, "Pushing a model".
 """
 
 from __future__ import annotations

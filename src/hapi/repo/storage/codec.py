@@ -1,18 +1,11 @@
 """Compressed tensor blobs: byte-grouped zstd, and XOR deltas against a base tensor.
 
-A float's bytes differ in kind: the byte holding the sign and most of the exponent repeats
-across a tensor and compresses well; the low mantissa bytes are close to random. So the
-tensor's bytes are split into planes (byte 0 of every element, byte 1, ...), as ZipNN
-does, and each plane is zstd-compressed on its own, or stored raw when zstd saves less
-than a tenth of it.
-A delta stores the XOR of the tensor's bit patterns with a base tensor of the same dtype
-and shape (a fine-tune's parent): small changes leave the sign, the exponent and the top
-of the mantissa equal, so those planes XOR to zeros (ZipLLM's BitX).
-
-A compressed blob is still a safetensors file, so ordinary tools open it: one `U8` tensor
-(`hapi.payload`, the planes one after another) and `__metadata__` naming the codec, the
-tensor's dtype and shape, each plane's stored size and, for a delta, the base's content
-hash and the chain's depth. The format is described in `docs/repo-format.md`.
+A tensor's bytes are split into planes (byte 0 of every element, byte 1, ...), as ZipNN
+does, each zstd-compressed on its own or stored raw; a delta stores the XOR of the
+tensor's bit patterns with a base tensor's (ZipLLM's BitX). A compressed blob is still a
+safetensors file: one `U8` tensor (`hapi.payload`) and `__metadata__` naming the codec,
+dtype, shape, planes and, for a delta, its base and depth. The format, and why:
+docs/repo-format.md, "Compressed".
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """The repository's epoch: how a catalog notices that its store was wiped and re-created.
 
-A catalog trusts that ref objects never change, so it reads each one once. That holds for
-one repository, but not across a wipe: a repository re-created at the same place hands out
-`net@1` again, for another model, and a catalog that kept the old `net@1` would answer from
-it. So the first push of a repository writes a random token (`refs/_epoch`, create-only,
-so concurrent first pushes agree on one), each sync reads it (one small GET), and a catalog
-built under another token, or under none, is thrown away and rebuilt.
-
-The change token (`refs/_changes`) is rewritten by every push and rm once its change is in
-the store: a catalog that listed the store after reading token T is current while the
-token still reads T, which spares a query the listing of every ref.
+The first push writes a random token (`refs/_epoch`, create-only); each sync reads it, and
+a catalog built under another token, or none, is rebuilt. The change token
+(`refs/_changes`), rewritten by every push and rm, spares a query the listing of every
+ref. Why: docs/repository.md, "The epoch and the change token".
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
 """Where the repository keeps things in the object store.
 
-Everything lives under five prefixes of the store's root, so one store can hold datasets
-and a repository side by side, and `reindex` needs nothing but these objects:
-
-- `tensors/<h[:2]>/<h>.safetensors`: one tensor per blob, named by its content hash `h`;
-  the two-character fan-out keeps directories small on local-disk stores.
-- `manifests/<id>.json`: one immutable model version, named by its own digest.
-- `refs/<name>/<n>`: version `n` of `name`; the object holds the manifest id. Version
-  objects are created with put-if-absent, so two concurrent pushes of one name each get
-  their own number, and they are never rewritten, so a number is never reused.
-- `refs/_epoch`: a random token written by the first push, so a catalog can tell that the
-  store it indexed was wiped and the repository re-created (see `epoch.py`). It lives among
-  the refs because it guards them, and no model name starts with `_`.
-- `refs/_changes`: a random token every push and rm rewrites after its change, so a
-  catalog can tell from one read that nothing changed since its last listing (`sync.py`).
-- `locks/<kind>-<token>.json`: push and gc intents (see `locks.py`).
-- `deltas/<h>/<b>`: an empty object saying that blob `h` is stored as a delta against
-  tensor `b` (see `codec.py`), so `gc` keeps `b` while `h` is kept, from one listing and
-  without reading any blob. Written before the blob, so no delta blob is ever without it.
+Everything lives under five prefixes of the store's root (`tensors/`, `manifests/`,
+`refs/`, `locks/`, `deltas/`), so one store can hold datasets and a repository side by
+side, and `reindex` needs nothing but these objects. What each holds, and why:
+docs/repository.md, "Layout".
 """
 
 from __future__ import annotations

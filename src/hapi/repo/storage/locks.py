@@ -1,27 +1,10 @@
 """Push and gc locks: how `gc` and concurrent pushes stay out of each other's way.
 
-The danger: a push finds blob X already stored (so it does not upload it) while a gc that
-listed the manifests a moment earlier sees X unreferenced and deletes it; the push then
-writes a manifest that names a missing blob. Object stores offer no transactions, so hapi
-uses intent objects, the scheme restic uses for `prune`:
-
-1. A push writes `locks/push-<token>.json`, *then* lists the gc locks, and waits until
-   the live ones it saw are gone (keeping its own lock: a gc that comes later sees it).
-2. A gc writes `locks/gc-<token>.json`, *then* lists the push locks. If a live push lock
-   exists, it withdraws and does nothing (reported as skipped).
-
-Each side writes before it looks, so with a store whose listings show every completed
-write (local disks, S3 since 2020, SeaweedFS), the later of the two always sees the
-earlier's lock: they can never both go ahead. A gc that goes ahead therefore runs while
-no push is between "checked which blobs exist" and "wrote its manifest".
-
-Locks carry their writer's wall-clock time; a lock older than the TTL is stale (its
-process died) and is ignored and cleaned up by gc. They also say which process wrote them
-(`liveness.py`), so a lock whose process is seen to be gone on this machine is stale at
-once: a push killed a minute ago does not hold off gc for the rest of the TTL. Pushes
-refresh their lock while they upload. A push that finds its own lock older than the TTL
-(it was paused for that long, so a gc may have judged it dead) re-takes the lock and
-re-checks every blob before it writes the manifest.
+Intent objects, as restic's `prune` uses: a push writes `locks/push-<token>.json` then
+waits for the live gc locks it sees; a gc writes `locks/gc-<token>.json` then withdraws if
+it sees a live push lock. Each side writes before it looks, so they never both go ahead.
+A lock older than the TTL, or whose process is seen gone (`liveness.py`), is stale. The
+scheme and its guarantees: docs/repository.md, "Push and gc locks".
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """A model's module tree as a manifest records it, and the identities of its layers.
 
-Each module is written down with its class, the constructor-relevant settings that can be
-read back from it (a Conv2d's channels, kernel, stride, padding, groups; a Linear's sizes;
-a BatchNorm's eps and momentum; any scalar attribute a custom module keeps), and the names
-of its own parameters and buffers.
-
-A *layer* is a module that holds computation state of its own: a leaf, or a module with
-direct parameters or buffers. Layers are taken in `named_modules` order, which is the
-definition order and, for the models hapi meets, the execution order; it needs no tracing,
-so it works for models torch.fx cannot trace. Layer `i`'s identity hashes its class, its
-settings, its tensors' shapes and dtypes, and layer `i-1`'s identity (EvoStore's idea), so
-two models that start with the same layers get the same identities for that prefix, and
-"how many leading layers do these share" is one lookup of the deepest equal identity.
+Each module is written down with its class, the settings that can be read back from it
+and its own parameters' and buffers' names. A layer (a module with computation state of
+its own, in `named_modules` order) has an identity hashing its class, settings, tensors'
+shapes and dtypes and the previous layer's identity, so a shared prefix of layers is one
+lookup. More: docs/repository.md, "Module trees and layer identities".
 """
 
 from __future__ import annotations

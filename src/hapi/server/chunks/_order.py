@@ -1,25 +1,11 @@
 """`SendOrder`: the chunk streams on one connection take it in order, the lowest first.
 
-The client reads its streams one at a time, in chunk order (`hapi.client.pipeline.loader`), so
-that the link carries one chunk at its full rate and the trainer has chunk i before
-chunk i+1's bytes. Reading in order is not enough on its own: a stream's bytes cross as
-soon as the server writes them, up to the HTTP/2 flow-control windows, which gRPC grows
-to megabytes on a fast connection, and the connection's one TCP stream is first in,
-first out. Raw chunks are ready the moment they are read, so every raw chunk in flight
-went out at once and the one being read took as long as all of them: the ViT's hybrid
-at 10 Mbit/s, with two raw chunks of 1.6 MB in flight, had its first chunk's turn last
-3.05 s instead of 1.3 s while the server, done with the chunks behind it, waited for
-requests. Ordered per session, not per connection, a small pushed-down chunk still
-queued 1.4 s behind the next raw chunk, which the job's other session had sent first.
-
-So the streams of a lane - one client connection, named by the caller - send in the
-order of their (epoch, chunk): the loader's chunk indices run across all of a job's
-sessions. Before its first batch a stream waits while a lower stream of its lane is
-still sending. It never waits for a higher one: a request overtaken on the way by the
-one after it does not wait for that one, and no stream waits for one its client reads
-after it, so the waits cannot form a cycle. A lower stream that shows no progress for
-`stall_s` (a client reading out of order, one gone without cancelling) stops holding the
-others back: at worst the streams share the link, as they would without the order.
+The streams of a lane (one client connection, named by the caller) send in the order of
+their (epoch, chunk): before its first batch a stream waits while a lower stream of its
+lane is still sending, never for a higher one, so the waits cannot form a cycle. A lower
+stream that shows no progress for `stall_s` stops holding the others back. Why reading in
+order is not enough, with the measurements: docs/server.md, "The send order of a
+connection's chunk streams".
 """
 
 from __future__ import annotations

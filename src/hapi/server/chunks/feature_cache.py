@@ -1,19 +1,11 @@
 """The storage tier of the feature cache: features a server computed, kept beside the data.
 
 `hapi serve --feature-cache DIR` keeps each computed feature in a `FeatureCache` under its
-session's `FeatureSpace` (the head's content digest, the cut, the transforms, the wire
-dtype, exactness) and its key, object version and view, so any later session of any job
-or tenant whose head has the same content gets it without the object being read or the
-head run. A chunk's lookup comes after the tenant's prefix check of its keys (`do_get`):
-the cache never widens access.
-
-A chunk's keys are sent in the ticket's order, hits and misses alike (an exact job
-depends on it): runs of hits are sent from the cache, runs of misses computed as ever.
-A miss is stored only when the bytes read are the version the ticket names, so an object
-rewritten since the client listed it is never kept under its old version; its features
-are written after they are sent, by a writer thread that drops what it cannot keep up
-with (a later miss, never a stall). Cached features count against the directory's bound,
-not the memory budget: the server keeps none decoded in memory (the page cache does).
+session's `FeatureSpace` and its key, object version and view, for any later session whose
+head has the same content. Lookups come after the tenant's prefix check; hits and misses
+are sent in the ticket's order; a miss is stored only for the version the ticket names, by
+a writer thread that drops what it cannot keep up with. More: docs/server.md, "The feature
+cache's storage tier".
 """
 
 from __future__ import annotations

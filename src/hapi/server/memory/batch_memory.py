@@ -1,26 +1,11 @@
 """Measuring what a session's batches cost in memory, and what decoding an image costs.
 
-How the head is measured, and why:
-
-- On CUDA, torch's caching allocator keeps statistics: the peak of
-  `torch.cuda.max_memory_allocated` over a forward, from `reset_peak_memory_stats`, is
-  the memory the batch needed, cuDNN workspaces included.
-- On the CPU torch keeps no allocator statistics, `tracemalloc` sees only Python's own
-  allocator (not torch's, nor PIL's), and the process's RSS moves with the allocator's
-  caching and with every other thread. So `LiveTensors`, a `TorchDispatchMode`, sums the
-  storages of the tensors every operator returns, drops each one when its storage is
-  freed (a weak reference to the storage, not to the Python tensor: views keep a storage
-  alive), and keeps the peak. It sees exactly the tensors torch allocates for the head
-  in this thread, whatever other threads do, and misses only operators' internal scratch
-  (`tests/unit/test_budget.py` holds it against glibc's own count of allocated bytes).
-  Dispatch modes are per thread, so measuring one session does not see another's chunks.
-
-The head runs at a few batch sizes (two on the CPU; on CUDA up to the server's batch,
-where cuDNN's workspaces make the peak no line: `measured_batches`), and the line through
-the smallest one's peak and above the others gives the model's `fixed + per_sample *
-batch`. Decoding is not measured but computed from the image's size (`decode_bytes`),
-since it depends on each image and must be known before one is decoded: a 60000-pixel
-crop has to be refused, not tried.
+The head runs at a few batch sizes (`measured_batches`): on CUDA its peak is read from
+torch's allocator statistics, on the CPU from `LiveTensors`, a `TorchDispatchMode` that
+sums the storages of the tensors torch returns in this thread. The line through the
+smallest batch's peak and above the others is the model's `fixed + per_sample * batch`.
+Decoding is computed from the image's size (`decode_bytes`), before any image is decoded.
+How and why: docs/server.md, "What a session's batches cost in memory".
 """
 
 from __future__ import annotations
@@ -243,6 +228,23 @@ def session_memory(
     static = static_bytes(graph, cut) + out_bytes
     least_decode = decode_bytes(transforms, 1, 1)
     scheduler.check_fits(MemoryModel(fixed=read_bytes + least_decode, per_sample=static), what)
+    model = _measured_head(
+        scheduler, head, graph, device, out_bytes, static, max_batch, measured_as
+    )
+    return _with_decoding(scheduler, model, transforms, read_bytes, least_decode, what)
+
+
+def _measured_head(
+    scheduler: Scheduler,
+    head: nn.Module | None,
+    graph: ModelGraph,
+    device: torch.device,
+    out_bytes: int,
+    static: int,
+    max_batch: int,
+    measured_as: str | None,
+) -> MemoryModel:
+    """The head's memory model: measured, or as measured before for the same key."""
     # Room for the measurement: three times the static estimate per sample.
     key = (measured_as, graph.input_shape, out_bytes, str(device)) if measured_as else None
     with _MEASURED_LOCK:
@@ -256,6 +258,23 @@ def session_memory(
                 _MEASURED[key] = model
                 while len(_MEASURED) > _MEASURED_KEPT:
                     _MEASURED.pop(next(iter(_MEASURED)))
+    return model
+
+
+def _with_decoding(
+    scheduler: Scheduler,
+    model: MemoryModel,
+    transforms: Transforms,
+    read_bytes: int,
+    least_decode: int,
+    what: str,
+) -> MemoryModel:
+    """`model` with the read-ahead and decoding added: for an image of the nominal size
+    when that fits, else for the smallest (larger ones ask for room as they come).
+
+    Raises:
+        OverBudget: not even the smallest image's decoding fits.
+    """
 
     def with_decode(decode: int) -> MemoryModel:
         decode = int(decode * MARGIN)

@@ -1,16 +1,10 @@
 """The limits on a server's memory: its memory cgroups', the host's, and a GPU's.
 
-A server in a container is killed at its cgroup's limit, not at the host's, and a group's
-ancestors bind it too (a pod's limit above its container's). The process's own group is
-read from `/proc/self/cgroup` and found under the hierarchy's mount point from
-`/proc/self/mountinfo` (a container may mount its own group as the hierarchy's root); then
-every group from it up to the mount point that sets a limit is one `MemoryLimit`: cgroup
-v1's `memory.limit_in_bytes`, v2's `memory.max`. Each is counted less what its group
-already uses (this process's resident memory included), without the page cache the
-kernel drops before it kills anything.
-
-All paths are read under `root`, so tests lay out a `/proc` and a cgroup mount in a
-directory. Torch is not imported unless a GPU's limit is asked for.
+Every cgroup (v1 or v2) from the process's own up to the hierarchy's mount point that sets
+a limit is one `MemoryLimit`, counted less what its group already uses (without the page
+cache). All paths are read under `root`, so tests lay out a `/proc` and a cgroup mount in a
+directory; torch is imported only for a GPU's limit. How the groups are found:
+docs/server.md, "The limits on a server's memory".
 """
 
 from __future__ import annotations

@@ -1,32 +1,11 @@
 """`Scheduler`: which chunks run, at what batch size, within the memory budget.
 
-Every batch a chunk computes is a `Grant`: a compute slot (a core's worth of work) and
-`fixed + per_sample * batch` bytes of the budget, taken before the batch is decoded and
-given back once it is encoded. The scheduler grants in this order:
-
-- **fair share by weight**: weighted fair queuing over sessions. Each session has a
-  virtual time, advanced by the compute seconds its batches take divided by its weight
-  (charged with an estimate when a batch starts and corrected when it ends); the
-  session with the lowest virtual time goes next. A session that was idle starts at
-  the virtual time of the last batch granted, so it gets its share from now on rather
-  than a burst for the time it was away.
-- **chunks in order within a session**: the lowest (epoch, chunk) first, so the chunk
-  a trainer waits for finishes first and its bytes leave early, instead of every chunk
-  in flight advancing together and all finishing late.
-- **batch size from the free budget**: the configured batch if it fits, else the
-  largest power of two that does (at least 1). When even one sample does not fit, idle
-  heads are evicted (the `Reclaimer`), and then the queue waits for running batches
-  to finish: nothing runs past it, so a large request is never starved by small ones.
-- **nothing for a requester that has gone**: a batch waits with its requester's `gone`
-  (a chunk's: its stream's client left) and leaves the queue, ungranted, once it says
-  so (`Abandoned`), within `POLL_S`.
-
-Why weighted fair queuing and not a solver (HAPI's paper solves for every pending
-request's batch size at once): the decision is made one batch at a time, as memory
-frees, with a few waiting chunks. The greedy choice - the next chunk in fair order gets
-the largest batch that fits - is what a solver maximising throughput under the budget
-picks for it too (throughput per sample grows with the batch), it costs microseconds
-rather than a solve per release, and it keeps ordering and fairness easy to state.
+Every batch a chunk computes is a `Grant`: a compute slot and `fixed + per_sample * batch`
+bytes of the budget, taken before the batch is decoded and given back once it is encoded.
+Grants go by weighted fair queuing over sessions, chunks in (epoch, chunk) order within a
+session, the configured batch or the largest power of two that fits (idle heads evicted
+through the `Reclaimer` first), and nothing for a requester that has gone (`Abandoned`).
+The rules, and why a greedy choice rather than a solver: docs/server.md, "The scheduler".
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """Tenants: who holds which token, which store prefixes each may read, and its fair share.
 
 A server knows its tenants from a TOML file (`hapi serve --tenants FILE`), one table per
-tenant, re-read on SIGHUP:
-
-    [team-a]
-    token_env = "TEAM_A_TOKEN"      # or token = "..." (then keep the file private)
-    prefixes = ["datasets/team-a", "models/shared"]
-    weight = 2.0
-
-`prefixes` are whole path segments (`datasets/a` allows `datasets/a/x.jpg`, not
-`datasets/ab/x.jpg`); `[""]` allows every key. A server with one `--token` has one tenant
-that may read everything (`Tenants.single`), and a server without a token one anonymous
-tenant (`Tenants.open`).
+tenant (`token_env` or `token`, `prefixes`, `weight`), re-read on SIGHUP. `prefixes` are
+whole path segments; `[""]` allows every key. One `--token` gives one tenant that reads
+everything (`Tenants.single`), no token one anonymous tenant (`Tenants.open`). The file's
+format, with an example: docs/server.md, "Tenants".
 """
 
 from __future__ import annotations
