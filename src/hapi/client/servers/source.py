@@ -1,13 +1,10 @@
 """`Server`: everything the trainer asks of a server, data and control alike - the seam
 between a `hapi serve` and the trainer's loader, planner and job.
 
-The loader opens sessions, streams chunks, keeps sessions alive and recalls the streams in
-flight; the planner probes, profiles and reads counters; the job lists its dataset and
-uploads its heads - through this protocol only. `Connection` (Arrow Flight) implements it for a real
-server; `hapi.client.servers.memory.MemorySource` implements it in memory, so the loader's
-concurrency (windows, epochs back to back, recall, failover, exactly once) is tested in
-milliseconds without a server. The trainer's own tiers - computing raw bytes locally, and
-the feature cache - sit in front of a source, per chunk (`hapi.client.pipeline.fetch`).
+`Connection` (Arrow Flight) implements it for a real server, `MemorySource` in memory, so
+the loader's concurrency (windows, recall, failover, exactly once) is tested in
+milliseconds. The trainer's own tiers - computing raw bytes locally, the feature cache -
+sit in front of a server, per chunk (`hapi.client.pipeline.fetch`).
 """
 
 from __future__ import annotations
