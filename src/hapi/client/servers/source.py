@@ -3,11 +3,10 @@ between a `hapi serve` and the trainer's loader, planner and job.
 
 The loader opens sessions, streams chunks, keeps sessions alive and recalls the streams in
 flight; the planner probes, profiles and reads counters; the job lists its dataset and
-uploads its heads - through this protocol only. `Connection` (Arrow Flight) implements it for a real
-server; `hapi.client.servers.memory.MemorySource` implements it in memory, so the loader's
-concurrency (windows, epochs back to back, recall, failover, exactly once) is tested in
-milliseconds without a server. The trainer's own tiers - computing raw bytes locally, and
-the feature cache - sit in front of a source, per chunk (`hapi.client.pipeline.fetch`).
+uploads its heads - through this protocol only. `Connection` (Arrow Flight) implements it
+for a real server, `hapi.client.servers.memory.MemorySource` in memory, so the loader's
+concurrency is tested in milliseconds without a server. The trainer's own tiers - local
+compute, the feature cache - sit in front of a source, per chunk (`pipeline.fetch`).
 """
 
 from __future__ import annotations
