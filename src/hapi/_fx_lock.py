@@ -1,16 +1,11 @@
 """One process-wide lock between tracing a model and running one.
 
-`torch.fx` traces by patching `nn.Module.__call__` and `nn.Module.__getattr__` on the class
-itself for the duration of a trace. Every module call in every thread then goes through
-that trace's tracer: a head running in another thread fails with "module is not installed
-as a submodule", and two traces at once restore each other's patches in the wrong order,
-which can leave the class patched for good. So tracing takes the lock `exclusive`ly and
-code that runs modules while a trace may happen elsewhere (the server's chunks) takes it
-`shared`: many heads run at once, a trace waits for them to finish a batch, and heads
-wait for the trace (tenths of a second, once per model).
-
-It lives at the top level so that `hapi.graph` (which traces) and `hapi.server` (which
-runs heads) can both use it without depending on each other.
+`torch.fx` traces by patching `nn.Module` on the class itself, for every thread, while a
+trace runs. So tracing takes the lock `exclusive`ly and code that runs modules while a
+trace may happen elsewhere (the server's chunks) takes it `shared`: many heads run at
+once, a trace waits for them to finish a batch. It lives at the top level so that
+`hapi.graph` (which traces) and `hapi.server` (which runs heads) can both use it without
+depending on each other. Why: `docs/heads.md`, "Tracing and running".
 """
 
 from __future__ import annotations

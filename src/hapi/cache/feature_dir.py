@@ -1,18 +1,11 @@
 """`FeatureCache`: computed features in a directory, bounded in size, shared by processes.
 
-Entries are packed in segments, per space (`<root>/v2/<space id>/`, `_segments.py`): a
-batch of entries is one append, a cached epoch a few large reads, and a million entries
-cost their payload, 32 bytes of index each on disk and 44 in memory. A read checks each
-entry's CRC: a corrupt entry is a miss. Eviction works on whole segments, least recently
-used first (a hit marks its segment used), when the directory passes its bound; it, `usage`
-and `hapi cache ls` stat segments, never entries. An entry evicted under a running epoch
-is a miss, never an error. Recent entries are also kept decoded in memory, up to
-`memory_bytes`. A `v1` directory (a file per entry, before segments) is not read;
-`clear()` removes it.
-
-A cache is an optimization: a write that fails (a full disk, a read-only one, no
-permission, a quota) turns writing off for this cache, with one warning and a count, and
-it goes on serving what it holds; a job never fails for its cache.
+Entries are packed in segments, per space (`<root>/v2/<space id>/`, `_segments.py`), each
+entry checked by its CRC (a corrupt one is a miss); eviction works on whole segments,
+least recently used first, and recent entries are also kept decoded in memory, up to
+`memory_bytes`. A write that fails turns writing off for this cache, with one warning and
+a count: a job never fails for its cache. Costs and details: `docs/architecture.md`,
+"The feature cache".
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """How `hapi` ends: every error is one `error:` line on stderr and an exit code, no traceback.
 
-Exit codes:
-    0: done.
-    1: the command ran and failed: hapi refused a value (`--batch-size 0`, a bad rate, a
-       store directory that does not exist), a store or server could not be reached, or a
-       check found problems (`hapi repo fsck`).
-    2: a usage mistake, found before the command ran: an unknown command or option, a
-       missing argument, a value that is not of the option's type (`--port notaport`).
-       These add a hint naming the command's `--help`.
-    130: interrupted.
-
-`HAPI_DEBUG=1` prints the traceback of errors, with the same exit codes.
+Exit codes: 0, done; 130, interrupted;
+    1: the command ran and failed: hapi refused a value (`--batch-size 0`, a bad rate, a store
+       directory that does not exist), a store or server could not be reached, or a check
+       found problems (`hapi repo fsck`);
+    2: a usage mistake, found before the command ran: an unknown command or option, a missing
+       argument, a value not of the option's type (`--port notaport`); with a hint naming the
+       command's `--help`. `HAPI_DEBUG=1` prints the traceback of errors, same exit codes.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:
+    from hapi.client import TransferJob
     from hapi.client.job.compare import OptionRun
     from hapi.plan import Plan
 
@@ -46,8 +47,6 @@ def plan(
     from hapi.client import TransferJob
     from hapi.client.job.compare import pick_options, run_options
     from hapi.graph import ModelSpec
-    from hapi.plan import LinkProfile, choose_plan
-    from hapi.server import parse_rate
     from hapi.wire import check_wire_dtype
 
     options: dict[str, Any] = {
@@ -64,11 +63,7 @@ def plan(
     chosen = job.plan
     assert chosen is not None  # cut="auto"
     if link is not None:
-        rate = LinkProfile(bytes_per_s=parse_rate(link), latency_s=chosen.link.latency_s)
-        chosen = choose_plan(
-            chosen.server, chosen.trainer, rate, chosen.workload,
-            freeze=chosen.freeze, names=chosen.names,
-        )  # fmt: skip
+        chosen = _for_link(chosen, link)
     runs: list[OptionRun] = []
     if measure:
         runs = run_options(
@@ -81,6 +76,23 @@ def plan(
     if as_json:
         typer.echo(json.dumps({**chosen.to_dict(), "measured": [_run_row(r) for r in runs]}))
         return
+    _print(job, chosen, runs, plot)
+
+
+def _for_link(chosen: Plan, link: str) -> Plan:
+    """The plan chosen again for the link rate `link` (e.g. 100mbit), at the probed latency."""
+    from hapi.plan import LinkProfile, choose_plan
+    from hapi.server import parse_rate
+
+    rate = LinkProfile(bytes_per_s=parse_rate(link), latency_s=chosen.link.latency_s)
+    return choose_plan(
+        chosen.server, chosen.trainer, rate, chosen.workload,
+        freeze=chosen.freeze, names=chosen.names,
+    )  # fmt: skip
+
+
+def _print(job: TransferJob, chosen: Plan, runs: list[OptionRun], plot: Path | None) -> None:
+    """Print the job's plan line, every option (measured beside, if run) and the choice."""
     console = Console(width=max(Console().width, 120))
     console.print(job.summary().splitlines()[1])
     console.print(_table(chosen, runs))

@@ -1,19 +1,11 @@
 """Wire codecs: lossless buffer compression of feature streams, and 8-bit features.
 
-Two independent choices make a feature stream's encoding, and both are named by strings so
-that a cache key or a plan can hold them:
-
-- `Compression` ("none", "lz4", "zstd"): Arrow IPC buffer compression, applied by Flight as
-  it writes each batch and undone by any Arrow reader. Lossless: the features arrive bit
-  for bit, so `exact=True` keeps its guarantee.
-- the wire dtype "int8" (`hapi.wire.dtypes`): features quantized to 8 bits per element,
-  with a scale and an offset per sample and channel (per sample where channels are too
-  small to pay for their own), dequantized on the trainer. Lossy, so opt-in, and refused
-  with `exact=True`.
-- the wire dtype "fp8" (E4M3, where torch has `float8_e4m3fn`): features divided by a
-  scale per sample and channel (their largest magnitude over E4M3's largest, 448) and
-  rounded to 8-bit floats - relative error under 2**-4 wherever int8's even steps would
-  be coarse, near zero and in long tails. Lossy like int8.
+Two independent choices, both named by strings so that a cache key or a plan can hold
+them: a `Compression` ("none", "lz4", "zstd": Arrow IPC buffer compression, lossless, so
+`exact=True` keeps its guarantee), and the wire dtype, of which "int8" (a scale and an
+offset per sample and channel) and "fp8" (E4M3, a scale per sample and channel) are lossy,
+opt-in and refused with `exact=True`. More: `docs/architecture.md`, "Datasets and wire
+codecs".
 """
 
 from __future__ import annotations

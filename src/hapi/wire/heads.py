@@ -1,21 +1,11 @@
 """Uploading a head artifact: a Flight `do_put` whose descriptor names the head's digest.
 
-A trainer with a model of its own sends the server the head it exported
-(`hapi.graph.export_head`): the descriptor is the path `["hapi-head", <digest>]`, and the
-stream is record batches of two columns, `part` (`program`, then `weights`) and `data`
-(binary pieces of at most `PIECE_BYTES`), so no message comes near gRPC's size limits
-and the server holds no more than one artifact's bytes. The schema's metadata carries
-the per-sample input shape.
-
-The server checks what arrives against the digest (`IntegrityError` when they differ)
-and against its size limit (`InvalidRequest`, before it keeps more than the limit), and
-loads it only with `load_head`: JSON and safetensors, never pickle, never the user's
-Python. An upload is idempotent: a client first asks `has_head`, and an artifact the
-server has is not sent again.
-
-Who may use an uploaded head: anyone who names its digest. A digest is the SHA-256 of
-the head's content, so holding it means holding (or having been given) the content; it
-grants no reading of data, which tenants' prefixes still decide.
+The descriptor is the path `["hapi-head", <digest>]`; the stream is record batches of two
+columns, `part` (`program`, then `weights`) and `data` (binary pieces of at most
+`PIECE_BYTES`), and the schema's metadata carries the per-sample input shape. The server
+checks the digest (`IntegrityError`) and its size limit (`InvalidRequest`) and loads the
+head only with `load_head`, never pickle; an upload is idempotent (`has_head` first).
+Who may use an uploaded head, and why the pieces: `docs/heads.md`, "The upload on the wire".
 """
 
 from __future__ import annotations

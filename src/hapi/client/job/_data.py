@@ -215,22 +215,7 @@ class JobData:
         """
         config, model = self.config, self.model
         fetch, seed, exact = config.fetch, config.training.seed, config.wire.exact
-
-        def reopened(cut: int, lost: str, new: str) -> None:
-            self.record(
-                Event(
-                    "reopen",
-                    router.epoch if train else None,
-                    None,
-                    f"the server had lost the session for cut {cut} (restarted?): re-opened",
-                    {"cut": cut, "lost": lost, "session": new},
-                )
-            )
-
-        sessions = [
-            Sessions(connection, self.requests(transforms, connection, codec), on_reopen=reopened)
-            for connection in self.connections
-        ]
+        sessions = self._loop_sessions(transforms, codec, router=router, train=train)
         decoder = RawDecoder(transforms, seed, fetch.on_error)
         manifest = self.manifest(prefix)
         listed_at, listing_s = self._listed[prefix]
@@ -267,3 +252,25 @@ class JobData:
                 yield loader
             finally:
                 loader.close()
+
+    def _loop_sessions(
+        self, transforms: Transforms, codec: Codec, *, router: Router, train: bool
+    ) -> Sequence[Sessions]:
+        """One `Sessions` per server for a loop; each records an event when it re-opens a
+        session the server had lost."""
+
+        def reopened(cut: int, lost: str, new: str) -> None:
+            self.record(
+                Event(
+                    "reopen",
+                    router.epoch if train else None,
+                    None,
+                    f"the server had lost the session for cut {cut} (restarted?): re-opened",
+                    {"cut": cut, "lost": lost, "session": new},
+                )
+            )
+
+        return [
+            Sessions(connection, self.requests(transforms, connection, codec), on_reopen=reopened)
+            for connection in self.connections
+        ]

@@ -161,13 +161,7 @@ class JobLoops:
                 state.epoch = epoch
                 self._train_mode(True)
                 offset, resumed, state.resumed = state.position, state.resumed, None
-                if resumed is not None and offset:
-                    restore_rng(resumed["rng"])  # as it was after the state's last step
-                else:
-                    # Seed per epoch so dropout in the tail draws the same masks in every
-                    # plan; per rank too, or the ranks' slices would share their masks.
-                    seed = self.config.training.seed
-                    torch.manual_seed(seed * 1_000_003 + epoch + (self.rank << 32))
+                self._seed_epoch(epoch, resumed if offset else None)
                 total_loss = correct = seen = compute = 0.0
                 # The next epoch's first chunks are fetched while this one drains.
                 then = epoch + 1 if epoch + 1 < start + epochs else None
@@ -203,6 +197,17 @@ class JobLoops:
                 )
                 state.next_epoch, state.position, state.step = epoch + 1, 0, 0
         return history
+
+    def _seed_epoch(self, epoch: int, resumed: Mapping[str, Any] | None) -> None:
+        """Set the random state `epoch` trains with: the state's, resumed mid-epoch (as it
+        was after its last step), else one seeded by the epoch and rank."""
+        if resumed is not None:
+            restore_rng(resumed["rng"])
+        else:
+            # Seed per epoch so dropout in the tail draws the same masks in every
+            # plan; per rank too, or the ranks' slices would share their masks.
+            seed = self.config.training.seed
+            torch.manual_seed(seed * 1_000_003 + epoch + (self.rank << 32))
 
     def steps_per_epoch(self) -> int:
         """Training batches (steps) in one epoch of the training set, on each rank."""

@@ -1,22 +1,11 @@
 """`UploadedHeads`: a job's own module as the server runs it - its heads, exported and uploaded.
 
 The server never runs the user's Python: for each cut a session needs, the trainer exports
-the head with torch.export (`hapi.graph.export_head`), uploads the artifact once
-(`Connection.put_head`, which asks `has_head` first, so a restarted server gets it again
-and a server that has it gets nothing) to each server a session opens on, and names it by
-digest in the session request.
-
-Heads are exported when a cut is first used, not for every cut up front: a plan uses one
-or two cuts, and exporting each of a deep model's cut points costs seconds apiece. For
-`cut="auto"` the planner's server probe is a chunk at the freeze cut (the server can time
-only a head it holds), and the other cuts' server times are the trainer's own per-cut
-times scaled by the server/trainer ratio measured there (`hapi.client.planning.measuring`): the
-layers' relative costs are the model's, the ratio is the machines'. That is a measured
-estimate; FLOPs would be a second-hand one (they miss memory-bound layers).
-
-Exporting traces the model, and tracing patches `nn.Module` for every thread while it
-runs, so it holds the process's `TRACING` lock exclusively; the job runs its modules
-under the shared lock, so a cut first used mid-epoch is exported between two batches.
+the head with torch.export (`hapi.graph.export_head`) when the cut is first used, uploads
+it once to each server a session opens on (`Connection.put_head`, which asks `has_head`
+first) and names it by digest in the session request. Exporting holds the process's
+`TRACING` lock exclusively; the job runs its modules under the shared lock, so a cut first
+used mid-epoch is exported between two batches. Why: `docs/heads.md`.
 """
 
 from __future__ import annotations

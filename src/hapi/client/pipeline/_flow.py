@@ -23,7 +23,47 @@ DONE = object()
 
 
 class Flow:
-    """One chunk on its way: its route, the pieces it delivered, what it cost."""
+    """One chunk on its way: its route, the pieces it delivered, what it cost.
+
+    What starts the same for every chunk is declared here with its default; `__init__`
+    sets what depends on the chunk and the objects each needs of its own.
+    """
+
+    failed = False
+    """Some try of it failed (its stream time then says little of the server's rate)."""
+    moved = False
+    """Its last failed try moved it to another server: retry at once."""
+    fell_back = False
+    """No server answered: its keys were read from the store and computed here."""
+    computed_here = False
+    """Some of its keys went to the trainer's worker (a local route, a fallback): its
+    end is queued behind them."""
+    rerouted = False
+    """The plan's cut changed while it was in flight and it followed (`Router.reroute`):
+    its stages' times mix two routes."""
+    recalled = False
+    """A change of plan cut its stream (`FeatureLoader.recall`) and it was asked again:
+    its stages' times mix two streams."""
+    merge: ChunkMerge | None = None
+    """With the trainer's cache: puts its samples in order, cached or computed."""
+    hits = 0
+    """Keys the trainer's cache gave."""
+    server_cached = 0
+    """Keys the server's feature cache gave."""
+    stream: PartStream | None = None
+    turn: float | None = None
+    read_end = 0.0
+    backoff_s = 0.0
+    bytes = 0
+    server_s: float | None = None
+    queue_s = 0.0
+    local_s = 0.0
+    train_s = 0.0
+    samples = 0
+    untrained = 0
+    finished = False
+    observed = False
+    samples_read = 0
 
     def __init__(
         self,
@@ -47,54 +87,19 @@ class Flow:
         """The server it is asked of now."""
         self.held = len(keys)
         """Keys counted in flight on `member`."""
-        self.failed = False
-        """Some try of it failed (its stream time then says little of the server's rate)."""
-        self.moved = False
-        """Its last failed try moved it to another server: retry at once."""
-        self.fell_back = False
-        """No server answered: its keys were read from the store and computed here."""
-        self.computed_here = False
-        """Some of its keys went to the trainer's worker (a local route, a fallback): its
-        end is queued behind them."""
-        self.rerouted = False
-        """The plan's cut changed while it was in flight and it followed (`Router.reroute`):
-        its stages' times mix two routes."""
-        self.recalled = False
-        """A change of plan cut its stream (`FeatureLoader.recall`) and it was asked again:
-        its stages' times mix two streams."""
         self.remaining = dict(zip(keys, labels, strict=True))
-        self.merge: ChunkMerge | None = None
-        """With the trainer's cache: puts its samples in order, cached or computed."""
-        self.hits = 0
-        """Keys the trainer's cache gave."""
         self.after: list[Flow] = []
         """Chunks of the epoch before with some of its keys, not yet kept in the cache
         when it was issued: it looks its keys up once they are."""
         self.kept = threading.Event()
         """Set once its samples are all in the cache (or it ended otherwise)."""
-        self.server_cached = 0
-        """Keys the server's feature cache gave."""
         self.queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self.read_done = threading.Event()
-        self.stream: PartStream | None = None
+        self.skipped: list[SkippedKey] = []
         self.issued = time.perf_counter()
         """When its request went out: after its session was open (the first chunk at a cut
         waits for the session to open, and the turn's wait for the server is timed from
         here - timed from before, the opening read as the link's, 1 Gbit/s as 2 MB/s)."""
-        self.turn: float | None = None
-        self.read_end = 0.0
-        self.backoff_s = 0.0
-        self.bytes = 0
-        self.server_s: float | None = None
-        self.queue_s = 0.0
-        self.local_s = 0.0
-        self.train_s = 0.0
-        self.samples = 0
-        self.untrained = 0
-        self.finished = False
-        self.observed = False
-        self.skipped: list[SkippedKey] = []
-        self.samples_read = 0
 
     @property
     def its_routes_cost(self) -> bool:

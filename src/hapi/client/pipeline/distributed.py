@@ -1,32 +1,10 @@
 """Data-parallel training: W ranks (`torchrun`) train one model as one process would.
 
-Each rank runs its own `TransferJob`: it opens its own sessions and fetches only its shard
-of every epoch, and DistributedDataParallel averages the gradients of the trainable tail.
-The aim is the result of one process training with the combined batch (`batch_size` x W),
-so the pieces fit together as follows:
-
-- `Shard`: the epoch's order - the same seeded permutation on every rank - is cut into
-  global batches of `batch_size` x W, and rank r trains the r-th slice of each. A rank's
-  step k then holds the k-th global batch's r-th slice, and the union of the slices is
-  the global batch: every key once per epoch, none on two ranks.
-- The last global batch is short: it is split as evenly as the ranks allow, so some
-  slices are smaller and, with fewer keys than ranks, some empty. Every rank still takes
-  the same number of steps (DDP's all-reduce in backward would hang otherwise): a rank
-  with nothing left steps on an empty batch. Each rank back-propagates the *sum* of its
-  losses times W / n, n the global batch's size; DDP's mean over the ranks is then the
-  gradient of the combined batch's mean loss, whatever the split. (DDP's `join()` would
-  shadow the missing step too, but not the per-step all-reduce of the metrics below.)
-- DDP wraps the tail from the freeze point only, the part with trainable parameters. A
-  rank whose plan cuts earlier carries its features to the freeze point through the
-  frozen segment first, so the module DDP synchronises is the same on every rank
-  whatever cut each rank's plan (or re-plan) is at, and the frozen head is never in it.
-- Every step all-reduces (loss sum, correct, samples) once, so each rank's history holds
-  the global loss of every step and the global epoch figures, equal on every rank.
-- A rank's resume state is its own: the steps taken (equal on every rank), its place in
-  its shard and its random states (seeded per rank, so dropout masks differ by slice).
-
-Batch norm after the freeze point normalises each rank's slice, as in any DDP run; a tail
-without it (or frozen batch norm) trains exactly as the combined batch would.
+Each rank runs its own `TransferJob`, fetches only its `Shard` of every epoch (a slice of
+each global batch of `batch_size` x W) and back-propagates the sum of its losses times
+W / n, so DDP's mean over the ranks is the combined batch's gradient; DDP wraps the tail
+from the freeze point only, every step all-reduces the metrics once, and a rank's resume
+state is its own. Why each piece is so: `docs/distributed.md`.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from hapi.client.pipeline.trainer_cache import TrainerCache
 from hapi.client.servers.local import LocalCompute
 from hapi.client.servers.pool import Servers
 from hapi.client.servers.retry import RetryPolicy
+from hapi.client.servers.source import PartStream
 from hapi.data import ObjectStore
 from hapi.errors import (
     DuplicateDelivery,
@@ -41,7 +42,7 @@ from hapi.errors import (
     StreamRecalled,
     shorten,
 )
-from hapi.wire import ChunkTicket, FeatureBatch
+from hapi.wire import ChunkReport, ChunkTicket, FeatureBatch
 
 __all__ = ["DONE", "FetchContext", "Fetcher", "Flow", "busy_clock"]
 
@@ -177,50 +178,12 @@ class Fetcher:
         session: str | None = None
         try:
             session = member.sessions.get(cut)
-            ticket = ChunkTicket(
-                session=session,
-                chunk=flow.index,
-                epoch=self.epoch,
-                keys=list(flow.remaining),
-                labels=list(flow.remaining.values()),
-                versions=(
-                    [flow.versions.get(k, "") for k in flow.remaining]
-                    if flow.versions is not None
-                    else None
-                ),
-            )
+            ticket = self._ticket(flow, session)
             if flow.turn is None:
                 flow.issued = time.perf_counter()
-            stream = flow.stream = member.connection.stream(ticket)
-            if flow.turn is None:
-                if flow.previous is not None:
-                    flow.previous.read_done.wait()
-                    # Its turn came: let go of the chunk before it, or through the chain
-                    # every chunk of a fit's epochs would stay reachable.
-                    flow.previous = None
-                if self.stop.is_set():
-                    raise Stopped
-                flow.turn = time.perf_counter()
-            if self._reroute(flow):  # the cut changed while it waited for its turn
-                stream.cancel()
-                return False
-            report = None
-            for part in stream:
-                if self.stop.is_set():
-                    raise Stopped
-                flow.bytes += part.nbytes
-                if part.batch is not None and len(part.batch):
-                    self._deliver(flow, part.batch)
-                if part.report is not None:
-                    report = part.report
-                elif flow.remaining and self._reroute(flow):
-                    stream.cancel()
-                    return False
+            report = self._read(flow, member.connection.stream(ticket))
             if report is None:
-                raise ServerUnavailable(
-                    f"the stream of chunk {flow.index} ended without its report, "
-                    f"{len(flow.remaining)} keys short: the server went away mid-chunk"
-                )
+                return False
         except StreamRecalled:
             # A change of plan moved the chunks in flight and cut their connection, with
             # what the server had sent ahead: the keys not yet delivered go again at once,
@@ -244,6 +207,69 @@ class Fetcher:
         except StoreUnavailable:
             flow.failed = True
             raise
+        self._take_report(flow, report)
+        return True
+
+    def _ticket(self, flow: Flow, session: str) -> ChunkTicket:
+        """The request for the keys of `flow` not yet delivered, in `session`."""
+        return ChunkTicket(
+            session=session,
+            chunk=flow.index,
+            epoch=self.epoch,
+            keys=list(flow.remaining),
+            labels=list(flow.remaining.values()),
+            versions=(
+                [flow.versions.get(k, "") for k in flow.remaining]
+                if flow.versions is not None
+                else None
+            ),
+        )
+
+    def _read(self, flow: Flow, stream: PartStream) -> ChunkReport | None:
+        """Read the stream of `flow` when its turn comes, delivering its batches; its
+        report, or None when it was re-routed meanwhile (the stream cancelled)."""
+        flow.stream = stream
+        if flow.turn is None:
+            self._wait_turn(flow)
+        if self._reroute(flow):  # the cut changed while it waited for its turn
+            stream.cancel()
+            return None
+        report = None
+        for part in stream:
+            if self.stop.is_set():
+                raise Stopped
+            flow.bytes += part.nbytes
+            if part.batch is not None and len(part.batch):
+                self._deliver(flow, part.batch)
+            if part.report is not None:
+                report = part.report
+            elif flow.remaining and self._reroute(flow):
+                stream.cancel()
+                return None
+        if report is None:
+            raise ServerUnavailable(
+                f"the stream of chunk {flow.index} ended without its report, "
+                f"{len(flow.remaining)} keys short: the server went away mid-chunk"
+            )
+        return report
+
+    def _wait_turn(self, flow: Flow) -> None:
+        """Wait until the chunk before `flow` is read: the link serves chunks in order."""
+        if flow.previous is not None:
+            flow.previous.read_done.wait()
+            # Its turn came: let go of the chunk before it, or through the chain
+            # every chunk of a fit's epochs would stay reachable.
+            flow.previous = None
+        if self.stop.is_set():
+            raise Stopped
+        flow.turn = time.perf_counter()
+
+    def _take_report(self, flow: Flow, report: ChunkReport) -> None:
+        """Count what the server's report of `flow` says: its skipped keys, its times.
+
+        Raises:
+            IncompleteEpoch: the server left keys out without reporting them skipped.
+        """
         for skipped in report.skipped:
             flow.remaining.pop(skipped.key, None)
             flow.skipped.append(skipped)
@@ -257,7 +283,6 @@ class Fetcher:
                 f"keys, e.g. {shorten(repr(list(flow.remaining)[:5]))}, and did not report "
                 "them skipped"
             )
-        return True
 
     def _reroute(self, flow: Flow) -> bool:
         """Move `flow` to the route the plan in force gives it, if that changed."""

@@ -116,33 +116,17 @@ class FeatureLoader:
         fresh_until: float | None = None,
         listing_s: float = 0.0,
     ) -> None:
-        for name, value in (
-            ("batch_size", batch_size),
-            ("chunk_size", chunk_size),
-            ("prefetch", prefetch),
-        ):
-            if value < 1:
-                raise InvalidRequest(f"{name} must be >= 1, got {value}")
+        _check_sizes(batch_size=batch_size, chunk_size=chunk_size, prefetch=prefetch)
         self.retry = RetryPolicy(budget_s=retry_budget_s, retries=retries)
         self.connection = connection
-        if isinstance(session, str):
-            session = Sessions.fixed(connection, session, cut)
-        self.servers = Servers([session] if isinstance(session, Sessions) else session)
+        self.servers = _servers(connection, session, cut)
         self.manifest = manifest
         self.batch_size = batch_size
         self.chunk_size = chunk_size
         self.prefetch = prefetch
         self.seed = seed
         self.shuffle = shuffle
-        self.router = (
-            router
-            if router is not None
-            else Router(
-                cut,
-                record=record if record is not None else ignore_event,
-                recall=functools.partial(recall_all, [m.connection for m in self.servers]),
-            )
-        )
+        self.router = router if router is not None else self._pushdown_router(cut, record)
         self.local = local
         self.convert = convert
         self.record = record
@@ -152,29 +136,9 @@ class FeatureLoader:
         self.cache = cache
         self.relist = relist
         self.stats = LoaderStats()
-        self.context = FetchContext(
-            servers=self.servers,
-            retry=self.retry,
-            router=self.router,
-            local=local,
-            convert=convert,
-            cache=cache,
-            fallback=fallback,
-            record=record if record is not None else ignore_event,
-            on_part=on_part,
-        )
+        self.context = self._fetch_context()
         """What fetching needs of this loader, fixed for its life."""
-        self.keys = EpochKeys(
-            manifest,
-            seed=seed,
-            shuffle=shuffle,
-            chunk_size=chunk_size,
-            batch_size=batch_size,
-            shard=shard,
-            relist=relist,
-            fresh_until=fresh_until,
-            listing_s=listing_s,
-        )
+        self.keys = self._epoch_keys(fresh_until=fresh_until, listing_s=listing_s)
         """Each epoch's order, chunks and objects' versions."""
         self._runs = RunContext(
             fetch=self.context, keys=self.keys, batch_size=batch_size, prefetch=prefetch
@@ -183,6 +147,42 @@ class FeatureLoader:
         """The last epoch asked for: it may have started the next one (`ahead`)."""
         self._at = LoaderPosition()
         """Where the batches handed on stand (`state_dict`)."""
+
+    def _pushdown_router(self, cut: int, record: Callable[[Event], None] | None) -> Router:
+        """The default router: every chunk pushed down at `cut`, recalled on all servers."""
+        return Router(
+            cut,
+            record=record if record is not None else ignore_event,
+            recall=functools.partial(recall_all, [m.connection for m in self.servers]),
+        )
+
+    def _fetch_context(self) -> FetchContext:
+        """What fetching needs of this loader, from its servers, router and settings."""
+        return FetchContext(
+            servers=self.servers,
+            retry=self.retry,
+            router=self.router,
+            local=self.local,
+            convert=self.convert,
+            cache=self.cache,
+            fallback=self.fallback,
+            record=self.record if self.record is not None else ignore_event,
+            on_part=self.on_part,
+        )
+
+    def _epoch_keys(self, *, fresh_until: float | None, listing_s: float) -> EpochKeys:
+        """Each epoch's order, chunks and versions of this loader's manifest (and shard)."""
+        return EpochKeys(
+            self.manifest,
+            seed=self.seed,
+            shuffle=self.shuffle,
+            chunk_size=self.chunk_size,
+            batch_size=self.batch_size,
+            shard=self.shard,
+            relist=self.relist,
+            fresh_until=fresh_until,
+            listing_s=listing_s,
+        )
 
     @property
     def sessions(self) -> Sessions:
@@ -308,3 +308,17 @@ class FeatureLoader:
     def versions(self) -> dict[str, str] | None:
         """The objects' versions, listed now: `EpochKeys.versions`."""
         return self.keys.versions()
+
+
+def _check_sizes(**sizes: int) -> None:
+    """Refuse a size below 1 (InvalidRequest), naming it."""
+    for name, value in sizes.items():
+        if value < 1:
+            raise InvalidRequest(f"{name} must be >= 1, got {value}")
+
+
+def _servers(connection: Server, session: str | Sessions | Sequence[Sessions], cut: int) -> Servers:
+    """The servers chunks go to: one session id on `connection`, one `Sessions` or several."""
+    if isinstance(session, str):
+        session = Sessions.fixed(connection, session, cut)
+    return Servers([session] if isinstance(session, Sessions) else session)

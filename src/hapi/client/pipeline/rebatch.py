@@ -1,14 +1,10 @@
 """Rebatching: pieces as they arrive, training batches of one cut as the tail needs them.
 
-A piece is part of a chunk at the cut it was computed to. The server's batch and the
-request's size have nothing to do with the training batch, so pieces are cut and joined
-into batches of exactly `batch_size` samples in delivery order - the same samples per
-batch whatever the plan did. A batch runs through one tail, so when a re-plan moved the
-cut and a batch straddles the change, the pieces at the lower cut are carried forward to
-the higher one through the frozen segment between them (`ModelGraph.segment`). The
-alternative, flushing a short batch at the change, would change which samples train
-together, and so the losses, for no gain: the segment is frozen, in eval mode, so
-`tail(a)(x) == tail(b)(segment(a, b)(x))` up to float rounding.
+Pieces are cut and joined into batches of exactly `batch_size` samples in delivery order,
+whatever the server's batch and the request's size; when a re-plan moved the cut, the
+pieces at the lower cut of a batch that straddles the change are carried forward through
+the frozen segment between the cuts (`ModelGraph.segment`) rather than flushed as a short
+batch. Why: `docs/loader.md`, "Rebatching".
 """
 
 from __future__ import annotations

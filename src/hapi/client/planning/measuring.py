@@ -1,25 +1,11 @@
 """Measuring a job's pipeline before it trains: the server, the link and the trainer.
 
-The link, the objects' size and the trainer's decoding come from a probe chunk of the
-job's own objects in a RAW session: its bytes over the stream's time, less the server's
-wait for its store (the session's own counters, `stats`) and the request's round trip.
-The trainer's CPU time receiving it, per byte, is what every byte costs the core that
-trains (`TrainerProfile.receive_s`); the server's time on it, as its report says, is what
-serving an object raw costs the server (`ServerProfile.raw_s`: reading and encoding).
-A probe at the freeze cut then runs the path every chunk runs, in chunks of the job's
-size, and the session's counters give its decoding and head time per sample: the level
-of the server's profile. The cuts' relative costs come from the trainer's own timed
-heads where the server runs heads as the trainer does (`_server_profile.alike`), else
-from the server's `profile` action, its heads timed in the job's batches; an older
-server gets the probe alone, scaled as an alike one. A first small chunk at the freeze
-cut pays for what a session's first chunk pays once, so the probe does not count it.
-
-It costs a job's start what the plan must save back, so each side measures roughly and
-once - one timed run after a warm-up on a few samples, a RAW probe of four objects where
-the link is slow, codecs only where one could be chosen (`codecs_may_pay`) or while the
-server is still measuring - and the two sides measure at once: the re-planner corrects
-a plan from the chunks' own times (`benchmarks/startup.py` weighs the start against
-fixed plans).
+A RAW probe of the job's own objects gives the link, the objects' size and what receiving
+and serving raw cost; then both tiers measure at once - the trainer its heads, step,
+decoding and codecs, the server its `profile` (where it runs heads unlike the trainer)
+and a probe at the freeze cut - and `plan_job` chooses the plan, from profiles kept by an
+earlier run where it can (`ProfileCache`). How and why: `docs/cost-model.md`, "How a job
+measures its pipeline".
 """
 
 from __future__ import annotations
@@ -34,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hapi.client.planning._probe_chunks import (
+    Probe,
     link_of,
     probe,
     probe_raw,
@@ -154,43 +141,74 @@ def plan_job(
     def worth(server: ServerProfile, trainer: TrainerProfile, link: LinkProfile) -> bool:
         return codecs_may_pay(server, trainer, link, workload, freeze=freeze, config=config)
 
-    stored = cache.job(key) if cache is not None else None
-    kept = _covering(stored, codecs, worth)
-    stale: LinkProfile | None = None
+    kept = _kept_profiles(cache, key, codecs, worth, connection, request, manifest, samples, seed)
     if kept is not None:
-        profiles = kept
-        fresh = _stale_link(connection, request(RAW), manifest, kept.link, samples, seed)
-        if fresh is not None and cache is not None and stored is not None:
-            stale, profiles = kept.link, dataclasses.replace(kept, link=fresh)
-            cache.keep(key, stored[0], stored[1], fresh, stored[3])  # the next job's too
-        server, trainer, link = profiles.server, profiles.trainer, profiles.link
-        if codecs and not profiles.codecs and worth(server, trainer, link):
-            kept = stale = None  # no codec measured where none could pay, and now one may
-    if kept is None:
-        profiles = measure_job(
+        profiles, stale = kept
+    else:
+        profiles, stale = measure_job(
             connection, request, manifest, graph, freeze, transforms,
             samples=samples, batch_size=batch_size, chunk_size=workload.chunk_size, seed=seed,
             wire_dtype=wire_dtype, profiles=cache, codecs=codecs, codecs_worth=worth,
-        )  # fmt: skip
+        ), None  # fmt: skip
         if cache is not None:
             cache.keep(key, profiles.server, profiles.trainer, profiles.link, profiles.codecs)
+    plan = _choose(profiles, workload, freeze=freeze, names=graph.names(), config=config)
+    return Planned(plan, kept is not None, stale)
+
+
+def _kept_profiles(
+    cache: ProfileCache | None,
+    key: str,
+    codecs: Sequence[Codec],
+    worth: Callable[[ServerProfile, TrainerProfile, LinkProfile], bool],
+    connection: Server,
+    request: Callable[[int], SessionRequest],
+    manifest: DatasetManifest,
+    samples: int,
+    seed: int,
+) -> tuple[Profiles, LinkProfile | None] | None:
+    """The profiles an earlier run of the job kept in `cache` under `key`, if they cover
+    its `codecs` (`_covering`), with the link measured again where the kept one is stale
+    (and the stale one, else None); None: the job measures them."""
+    stored = cache.job(key) if cache is not None else None
+    kept = _covering(stored, codecs, worth)
+    if kept is None:
+        return None
+    profiles, stale = kept, None
+    fresh = _stale_link(connection, request(RAW), manifest, kept.link, samples, seed)
+    if fresh is not None and cache is not None and stored is not None:
+        stale, profiles = kept.link, dataclasses.replace(kept, link=fresh)
+        cache.keep(key, stored[0], stored[1], fresh, stored[3])  # the next job's too
+    if codecs and not profiles.codecs and worth(profiles.server, profiles.trainer, profiles.link):
+        return None  # no codec measured where none could pay, and now one may
+    return profiles, stale
+
+
+def _choose(
+    profiles: Profiles,
+    workload: Workload,
+    *,
+    freeze: int,
+    names: Sequence[str],
+    config: PlannerConfig | None,
+) -> Plan:
+    """The plan for `workload` from `profiles`: its cut and, where codecs were measured,
+    its codec with it (`choose_codec`)."""
     if profiles.codecs:
         # The candidates are what the job allows (lossy ones only when it opted in).
-        plan = choose_codec(
+        return choose_codec(
             profiles.codecs, profiles.server, profiles.trainer, profiles.link, workload,
-            freeze=freeze, names=graph.names(), lossy=True, config=config,
+            freeze=freeze, names=names, lossy=True, config=config,
         ).plan  # fmt: skip
-    else:
-        plan = choose_plan(
-            profiles.server,
-            profiles.trainer,
-            profiles.link,
-            workload,
-            freeze=freeze,
-            names=graph.names(),
-            config=config,
-        )
-    return Planned(plan, kept is not None, stale)
+    return choose_plan(
+        profiles.server,
+        profiles.trainer,
+        profiles.link,
+        workload,
+        freeze=freeze,
+        names=names,
+        config=config,
+    )
 
 
 def _stale_link(
@@ -287,16 +305,68 @@ def measure_job(
         HapiError: the server refused a probe or cannot be reached.
     """
     keys, labels = probe_keys(manifest, samples, seed)
+    probes = _probe_side_by_side(
+        connection, request, keys, labels, graph, freeze, transforms, seed=seed,
+        batch_size=batch_size, chunk_size=chunk_size, profiles=profiles, codecs=codecs,
+    )  # fmt: skip
+    link, trainer = link_of(probes.raw), probes.trainer
+    server = _server_profile(probes, graph, freeze, len(keys), chunk_size, wire_dtype)
+    codec_profiles = probes.codecs
+    if codec_profiles is None:
+        codec_profiles = ()
+        if codecs and (codecs_worth is None or codecs_worth(server, trainer, link)):
+            codec_profiles = measure_codecs(
+                graph, freeze, probes.raw.blobs, transforms, codecs, seed=seed
+            )
+    return Profiles(server=server, trainer=trainer, link=link, codecs=codec_profiles)
+
+
+@dataclass(frozen=True)
+class _Probes:
+    """What a job's probes measured, the server's side and the trainer's."""
+
+    raw: Probe
+    """The RAW probe: the link, the objects' size, what receiving and serving them cost."""
+    at_cut: SessionInfo
+    """The session at the freeze cut (the server's batch size in it)."""
+    profiled: ServerProfile | None
+    """The server's own profile of the cuts; None: it runs heads as the trainer does, or
+    cannot profile them all (the probe at the freeze cut stands in)."""
+    at_freeze: Probe | None
+    """The probe at the freeze cut, in the job's chunks; None: not needed."""
+    trainer: TrainerProfile
+    """The trainer's heads, step, decoding and receiving."""
+    codecs: tuple[CodecProfile, ...] | None
+    """The codecs, measured while the server measured; None: not yet (measured after,
+    where they may pay)."""
+
+
+def _probe_side_by_side(
+    connection: Server,
+    request: Callable[[int], SessionRequest],
+    keys: list[str],
+    labels: list[int],
+    graph: ModelGraph,
+    freeze: int,
+    transforms: Transforms,
+    *,
+    seed: int,
+    batch_size: int,
+    chunk_size: int | None,
+    profiles: ProfileCache | None,
+    codecs: Sequence[Codec],
+) -> _Probes:
+    """Probe the link with both tiers idle, then let the trainer and the server measure
+    themselves at once (arguments as `measure_job`'s)."""
     with (
         _session(connection, request(freeze)) as at_cut_info,
         _session(connection, request(RAW)) as raw_info,
         concurrent.futures.ThreadPoolExecutor(1, "hapi-measure") as pool,
     ):
-        at_cut, session = at_cut_info.session, raw_info.session
         # First, with both tiers idle: the trainer's CPU time receiving it is what
         # receiving costs, the server's what sending does. It reads the objects cold,
         # which `raw_s` takes out.
-        raw = probe_raw(connection, session, keys, labels)
+        raw = probe_raw(connection, raw_info.session, keys, labels)
         # Then the two tiers measure themselves side by side (two machines, or two cores:
         # one after the other they took twice as long): the trainer its heads, step,
         # decoding and codecs, the server its profile and a probe at the freeze cut.
@@ -311,40 +381,68 @@ def measure_job(
 
         trained = pool.submit(trainer_side)
         try:
-            profiled = None
-            if not alike(raw_info, graph):
-                profiled = profile_action(connection, session, keys, chunk_size or batch_size)
-            if profiled is not None and profiled.last_cut < freeze:
-                profiled = None
-            at_freeze = None
-            if profiled is None or freeze > INPUT:
-                # A few of the objects first, at the freeze cut: a session's first chunk
-                # pays for what every later one reuses (the profile's own reads and heads
-                # warm only part of it), and the probe must not measure that.
-                probe(connection, at_cut, keys[:_WARM], labels[:_WARM])
-                at_freeze = probe(connection, at_cut, keys, labels, chunk_size)
+            profiled, at_freeze = _server_side(
+                connection, raw_info, at_cut_info.session, keys, labels, graph, freeze,
+                chunk_size=chunk_size, batch_size=batch_size,
+            )  # fmt: skip
         finally:
             server_done.set()
             trainer_alone, codec_profiles = trained.result()
-    link = link_of(raw)
     trainer = dataclasses.replace(
         trainer_alone,
         # The RAW probe's bytes, received while the trainer did nothing else.
         receive_s=raw.cpu_s / raw.nbytes if raw.nbytes else 0.0,
     )
-    if profiled is None:
-        assert at_freeze is not None  # probed just now
-        # The probe's chunks' batches: the job's chunk size, as far as the server batches.
-        batch = min(chunk_size or len(keys), len(keys), at_cut_info.batch_size or len(keys))
-        server = scaled_trainer(graph, freeze, raw=raw, at_freeze=at_freeze, trainer=trainer,
-                                wire_dtype=wire_dtype, batch_size=batch)  # fmt: skip
-    else:
-        server = calibrated(profiled, raw=raw, at_freeze=at_freeze, freeze=freeze)
-    if codec_profiles is None:
-        codec_profiles = ()
-        if codecs and (codecs_worth is None or codecs_worth(server, trainer, link)):
-            codec_profiles = measure_codecs(graph, freeze, raw.blobs, transforms, codecs, seed=seed)
-    return Profiles(server=server, trainer=trainer, link=link, codecs=codec_profiles)
+    return _Probes(raw, at_cut_info, profiled, at_freeze, trainer, codec_profiles)
+
+
+def _server_side(
+    connection: Server,
+    raw_info: SessionInfo,
+    at_cut: str,
+    keys: list[str],
+    labels: list[int],
+    graph: ModelGraph,
+    freeze: int,
+    *,
+    chunk_size: int | None,
+    batch_size: int,
+) -> tuple[ServerProfile | None, Probe | None]:
+    """The server's own profile (`_Probes.profiled`) and the probe at the freeze cut, in
+    the session `at_cut` (`_Probes.at_freeze`)."""
+    profiled = None
+    if not alike(raw_info, graph):
+        profiled = profile_action(connection, raw_info.session, keys, chunk_size or batch_size)
+    if profiled is not None and profiled.last_cut < freeze:
+        profiled = None
+    at_freeze = None
+    if profiled is None or freeze > INPUT:
+        # A few of the objects first, at the freeze cut: a session's first chunk
+        # pays for what every later one reuses (the profile's own reads and heads
+        # warm only part of it), and the probe must not measure that.
+        probe(connection, at_cut, keys[:_WARM], labels[:_WARM])
+        at_freeze = probe(connection, at_cut, keys, labels, chunk_size)
+    return profiled, at_freeze
+
+
+def _server_profile(
+    probes: _Probes,
+    graph: ModelGraph,
+    freeze: int,
+    probed: int,
+    chunk_size: int | None,
+    wire_dtype: str,
+) -> ServerProfile:
+    """The server's profile: its own calibrated by the probes, or where it has none the
+    trainer's, scaled to the probe at the freeze cut (`probed` keys)."""
+    raw, at_freeze = probes.raw, probes.at_freeze
+    if probes.profiled is not None:
+        return calibrated(probes.profiled, raw=raw, at_freeze=at_freeze, freeze=freeze)
+    assert at_freeze is not None  # probed just now
+    # The probe's chunks' batches: the job's chunk size, as far as the server batches.
+    batch = min(chunk_size or probed, probed, probes.at_cut.batch_size or probed)
+    return scaled_trainer(graph, freeze, raw=raw, at_freeze=at_freeze, trainer=probes.trainer,
+                          wire_dtype=wire_dtype, batch_size=batch)  # fmt: skip
 
 
 def _time_trainer(

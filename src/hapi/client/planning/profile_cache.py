@@ -1,20 +1,11 @@
 """Profiles kept between jobs, so a job measures what no earlier job has.
 
-Measuring a plan took a job 3-7 s of its first seconds, on every run of the same script:
-more than the plan saved on a small job. Two things are kept, under
-`$HAPI_CACHE_DIR/profiles` (default `~/.cache/hapi/profiles`), one small JSON file each:
-
-- the trainer's head and training-step times (`ProfileCache.trainer`), which depend on
-  what runs - the traced graph, its parameters' shapes, the freeze point, the input and
-  batch size - and where - the device, torch's version and threads, the CPU model and
-  the cores the process may use - not on the weights' values or the data;
-- a job's three profiles - server, link, trainer - by everything the job's measurements
-  depend on (`job_key`): the same script run again plans at once from them.
-
-A kept profile can be stale (a busier machine, a slower link than last time). The link,
-which changes most with where a job runs, is probed again by every job (a RAW probe of a
-few objects) and replaced where it is 2x off (`hapi.client.planning.measuring`); for the rest the
-re-planner corrects the plan from the chunks' own times, as for any drift.
+Under `$HAPI_CACHE_DIR/profiles` (default `~/.cache/hapi/profiles`), one small JSON file
+each: the trainer's head and training-step times (`ProfileCache.trainer`), keyed by what
+runs and where, and a job's three profiles by everything its measurements depend on
+(`job_key`). Every job probes its link again and replaces a kept one 2x off; the
+re-planner corrects the rest. Why and what the keys hold: `docs/cost-model.md`,
+"Profiles kept between jobs".
 """
 
 from __future__ import annotations

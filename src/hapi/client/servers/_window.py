@@ -1,31 +1,11 @@
 """The HTTP/2 receive window of the trainer's connection, sized from its round trip.
 
-A chunk's stream is opened K chunks ahead of its turn, so the server computes while the
-trainer trains, and the server sends as far ahead as the trainer's receive window lets it.
-gRPC sizes that window with a bandwidth-delay probe, and the probe reads a burst's own
-queueing as delay: after a 1 Gbit/s epoch of 393 KB chunks the windows had grown past a
-chunk, three chunks' bytes were committed to the connection when the link dropped to
-10 Mbit/s, and a re-plan that cancelled their streams still waited 1 s for those bytes to
-cross before its first 16 KB chunk came (`benchmarks/RESULTS.md`, the link change). What a
-cancel can recall is what the window held back.
-
 A held window is the link's bandwidth-delay product at `PER_STREAM_RATE`, from the round
-trip measured when the connection is made, and never under `FLOOR`. Across the same drop
-(four streams of 393 KB opened at once, the first read, three cancelled, then a 16 KB
-chunk; `benchmarks/window.py`) the whole took 1.32 s with gRPC's probe, 0.51 s with
-64 KiB windows and 0.45 s with 32 KiB, where the first chunk's bytes alone need 0.31 s at
-10 Mbit/s; at 1 Gbit/s with no drop, 800 KB chunks read in turn moved 105-108 MB/s with a
-held window against 110 MB/s with the probe, and hapi's fixed options at 100 Mbit/s and
-1 Gbit/s ran 0.97-1.02x their time under the probe - except a hybrid whose link is nearly
-full: ResNet-18 to `avgpool+flatten` at 100 Mbit/s with 25% of its chunks local ran 1.11x
-(`auto` 1.16x). A stream waiting for its turn can fill only a window ahead, and - most
-likely - the next window opens only as the trainer's Python thread reads, which a busy
-trainer core delays, where the probe's large windows let gRPC's threads fill the link.
-
-So the probe is the default (`connect`'s `receive_window="grpc"`), and what the windows
-let through is recalled another way: a change of plan that moves the chunks in flight
-closes their streams' connection (`Connection.recall`), and the server's socket buffer
-goes with it. A held window remains an option.
+trip measured when the connection is made, and never under `FLOOR`: a re-plan's cancel
+then recalls what the window held back. gRPC's own bandwidth-delay probe stays the default
+(`connect`'s `receive_window="grpc"`): what its windows let through is recalled by closing
+the streams' connection (`Connection.recall`). Measurements and why:
+`docs/loader.md`, "The receive window".
 """
 
 from __future__ import annotations

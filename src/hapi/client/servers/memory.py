@@ -1,15 +1,12 @@
 """`MemorySource`: a `Server` in memory, for testing code that drives a loader or a plan.
 
-It serves a dataset whose features are a function of the key (`feature_of`), in batches,
-with a report at each chunk's end, as a server does - and fails on request: a stream cut
-after some parts (`ServerUnavailable`), a store away (`StoreUnavailable`), a session lost
-(`SessionNotFound`), a stream recalled (`StreamRecalled`). It records every ticket, so a
-test can assert what was asked of it, when, and how many streams were open at once.
-
-Given a store of objects (an in-memory `ObjectStore` of generated images), its RAW sessions
-send the objects' bytes, so a trainer's local share (hybrid plans, the baseline) runs as
-against a server; given the server's pipeline too (`compute`, a `LocalCompute`), its
-other sessions send the features that pipeline computes, the same as the trainer's own.
+It serves features that are a function of the key (`feature_of`), in batches with a report
+at each chunk's end, as a server does - and fails on request: a stream cut after some parts
+(`ServerUnavailable`), a store away (`StoreUnavailable`), a session lost (`SessionNotFound`),
+a stream recalled (`StreamRecalled`). It records every ticket: what was asked, when, and
+how many streams were open at once. Given a store of objects, its RAW sessions send their
+bytes, so a local share runs as against a server; given the server's pipeline too
+(`compute`, a `LocalCompute`), its other sessions send the features it computes.
 """
 
 from __future__ import annotations

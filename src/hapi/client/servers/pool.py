@@ -1,25 +1,10 @@
 """`Servers`: the servers a loop spreads its chunks over, and which one takes each chunk.
 
-The deployment this is for is one `hapi serve` beside each node of a storage cluster.
-Every server can read every object (the store is one namespace), so any chunk can go to
-any server; a server that says some prefixes are local to it (`hapi serve --local-prefix`)
-is preferred for chunks whose keys lie there, since it reads them without crossing the
-cluster's network.
-
-A chunk goes to the server expected to finish it first: the samples that server has in
-flight plus the chunk's, over its measured rate, with the time shortened by the chunk's
-share of keys local to it. So faster servers and links take proportionally more chunks,
-and a server that slows down (shared with another tenant, a throttled link) takes fewer
-from then on. A server's rate is its throughput while it has work: samples finished over
-the time between finishes (from when it got work, after an idle spell), both sums
-decayed alike. One chunk's stream time would not do: a chunk that arrived while the one
-before it was read is finished at once.
-
-A server that fails (unreachable, or its stream cut) is set aside for a cool-down that
-doubles with each failure in a row, up to `MAX_COOLDOWN_S`; chunks meant for it go to the
-others, and once the cool-down has passed the next chunk tries it again, so a restarted
-server rejoins. With every server set aside a chunk goes to the one back soonest, under
-the loader's retry budget and backoff.
+Any server can read any object; one that says some prefixes are local to it
+(`hapi serve --local-prefix`) is preferred for chunks whose keys lie there. A chunk goes
+to the server expected to finish it first, by its samples in flight and measured rate; a
+server that fails is set aside for a cool-down that doubles with each failure in a row,
+up to `MAX_COOLDOWN_S`. The reasons: `docs/loader.md`, "Several servers".
 """
 
 from __future__ import annotations
