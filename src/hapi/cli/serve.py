@@ -182,7 +182,7 @@ def _serve_until_stopped(config: ServerConfig) -> None:
         try:
             # The main thread waits here, in Python, rather than in the server's C++: there
             # Python runs no signal handler until it returns, so a SIGHUP would wait for the end.
-            while True:
+            while not server.stopped:
                 time.sleep(1.0)
         except KeyboardInterrupt:
             pass

@@ -216,6 +216,11 @@ class HapiServer(flight.FlightServerBase):
             self._stopped.set()
             reaper.join(timeout=10)
 
+    @property
+    def stopped(self) -> bool:
+        """Whether the server stopped serving (shut down, or its serving thread ended)."""
+        return self._stopped.is_set()
+
     def shutdown(self) -> None:
         """Stop serving Flight calls and the metrics endpoint."""
         self._stopped.set()
@@ -512,10 +517,13 @@ def serve(
     try:
         yield server
     finally:
-        server.shutdown()
-        thread.join(timeout=10)
         if restore is not None:
             restore()
+        # Streams cut off by a vanished client can hold shutdown: wait 10 s, not forever.
+        stopper = threading.Thread(target=server.shutdown, name="hapi-stop", daemon=True)
+        stopper.start()
+        stopper.join(timeout=10)
+        thread.join(timeout=10)
 
 
 def _open_repo(config: ServerConfig) -> ModelRepo | None:
