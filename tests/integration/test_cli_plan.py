@@ -26,7 +26,7 @@ def _args(server: HapiServer, *extra: str) -> list[str]:
     return [
         "plan", "resnet18", "--server", server.address, "--dataset", "train",
         "--image-size", "32", "--num-classes", "2", "--freeze", "layer4",
-        "--batch-size", "4", "--chunk-size", "4", "--link-probe", "4", *extra,
+        "--batch-size", "4", "--chunk-size", "4", "--probe-samples", "4", *extra,
     ]  # fmt: skip
 
 

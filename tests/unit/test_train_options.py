@@ -66,3 +66,11 @@ def test_a_job_file_gives_options_flat_or_in_their_parts_tables(tmp_path: Path) 
 def test_an_option_of_neither_the_command_nor_the_job_is_named() -> None:
     with pytest.raises(InvalidRequest, match=r"unknown key\(s\) chunksize"):
         TrainConfig.from_options(**_REQUIRED, chunksize=8)
+
+
+def test_hapi_plan_takes_the_jobs_options_but_the_choice_it_makes() -> None:
+    text = " ".join(hapi("plan", "--help").stdout.replace("│", " ").split())
+    for name in ("--probe-samples", "--chunk-size", "--wire-dtype", "--cache-dir", "--json"):
+        assert name in text
+    for name in ("--cut ", "--local-share", "--mode"):
+        assert name not in text

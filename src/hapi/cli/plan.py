@@ -10,6 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from hapi.cli._job_flags import Own, job_command, job_options
+
 if TYPE_CHECKING:
     from hapi.client import TransferJob
     from hapi.client.job.compare import OptionRun
@@ -17,49 +19,51 @@ if TYPE_CHECKING:
 
 
 def register(app: typer.Typer) -> None:
-    """Add `plan` to `app`."""
-    app.command()(plan)
+    """Add `plan` to `app`: its own options, then the job's (but the plan's own choice)."""
+    app.command(name="plan")(job_command(plan, _OWN, skip=("cut", "local_share", "mode")))
+
+
+_OWN: list[Own] = [
+    ("model", str, typer.Argument(..., help="A zoo model (resnet18, efficientnet_lite0...).")),
+    (
+        "server",
+        str,
+        typer.Option(
+            ..., help="The hapi server beside the data (host:port; several, comma-separated)."
+        ),
+    ),
+    ("dataset", str, typer.Option(..., help="The training set's prefix in the server's store.")),
+    ("link", str, typer.Option(None, help="Plan for this link rate instead (e.g. 100mbit).")),
+    ("measure", bool, typer.Option(False, help="Also train each top option for real.")),
+    ("top", int, typer.Option(4, help="With --measure: the fastest options to run.")),
+    ("epochs", int, typer.Option(1, help="With --measure: epochs per option (the last timed).")),
+    ("plot", Path, typer.Option(None, help="With --measure: write predicted vs measured here.")),
+    ("as_json", bool, typer.Option(False, "--json", help="Print JSON instead of tables.")),
+]
+"""`hapi plan`'s own options; the job's follow, one per `hapi.client.config.flags.Flag`."""
 
 
 def plan(
-    model: str = typer.Argument(..., help="A torchvision model name or efficientnet_lite0."),
-    server: str = typer.Option(
-        ..., help="The hapi server beside the data (host:port; several, comma-separated)."
-    ),
-    dataset: str = typer.Option(..., help="The training set's prefix in the server's store."),
-    freeze: str = typer.Option(None, help="Last frozen cut point (default: all but the head)."),
-    image_size: int = typer.Option(224, help="The model's input side."),
-    num_classes: int = typer.Option(None, help="Replace the classifier with this many classes."),
-    batch_size: int = typer.Option(32, help="Training batch size."),
-    chunk_size: int = typer.Option(64, help="Keys per chunk request."),
-    prefetch: int = typer.Option(4, help="Chunks in flight."),
-    wire_dtype: str = typer.Option("fp32", help="Feature dtype on the wire: fp32, fp16, bf16."),
-    link_probe: int = typer.Option(16, help="Objects the probes read (more: a steadier link)."),
-    link: str = typer.Option(None, help="Plan for this link rate instead (e.g. 100mbit)."),
-    token: str = typer.Option(None, envvar="HAPI_TOKEN", help="The server's bearer token."),
-    measure: bool = typer.Option(False, help="Also train each top option for real."),
-    top: int = typer.Option(4, help="With --measure: the fastest options to run."),
-    epochs: int = typer.Option(1, help="With --measure: epochs per option (the last is timed)."),
-    plot: Path = typer.Option(None, help="With --measure: write predicted vs measured here."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    *,
+    model: str,
+    server: str,
+    dataset: str,
+    link: str | None,
+    measure: bool,
+    top: int,
+    epochs: int,
+    plot: Path | None,
+    as_json: bool,
+    **given: Any,
 ) -> None:
     """Measure the server, the link and this trainer; print every option and the choice."""
     from hapi.client import TransferJob
     from hapi.client.job.compare import pick_options, run_options
     from hapi.graph import ModelSpec
-    from hapi.wire import check_wire_dtype
 
-    options: dict[str, Any] = {
-        "freeze": freeze,
-        "image_size": image_size,
-        "batch_size": batch_size,
-        "chunk_size": chunk_size,
-        "prefetch": prefetch,
-        "wire_dtype": check_wire_dtype(wire_dtype),
-        "token": token,
-    }
-    spec = ModelSpec(name=model, num_classes=num_classes)
-    job = TransferJob(spec, dataset, server, probe_samples=link_probe, **options)
+    options = job_options(given)
+    spec = ModelSpec(name=model)
+    job = TransferJob(spec, dataset, server, **options)
     chosen = job.plan
     assert chosen is not None  # cut="auto"
     if link is not None:
@@ -72,7 +76,8 @@ def plan(
             epochs=epochs,
         )
         if plot is not None:
-            _plot(chosen, runs, plot, title=f"{model} at {image_size} px on {dataset}")
+            size = job.config.data.image_size
+            _plot(chosen, runs, plot, title=f"{model} at {size} px on {dataset}")
     if as_json:
         typer.echo(json.dumps({**chosen.to_dict(), "measured": [_run_row(r) for r in runs]}))
         return

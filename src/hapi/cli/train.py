@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +16,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from hapi.cli._job_flags import Own, job_command
 from hapi.cli.train_run import TrainHooks
 
 if TYPE_CHECKING:
@@ -27,7 +26,7 @@ if TYPE_CHECKING:
 
 def register(app: typer.Typer) -> None:
     """Add `train` to `app`: its own options, then every job option of the config tree."""
-    app.command(name="train")(_command())
+    app.command(name="train")(job_command(train, _OWN))
 
 
 def train(**given: Any) -> None:
@@ -53,7 +52,7 @@ def train(**given: Any) -> None:
     console.print(_summary(result), soft_wrap=True)
 
 
-_OWN: list[tuple[str, type, Any]] = [
+_OWN: list[Own] = [
     (
         "model",
         str,
@@ -84,43 +83,6 @@ _OWN: list[tuple[str, type, Any]] = [
     ),
 ]
 """`hapi train`'s own options; the job's follow, one per `hapi.client.config.flags.Flag`."""
-
-_ENVVARS = {"token": "HAPI_TOKEN"}
-
-
-def _command() -> Callable[..., None]:
-    """`train` with a signature typer reads: its own options, then one flag per job option
-    (`--cut`, `--cache-dir`, `--wire-compression`...) with its field's help and default."""
-    from hapi.client.config.flags import job_flags
-
-    params = [
-        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=kind)
-        for name, kind, default in _OWN
-    ]
-    for flag in job_flags():
-        shown = "" if flag.default is None else f" Default: {_shown(flag.default)}."
-        option = typer.Option(
-            None, help=flag.help + shown, envvar=_ENVVARS.get(flag.name), rich_help_panel="Job"
-        )
-        params.append(
-            inspect.Parameter(
-                flag.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=flag.kind
-            )
-        )
-
-    def command(**given: Any) -> None:
-        train(**given)
-
-    command.__doc__ = train.__doc__
-    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    command.__annotations__ = {p.name: p.annotation for p in params}
-    return command
-
-
-def _shown(default: Any) -> str:
-    if isinstance(default, bool):
-        return "yes" if default else "no"
-    return str(default)
 
 
 class _Report(TrainHooks):
