@@ -147,8 +147,11 @@ def _measure(server: _Server, mode: str, limit: str, args: argparse.Namespace) -
     ).stdout
     trainer = json.loads(out.strip().splitlines()[-1])
     closed = connect(server.address).stats().closed_sessions
-    # The trainer opened one session (fit); its server-side times cover all epochs.
-    (stats,) = [s for sid, s in closed.items() if sid not in before]
+    # The trainer's fit session, whose server-side times cover all epochs: the one that
+    # sent, beside the RAW session that had the server load the model while the trainer
+    # built its own (it sends nothing).
+    opened = [s for sid, s in closed.items() if sid not in before]
+    stats = max(opened, key=lambda s: s.bytes_sent)
     epochs = args.epochs
     # CPU time, not the sum of stage wall times: chunks run concurrently on one core.
     server_s = stats.cpu_s / epochs
