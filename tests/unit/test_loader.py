@@ -295,3 +295,18 @@ def test_a_chunks_link_time_is_a_lower_bound_when_the_server_was_done_first() ->
     assert flow.link_s == pytest.approx(0.01)
     read = flow.read_measurement()
     assert read.transfer_buffered and read.transfer_s == pytest.approx(0.01)
+
+
+def test_a_new_plan_is_heard_applied_once_when_its_first_chunk_is_routed() -> None:
+    heard: list[tuple[int, float]] = []
+    router = Router(PlanCell(9, 0.0), applied=lambda v: heard.append((v.cut, v.share)))
+    router.start(epoch=0, chunks=6)
+    router.route(0)
+    router.cell.publish(6, 0.5, reason="test")
+    assert heard == []  # published, no chunk issued by it yet
+    router.route(1)
+    router.route(2)
+    assert heard == [(6, 0.5)]
+    router.cell.publish(7, 0.0, reason="test")
+    router.settle()  # the loop ended before a chunk went by it: the next loop's
+    assert heard == [(6, 0.5), (7, 0.0)]

@@ -145,6 +145,7 @@ class Router:
         plan: the plan in force (a cut alone: a cell of its own, with `share`).
         share: the local share, with a cut.
         observe: hears what each chunk measured (the re-planner's food).
+        applied: hears each new version when the first chunk goes by it.
         record: receives an `Event` for each change of plan applied, and each recall.
         recall: cuts the chunk streams in flight (a change of plan moved their chunks)
             and returns the addresses of the servers that had some; the loop's sources'
@@ -157,11 +158,13 @@ class Router:
         share: float = 0.0,
         *,
         observe: Callable[[ReadMeasurement | TrainMeasurement], None] | None = None,
+        applied: Callable[[PlanVersion], None] | None = None,
         record: Callable[[Event], None] = ignore_event,
         recall: Callable[[], list[str]] = recall_nothing,
     ) -> None:
         self.cell = plan if isinstance(plan, PlanCell) else PlanCell(plan, share)
         self._observe = observe
+        self._on_applied = applied
         self._record = record
         self._recall = recall
         self._lock = threading.Lock()
@@ -290,9 +293,11 @@ class Router:
         if value.version == self._applied.version:
             return
         before, self._applied = self._applied, value
+        if self._on_applied is not None:
+            self._on_applied(value)
+        self._origin = chunk  # local chunks spread anew from here
         if (before.cut, before.share) == (value.cut, value.share):
-            return  # re-predicted only: the chunks go as they went
-        self._origin = chunk
+            return  # the same choice again: nothing to record
         data = {
             "from": {"cut": before.cut, "share": before.share},
             "to": {"cut": value.cut, "share": value.share},

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 
 from hapi.client.pipeline.history import Event
-from hapi.client.pipeline.routing import PlanCell, Router, check_choice
+from hapi.client.pipeline.routing import PlanCell, PlanVersion, Router, check_choice
 from hapi.client.planning._retry import DeferredPlan, measure_any, measure_round
 from hapi.client.servers.retry import RETRYABLE, RetryPolicy
 from hapi.client.servers.source import Server
@@ -97,6 +97,8 @@ class PlanInForce:
         """
         if self._fixed:
             return None
+        if self._running and self._replanner is not None:
+            return self._replanner.plan  # re-predicted as chunks are measured
         if self._cell.get().plan is None and not self._running:
             plan = self._plan_now()
             self._cell.publish(plan.cut, plan.share, reason=plan.reason, plan=plan)
@@ -129,9 +131,6 @@ class PlanInForce:
         plan = None
         if not self._fixed and (current := self.plan) is not None:
             plan = current.with_choice(cut, share, reason=reason)
-            with self._replanning:
-                if self._replanner is not None:
-                    self._replanner.adopt(plan)
         self._cell.publish(cut, share, reason=reason, plan=plan)
         self._chosen = True
 
@@ -147,7 +146,9 @@ class PlanInForce:
         plan = self._cell.get().plan
         served = threading.Event()  # a chunk was read while the plan is put off
         observe = functools.partial(self._observe, served)
-        router = Router(self._cell, observe=observe, record=self._record, recall=recall)
+        router = Router(
+            self._cell, observe=observe, applied=self._applied, record=self._record, recall=recall
+        )
         if not train:
             try:
                 yield router
@@ -165,7 +166,10 @@ class PlanInForce:
             router.close()
             self._running = False
             with self._replanning:
-                self._replanner = None
+                last, self._replanner = self._replanner, None
+            value = self._cell.get()
+            if last is not None and last.plan is not value.plan:  # re-predicted meanwhile
+                self._cell.publish(value.cut, value.share, reason=value.reason, plan=last.plan)
 
     def _observe(
         self, served: threading.Event, measured: ReadMeasurement | TrainMeasurement
@@ -181,9 +185,17 @@ class PlanInForce:
                 change = replanner.observe(measured)
             else:
                 change = replanner.observe(trained=measured)
-        if change is not None:  # a new choice, or the same one re-predicted
+        if change is not None and change.changed:  # a re-prediction alone stays its own
             plan = change.plan
             self._cell.publish(plan.cut, plan.share, reason=change.reason, plan=plan)
+
+    def _applied(self, value: PlanVersion) -> None:
+        """A router issues chunks by `value` from now on: the re-planner measures drift
+        from here, the chunks in flight under the version before no longer count."""
+        if value.plan is not None:
+            with self._replanning:
+                if self._replanner is not None:
+                    self._replanner.adopt(value.plan)
 
     def _plan_now(self) -> Plan:
         """Measured now, retried and failed over within the budget. Data-parallel, rank 0
