@@ -6,8 +6,10 @@ import contextlib
 import os
 import platform
 import subprocess
+import sys
+from pathlib import Path
 
-__all__ = ["end", "machine", "pin", "serving", "taskset"]
+__all__ = ["PinnedServer", "end", "machine", "pin", "serving", "taskset"]
 
 _CORES = sorted(os.sched_getaffinity(0))
 """The cores the benchmark was started on, read once: after `pin(0)` this process may run
@@ -64,3 +66,34 @@ def serving(proc: subprocess.Popen[bytes], address: str, timeout_s: float = 60.0
                 end(proc)
                 raise RuntimeError(f"server on {address} did not start") from None
             time.sleep(0.2)
+
+
+class PinnedServer:
+    """`hapi serve --threads 1` on a local store, pinned to core 0 with one OpenMP thread,
+    waited for until it answers; end it with `end(server.proc)`."""
+
+    def __init__(self, store: Path) -> None:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from tests.seaweed import free_port
+
+        port = free_port()
+        self.address = f"grpc://127.0.0.1:{port}"
+        cmd = [*taskset(0), sys.executable, "-m", "hapi.cli", "serve", "--store", str(store)]
+        cmd += ["--port", str(port), "--threads", "1"]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
+        )
+        serving(self.proc, self.address)
+
+    def cpu_s(self) -> float:
+        """The server process's CPU seconds so far, all its threads."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def peak_rss(self) -> int:
+        """The server process's peak resident memory, in bytes."""
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+        return 0

@@ -43,7 +43,7 @@ from typing import Any
 
 START = time.perf_counter()
 
-from _host import end, machine, pin, serving, taskset  # noqa: E402
+from _host import PinnedServer, end, machine, pin  # noqa:E402
 from _results import write_section  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "out"
@@ -136,34 +136,6 @@ def job(address: str, cache_dir: str, epochs: int) -> dict[str, Any]:
     return out
 
 
-class Server:
-    """`hapi serve` on the store, pinned to core 0, stopped by its pid."""
-
-    def __init__(self, store: Path) -> None:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        from tests.seaweed import free_port
-
-        self.port = free_port()
-        self.address = f"grpc://127.0.0.1:{self.port}"
-        cmd = [*taskset(0), sys.executable, "-m", "hapi.cli", "serve", "--store", str(store)]
-        cmd += ["--port", str(self.port), "--threads", "1"]
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
-        )
-        serving(self.proc, self.address)
-
-    def cpu_s(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def peak_rss(self) -> int:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-        return 0
-
-
 def _child(*args: str) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, __file__, "--phase", *args], capture_output=True, text=True, check=False
@@ -200,7 +172,7 @@ def measure(sizes: tuple[int, ...], repeats: int) -> dict[str, Any]:
             make_store(store, n)
             for r in range(repeats):
                 cache = Path(tmp) / f"cache-{r}"
-                server = Server(store)
+                server = PinnedServer(store)
                 try:
                     cpu0 = server.cpu_s()
                     a = _child("job", server.address, str(cache), "2")

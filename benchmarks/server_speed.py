@@ -22,7 +22,6 @@ import argparse
 import collections
 import io
 import json
-import os
 import random
 import re
 import shutil
@@ -34,8 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _host import end, machine, pin, serving, taskset
-from _results import write_section
+from _host import PinnedServer, end, machine, pin
+from _results import DETAILS, write_section
 
 OUT = Path(__file__).resolve().parent / "out"
 BATCH = 256
@@ -114,29 +113,7 @@ def eager(store_dir: Path, config: tuple[Any, ...]) -> float:
     return (time.process_time() - t0) / len(keys)
 
 
-class Server:
-    """`hapi serve --threads 1` on the store, pinned to core 0, ended by its pid."""
-
-    def __init__(self, store: Path) -> None:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        from tests.seaweed import free_port
-
-        self.address = f"grpc://127.0.0.1:{free_port()}"
-        port = self.address.rsplit(":", 1)[1]
-        cmd = [*taskset(0), sys.executable, "-m", "hapi.cli", "serve", "--store", str(store)]
-        cmd += ["--port", port, "--threads", "1"]
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
-        )
-        serving(self.proc, self.address)
-
-    def cpu_s(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def served(server: Server, config: tuple[Any, ...]) -> float:
+def served(server: PinnedServer, config: tuple[Any, ...]) -> float:
     """The server's CPU seconds a sample for the same samples, chunk after chunk."""
     from hapi.client import connect
     from hapi.data import Transforms
@@ -189,7 +166,7 @@ def _stage(frames: list[str]) -> str:
     return "other"
 
 
-def profile(server: Server, config: tuple[Any, ...], out: Path) -> dict[str, float]:
+def profile(server: PinnedServer, config: tuple[Any, ...], out: Path) -> dict[str, float]:
     """One more pass with py-spy sampling the server; its breakdown by stage."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(spy).exists():
@@ -217,7 +194,7 @@ def measure(names: list[str], repeats: int, with_profile: bool) -> dict[str, Any
         with tempfile.TemporaryDirectory(dir=OUT) as tmp:
             store = Path(tmp) / "store"
             make_store(store, config[4], config[3], config[5])
-            server = Server(store)
+            server = PinnedServer(store)
             try:
                 runs = []
                 for r in range(repeats):  # interleaved: eager, server, eager, server...
@@ -257,7 +234,7 @@ def report(data: dict[str, Any]) -> str:
     profiled = [row for row in data["rows"] if row["profile"]]
     if profiled:
         lines += [
-            "",
+            DETAILS,
             "Where the server's time goes (py-spy `--gil`: the thread holding the GIL, so "
             "native code that releases it counts less than it runs):",
             "",
@@ -305,13 +282,21 @@ def main() -> None:
     text = report(data)
     print(text)
     if args.results:
-        command = "python benchmarks/server_speed.py --profile --results"
-        write_section(
-            "server_speed",
-            "## The server's cost a sample against eager PyTorch (`benchmarks/server_speed.py`)"
-            f"\n\n`{command}` on {data['machine']}.\n\n{text}\n\n"
-            "![server against eager](out/server_speed.png)",
-        )
+        write_results(data, text)
+
+
+def write_results(data: dict[str, Any], text: str) -> None:
+    """This benchmark's section of RESULTS.md: the ratios and the plot; the profile's
+    table in `out/server_speed.md`."""
+    command = "python benchmarks/server_speed.py --profile --results"
+    ratios, _, details = text.partition(DETAILS)
+    write_section(
+        "server_speed",
+        "## The server's cost a sample against eager PyTorch (`benchmarks/server_speed.py`)"
+        f"\n\n`{command}` on {data['machine']}.\n\n{ratios.rstrip()}\n\n"
+        "![server against eager](out/server_speed.png)"
+        + (f"\n{DETAILS}\n{details}" if details else ""),
+    )
 
 
 if __name__ == "__main__":
