@@ -17,11 +17,12 @@ _WHERE = {
     "ServerConfig": ".server_config",
     "TokenBucket": ".shaping",
     "parse_rate": ".shaping",
-    "serve": ".server",
+    "serve": ".running",
 }
 
 if TYPE_CHECKING:
-    from hapi.server.server import HapiServer, serve
+    from hapi.server.running import serve
+    from hapi.server.server import HapiServer
     from hapi.server.server_config import ServerConfig
     from hapi.server.shaping import TokenBucket, parse_rate
 

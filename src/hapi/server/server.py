@@ -33,7 +33,7 @@ from hapi.server.opener import SessionOpener
 from hapi.server.profile_action import Profiler
 from hapi.server.registry import CLOSED_KEPT, SessionRegistry
 from hapi.server.security.access import check_keys, readable_manifest
-from hapi.server.security.tenants import Tenant, reload_on_sighup
+from hapi.server.security.tenants import Tenant
 from hapi.server.security.tls import flight_location
 from hapi.server.server_config import ServerConfig
 from hapi.server.shaping import TokenBucket, parse_rate
@@ -57,7 +57,7 @@ from hapi.wire.replies import ChunkReport, HasHeadReply, ProfileReply
 if TYPE_CHECKING:
     from hapi.repo import ModelRepo
 
-__all__ = ["HapiServer", "serve"]
+__all__ = ["HapiServer"]
 
 log = logging.getLogger("hapi.server")
 
@@ -490,40 +490,6 @@ class HapiServer(flight.FlightServerBase):
         """`tenant_call` for a call of `who`, once the server is built."""
         self._ready.wait()
         return tenant_call(what, who, self.metrics)
-
-
-@contextlib.contextmanager
-def serve(
-    config: ServerConfig | None = None,
-    *,
-    clock: Callable[[], float] = time.monotonic,
-    **options: Any,
-) -> Iterator[HapiServer]:
-    """Run a server in a background thread for the duration of a `with` block.
-
-    Args:
-        config: the server's settings; or give them as keyword arguments (`store=...`).
-        clock: monotonic seconds, for session idle times (tests pass a fake clock).
-    """
-    server = HapiServer(config or ServerConfig(**options), clock=clock)
-    # Python lets only the main thread install signal handlers; elsewhere, call
-    # `server.tenants.reload()` to re-read the tenants file.
-    reloads = (
-        server.tenants.path is not None and threading.current_thread() is threading.main_thread()
-    )
-    restore = reload_on_sighup(server.tenants) if reloads else None
-    thread = threading.Thread(target=server.serve, name="hapi-serve", daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        if restore is not None:
-            restore()
-        # Streams cut off by a vanished client can hold shutdown: wait 10 s, not forever.
-        stopper = threading.Thread(target=server.shutdown, name="hapi-stop", daemon=True)
-        stopper.start()
-        stopper.join(timeout=10)
-        thread.join(timeout=10)
 
 
 def _open_repo(config: ServerConfig) -> ModelRepo | None:
