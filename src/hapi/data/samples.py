@@ -80,26 +80,27 @@ def read_objects(
         yield from members.read(keys, ahead=ahead, max_bytes=max_bytes)
         return
     # A task reads a run of keys: a future and a thread hand-off per object cost more than
-    # reading a small object from a local disk (30% of a server's time on 1 KB JPEGs). Up
-    # to 4 runs are read at once, `ahead` objects in all; under `max_bytes`, a run is as
-    # long as 4 of them stay within it at the objects' mean size so far.
+    # reading a small object from a local disk (8-9% of a server's GIL samples on 1 KB
+    # JPEGs, docs/server-profile.md). Up to 4 runs are read at once, `ahead` objects in
+    # all; under `max_bytes`, a run is as long as 4 of them stay within it at the objects'
+    # mean size so far.
     most = max(1, ahead // 4)
+    tasks = max(1, ahead // most)
+    limit = max_bytes if max_bytes is not None else float("inf")
     queue = iter(keys)
-    seen = [0, 0]  # bytes and objects read
+    read_bytes = read_objects_count = 0
 
     def next_run() -> list[str]:
         size = most
         if max_bytes is not None:
-            mean = seen[0] / seen[1] if seen[1] else float("inf")
+            mean = read_bytes / read_objects_count if read_objects_count else float("inf")
             size = int(max(1, min(most, max_bytes // max(4 * mean, 1))))
         return list(itertools.islice(queue, size))
 
-    tasks = max(1, ahead // most)
     with ThreadPoolExecutor(min(tasks, len(keys)), thread_name_prefix="hapi-read") as pool:
         pending: deque[Future[list[bytes | BaseException]]] = deque()
         try:
             while True:
-                limit = max_bytes if max_bytes is not None else float("inf")
                 while len(pending) < tasks and _buffered(pending) < limit:
                     run = next_run()
                     if not run:
@@ -110,8 +111,8 @@ def read_objects(
                 results = pending.popleft().result()
                 for result in results:
                     if isinstance(result, bytes):
-                        seen[0] += len(result)
-                        seen[1] += 1
+                        read_bytes += len(result)
+                        read_objects_count += 1
                 yield from results
         finally:
             for future in pending:

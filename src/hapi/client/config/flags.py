@@ -18,6 +18,7 @@ from typing import Any
 
 from hapi.client.config.job import PARTS, flat_names
 from hapi.errors import InvalidRequest
+from hapi.graph import Cut
 
 __all__ = ["Flag", "job_flags", "nested_options"]
 
@@ -113,7 +114,7 @@ def _text_kind(hint: Any) -> type | None:
             kinds.add(str)
         elif arg in (bool, int, float, str):
             kinds.add(arg)
-        elif arg.__name__ == "Cut":
+        elif arg is Cut:
             kinds.add(str)
         elif dataclasses.is_dataclass(arg) and bool in args:
             continue  # replan: True, False or a ReplanConfig - the flag gives the bool
