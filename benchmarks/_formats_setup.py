@@ -133,7 +133,7 @@ def hapi_epoch(
         loader = FeatureLoader(
             conn, info.session, manifest, batch_size=64, chunk_size=args.chunk_size, seed=1
         )
-        chunks = loader.chunks(epoch)
+        chunks = list(loader.chunks(epoch))
         if mode == "cut":
             chunks = chunks[: max(1, args.cut_samples // args.chunk_size)]
         tickets = [

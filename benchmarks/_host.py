@@ -93,7 +93,14 @@ class PinnedServer:
 
     def peak_rss(self) -> int:
         """The server process's peak resident memory, in bytes."""
+        return self._status("VmHWM:")
+
+    def rss(self) -> int:
+        """The server process's resident memory now, in bytes."""
+        return self._status("VmRSS:")
+
+    def _status(self, field: str) -> int:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(field):
                 return int(line.split()[1]) * 1024
         return 0

@@ -136,6 +136,105 @@ def job(address: str, cache_dir: str, epochs: int) -> dict[str, Any]:
     return out
 
 
+def keys_walk(address: str) -> dict[str, Any]:
+    """What a trainer holds for its keys, features aside, in this process: the listing
+    through the server, then two epochs' keys as the loader makes them (each epoch's
+    versions listed again, every chunk's keys and their versions)."""
+    from hapi.client import connect
+    from hapi.client.pipeline.keys import EpochKeys
+
+    base = _rss()
+    connection = connect(address)
+    t0 = time.perf_counter()
+    manifest = connection.manifest("train")
+    out: dict[str, Any] = {"list_s": time.perf_counter() - t0, "n": len(manifest)}
+    keys = EpochKeys(
+        manifest,
+        seed=0,
+        shuffle=True,
+        chunk_size=BATCH,
+        batch_size=BATCH,
+        relist=lambda: connection.manifest("train"),
+        fresh_until=time.monotonic() + 60,
+    )
+    out["start_s"], out["walk_s"] = [], []
+    for epoch in range(2):
+        if epoch:
+            # As the loader does, while the epoch before ends (here: waits as long as the
+            # listing took alone, and a bit): the start times what the listing does not.
+            keys.list_ahead()
+            time.sleep(1.5 * out["list_s"] + 0.1)
+        t0 = time.perf_counter()
+        versions = keys.versions()
+        chunks = keys.chunks(epoch)
+        assert versions is not None
+        versions.of(chunks[0][0])
+        t1 = time.perf_counter()
+        for j in range(1, len(chunks)):
+            versions.of(chunks[j][0])
+        out["start_s"].append(t1 - t0)
+        out["walk_s"].append(time.perf_counter() - t1)
+    out["growth_bytes"] = _rss() - base
+    return out
+
+
+def _rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def measure_keys(sizes: tuple[int, ...], repeats: int) -> list[dict[str, Any]]:
+    """`keys_walk` at each size, a new server and trainer process each time."""
+    rows = []
+    for n in sizes:
+        runs = []
+        with tempfile.TemporaryDirectory(dir=OUT) as tmp:
+            make_store(Path(tmp), n)
+            for _ in range(repeats):
+                server = PinnedServer(Path(tmp))
+                try:
+                    before = server.rss()
+                    run = _child("keys", server.address)
+                    run["server_growth_bytes"] = server.peak_rss() - before
+                finally:
+                    end(server.proc)
+                print(f"keys n={n}: {json.dumps(run)}", flush=True)
+                runs.append(run)
+        row: dict[str, Any] = {"n": n}
+        for key in ("list_s", "growth_bytes", "server_growth_bytes"):
+            row[key] = statistics.median(r[key] for r in runs)
+        for key in ("start_s", "walk_s"):
+            row[key] = [statistics.median(r[key][i] for r in runs) for i in range(2)]
+        rows.append(row)
+    return rows
+
+
+def _keys_report(rows: list[dict[str, Any]], repeats: int) -> str:
+    lo = rows[0]
+    lines = [
+        f"The keys alone (`--keys`; medians of {repeats}): a trainer process lists the "
+        "dataset through the server, then walks two epochs' keys as the loader makes them "
+        "(the second epoch's versions listed again while the first ends, each chunk's keys "
+        "and versions). Memory a key: the growth of each process's peak RSS (the server's "
+        f"from before the listing), less its growth at {lo['n']:,}, over the keys between.",
+        "",
+        "| N | listing | epoch start: 1 / 2 | keys a sample (walk) | trainer B a key "
+        "| server B a key |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        n, dn = row["n"], row["n"] - lo["n"]
+        trainer = f"{(row['growth_bytes'] - lo['growth_bytes']) / dn:.0f}" if dn else "-"
+        server = (
+            f"{(row['server_growth_bytes'] - lo['server_growth_bytes']) / dn:.0f}" if dn else "-"
+        )
+        lines.append(
+            f"| {n:,} | {row['list_s']:.2f} s ({row['list_s'] / n * 1e6:.1f} us) "
+            f"| {row['start_s'][0]:.3f} / {row['start_s'][1]:.3f} s "
+            f"| {row['walk_s'][1] / n * 1e6:.2f} us | {trainer} | {server} |"
+        )
+    return "\n".join(lines)
+
+
 def _child(*args: str) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, __file__, "--phase", *args], capture_output=True, text=True, check=False
@@ -279,12 +378,24 @@ def main() -> None:
     parser.add_argument("--phase", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
+    parser.add_argument(
+        "--keys", type=int, nargs="+", help="only the keys' costs, at these sizes (to 10^6)"
+    )
     parser.add_argument("--results", action="store_true", help="update benchmarks/RESULTS.md")
     args = parser.parse_args()
     if args.phase:
         pin(1)
+        if args.phase[0] == "keys":
+            print(json.dumps(keys_walk(args.phase[1])))
+            return
         _, address, cache, epochs = args.phase
         print(json.dumps(job(address, cache, int(epochs))))
+        return
+    if args.keys:
+        OUT.mkdir(exist_ok=True)
+        rows = measure_keys(tuple(args.keys), args.repeats)
+        (OUT / "pipeline_keys.json").write_text(json.dumps({"machine": machine(), "rows": rows}))
+        print(_keys_report(rows, args.repeats))
         return
     OUT.mkdir(exist_ok=True)
     data = measure(tuple(args.sizes), args.repeats)

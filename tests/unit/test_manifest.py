@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from hapi.data import DatasetManifest, open_dataset, open_store
+from hapi.data.shards.damage import ShardDamage
 from hapi.errors import InvalidRequest, ObjectNotFound
+from hapi.wire.tables import table_from_ipc, table_to_ipc
 
 
 def _store_with(keys: list[str], name: str):  # type: ignore[no-untyped-def]
@@ -52,6 +54,37 @@ def test_manifest_json_is_a_stable_format() -> None:
         '"classes": ["a", "b"]}'
     )
     assert DatasetManifest.from_dict(json.loads(text)) == m
+
+
+def test_the_arrow_form_reads_back_whole() -> None:
+    damage = ShardDamage(shard="s/t.tar", size=100, at=40, reason="cut short", lost=("x",))
+    m = DatasetManifest(
+        "d", ("d/a/0.jpg", "d/b/1.jpg"), (0, 1), ("a", "b"), ("v0", "v1"), (damage,)
+    )
+    back = DatasetManifest.from_arrow(table_from_ipc(table_to_ipc(m.to_arrow())))
+    assert back == m and list(back.versions) == ["v0", "v1"] and back.damaged == (damage,)
+    unlisted = DatasetManifest("", ("a/0",), (0,), ("a",))
+    assert DatasetManifest.from_arrow(unlisted.to_arrow()).version_map() is None
+
+
+def test_a_malformed_arrow_manifest_is_refused() -> None:
+    m = DatasetManifest("", ("a/0",), (0,), ("a",))
+    with pytest.raises(InvalidRequest, match="no field"):
+        DatasetManifest.from_arrow(m.to_arrow().replace_schema_metadata({}))
+    with pytest.raises(InvalidRequest, match="columns key and label"):
+        DatasetManifest.from_arrow(m.to_arrow().drop_columns(["label"]))
+    with pytest.raises(InvalidRequest, match="not an Arrow IPC table"):
+        table_from_ipc(b"not arrow")
+
+
+def test_version_map_finds_each_key_and_only_listed_ones() -> None:
+    keys = [f"c/{i:05d}.jpg" for i in range(5000)]
+    m = DatasetManifest("", keys, [0] * len(keys), ("c",), [f"v{i}" for i in range(5000)])
+    versions = m.version_map()
+    assert versions is not None and versions is m.version_map()  # one index a manifest
+    assert versions.of(["c/00007.jpg", "gone.jpg", "c/04999.jpg"], "?") == ["v7", "?", "v4999"]
+    assert versions["c/00123.jpg"] == "v123" and "gone.jpg" not in versions
+    assert dict(versions.pairs()) == dict(zip(keys, (f"v{i}" for i in range(5000)), strict=True))
 
 
 def test_subset_keeps_classes_and_order() -> None:

@@ -20,7 +20,7 @@ from hapi.client.pipeline.distributed import Shard
 from hapi.data import DatasetManifest, open_store
 from hapi.data.formats import expand_braces
 from hapi.data.shards.members import MemberStore, split_member
-from hapi.data.shards.order import shard_order
+from hapi.data.shards.order import shard_order, shard_runs
 from hapi.data.shards.parquet_index import ParquetIndex
 from hapi.data.shards.tar_index import LARGE, TarIndex
 from hapi.errors import CorruptObject, InvalidRequest, ObjectNotFound
@@ -339,7 +339,7 @@ def test_brace_patterns_and_member_keys() -> None:
 
 def test_the_shard_order_is_every_index_once_seeded_and_read_in_runs() -> None:
     keys = [f"s/{s:02d}.tar#{m:03d}" for s in range(10) for m in range(32)]
-    orders = [shard_order(keys, seed=3, epoch=e, block=8) for e in (0, 1, 0)]
+    orders = [shard_order(shard_runs(keys), seed=3, epoch=e, block=8) for e in (0, 1, 0)]
     assert orders[0] is not None and orders[1] is not None and orders[2] is not None
     assert orders[0].tolist() == orders[2].tolist() != orders[1].tolist()
     assert sorted(orders[1].tolist()) == list(range(len(keys)))
@@ -350,7 +350,7 @@ def test_the_shard_order_is_every_index_once_seeded_and_read_in_runs() -> None:
     # The first four shards' samples come before any other shard's (WebDataset's buffer).
     first = {keys[i].split("#")[0] for i in orders[0][: 4 * 32]}
     assert len(first) == 4
-    assert shard_order(["a/1.jpg", "a/2.jpg"], seed=0, epoch=0, block=8) is None
+    assert shard_order(shard_runs(["a/1.jpg", "a/2.jpg"]), seed=0, epoch=0, block=8) is None
 
 
 def test_each_chunk_of_the_shard_order_costs_at_most_two_ranged_requests(
@@ -370,7 +370,7 @@ def test_each_chunk_of_the_shard_order_costs_at_most_two_ranged_requests(
     # Neighbours' gap (headers, a label) is read through; a skipped image is not.
     members = MemberStore(counting, max_gap=2048)
     for epoch in range(3):
-        order = shard_order(manifest.keys, seed=5, epoch=epoch, block=16)
+        order = shard_order(shard_runs(manifest.keys), seed=5, epoch=epoch, block=16)
         assert order is not None and sorted(order.tolist()) == list(range(first))
         for start in range(0, first, 16):
             keys = [manifest.keys[j] for j in order[start : start + 16]]
@@ -392,7 +392,7 @@ def test_each_ranks_chunk_of_the_shard_order_is_one_block(world: int, batch: int
     # a rank's chunk would be a scattered part of several shuffled blocks.
     sizes = [37, 50, 23, 41, 29, 64, 30, 45]
     keys = [f"s/{s:02d}.tar#{m:03d}" for s, n in enumerate(sizes) for m in range(n)]
-    order = shard_order(keys, seed=2, epoch=1, block=32, ranks=world, batch=batch)
+    order = shard_order(shard_runs(keys), seed=2, epoch=1, block=32, ranks=world, batch=batch)
     assert order is not None and sorted(order.tolist()) == list(range(len(keys)))
     whole = len(keys) // (32 * world) * 32  # each rank's part before the tail
     for rank in range(world):

@@ -77,7 +77,7 @@ def names_files(prefix: str) -> bool:
 
 
 def list_layout(
-    store: ObjectStore, prefix: str, listing: list[tuple[str, str]] | None = None
+    store: ObjectStore, prefix: str, listing: Iterable[tuple[str, str]] | None = None
 ) -> Listing | None:
     """The samples of a sharded or listed dataset named by `prefix`; None for a prefix
     that holds no shards (an ImageFolder tree, listed by the caller).

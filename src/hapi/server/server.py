@@ -9,14 +9,14 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import pyarrow as pa
 import pyarrow.flight as flight
 import torch
 
 from hapi._sizes import parse_bytes
-from hapi.data import ObjectStore, open_store
+from hapi.data import DatasetManifest, ObjectStore, open_store
 from hapi.errors import InvalidRequest, shorten
 from hapi.graph import RAW
 from hapi.server._guard import tenant_call
@@ -53,6 +53,7 @@ from hapi.wire.heads import head_digest_of
 from hapi.wire.messages import HasHeadRequest, KeepaliveRequest, ProfileRequest
 from hapi.wire.packed import Packer, packed_schema
 from hapi.wire.replies import ChunkReport, HasHeadReply, ProfileReply
+from hapi.wire.tables import table_to_ipc
 
 if TYPE_CHECKING:
     from hapi.repo import ModelRepo
@@ -258,8 +259,11 @@ class HapiServer(flight.FlightServerBase):
         return self.close_session(session, tenant=tenant).to_bytes()
 
     def _on_manifest(self, body: bytes, tenant: Tenant, _: flight.ServerCallContext) -> bytes:
-        prefix = parse(ManifestRequest, body).prefix
-        return json.dumps(self.manifest(prefix, tenant=tenant)).encode()
+        request = parse(ManifestRequest, body)
+        manifest = self.manifest(request.prefix, tenant=tenant)
+        if request.format == "arrow":
+            return table_to_ipc(manifest.to_arrow())
+        return json.dumps(manifest.to_dict()).encode()
 
     def _on_stats(self, _body: bytes, tenant: Tenant, _: flight.ServerCallContext) -> bytes:
         return self.stats(tenant=tenant).to_bytes()
@@ -446,13 +450,13 @@ class HapiServer(flight.FlightServerBase):
         check_keys(self.store, tenant, request.keys)
         return self.profiler.profile(session, request, gone=gone)
 
-    def manifest(self, prefix: str, *, tenant: Tenant) -> dict[str, Any]:
+    def manifest(self, prefix: str, *, tenant: Tenant) -> DatasetManifest:
         """The dataset under `prefix` in this server's store, if `tenant` may read it.
 
         Raises:
             Forbidden: `prefix` is outside the tenant's prefixes.
         """
-        return readable_manifest(self.store, tenant, prefix).to_dict()
+        return readable_manifest(self.store, tenant, prefix)
 
     def stats(self, *, tenant: Tenant | None = None) -> ServerStats:
         """Counters of `tenant`'s open and closed sessions, and the server's settings.

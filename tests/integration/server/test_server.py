@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import threading
 import time
@@ -11,11 +12,13 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.flight as flight
+import pydantic
 import pytest
 import torch
 
 from hapi.client import Connection, connect
 from hapi.data import (
+    DatasetManifest,
     load_sample,
     open_store,
     sample_seed,
@@ -45,6 +48,8 @@ from hapi.wire import (
     decode_error,
     raw_schema,
 )
+from hapi.wire import messages as wire_messages
+from hapi.wire.messages import parse
 
 from .conftest import EVAL, SIZE, SPEC, chunk_ticket, session_request
 
@@ -66,6 +71,39 @@ def test_features_are_the_head_of_the_model(conn: Connection, store_dir: Path) -
     assert list(got.shape[1:]) == info.feature_shape
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
     assert result.nbytes >= info.bytes_per_sample * len(keys)
+
+
+class ManifestRequest(pydantic.BaseModel):
+    """The manifest request of a server from before `format` (named as the server's)."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+    prefix: str = ""
+
+
+@dataclasses.dataclass(eq=False)
+class _OlderServer(Connection):
+    """A server that answers its manifest in JSON only, refusing `format` as it did."""
+
+    asked: list[bytes] = dataclasses.field(default_factory=list)
+
+    def action(self, name: str, body: bytes = b"") -> bytes:
+        if name == ActionType.MANIFEST:
+            self.asked.append(body)
+            parse(ManifestRequest, body)
+        return super().action(name, body)
+
+
+def test_the_manifest_comes_as_arrow_and_as_json_from_an_older_server(
+    conn: Connection, server: HapiServer
+) -> None:
+    body = wire_messages.ManifestRequest(prefix="train").to_bytes()
+    as_json = DatasetManifest.from_dict(json.loads(conn.action(ActionType.MANIFEST, body)))
+    as_arrow = conn.manifest("train")
+    assert as_arrow == as_json and list(as_arrow.versions) == list(as_json.versions)
+    assert len(as_arrow.versions) == len(as_arrow) == 12
+    older = _OlderServer(address=server.address)
+    assert older.manifest("train") == as_arrow
+    assert [b'"arrow"' in b for b in older.asked] == [True, False]
 
 
 def test_raw_cut_sends_the_objects_bytes(conn: Connection, store_dir: Path) -> None:

@@ -13,6 +13,7 @@ from hapi.client.pipeline._merge import ChunkMerge
 from hapi.client.pipeline.routing import ChunkRecord, Route
 from hapi.client.servers.pool import Member
 from hapi.client.servers.source import PartStream
+from hapi.data.columns import Versions
 from hapi.plan import ReadMeasurement, TrainMeasurement
 from hapi.wire import SkippedKey
 
@@ -73,7 +74,7 @@ class Flow:
         route: Route,
         previous: Flow | None,
         member: Member,
-        versions: dict[str, str] | None = None,
+        versions: Versions | None = None,
     ) -> None:
         self.index, self.route, self.previous = index, route, previous
         self.keys, self.labels = keys, labels
@@ -87,6 +88,8 @@ class Flow:
         """The server it is asked of now."""
         self.held = len(keys)
         """Keys counted in flight on `member`."""
+        self.size = len(keys)
+        """Keys of its chunk (kept once `release` has let the keys go)."""
         self.remaining = dict(zip(keys, labels, strict=True))
         self.after: list[Flow] = []
         """Chunks of the epoch before with some of its keys, not yet kept in the cache
@@ -105,7 +108,13 @@ class Flow:
     def its_routes_cost(self) -> bool:
         """Whether its stage times are its route's: not computed here for want of a
         server, nor re-routed or recalled in flight (the plan learns nothing from those)."""
-        return not (self.fell_back or self.rerouted or self.recalled or self.hits == len(self.keys))
+        return not (self.fell_back or self.rerouted or self.recalled or self.hits == self.size)
+
+    def release(self) -> None:
+        """Let its keys and labels go, once delivered, trained and kept: an epoch keeps
+        its flows to the end, and a million keys as strings take about 90 MB."""
+        self.keys, self.labels, self.merge = [], [], None
+        self.remaining.clear()
 
     def read_measurement(self) -> ReadMeasurement:
         """What its read measured, for the router: its server's and link's times."""

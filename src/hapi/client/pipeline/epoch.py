@@ -5,6 +5,7 @@ when the next epoch is asked for (`take_ahead`)."""
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from collections.abc import Generator, Iterator
@@ -16,6 +17,7 @@ from hapi.client.pipeline.keys import Chunks, EpochKeys
 from hapi.client.pipeline.rebatch import Batch, Piece, Rebatcher
 from hapi.client.pipeline.routing import ChunkRecord, Route
 from hapi.client.servers.pool import Member
+from hapi.data.columns import Versions
 from hapi.errors import DuplicateDelivery, IncompleteEpoch, shorten
 from hapi.plan import HYBRID_LOCAL_WINDOW
 from hapi.wire import SkippedKey
@@ -106,7 +108,7 @@ class EpochRun:
         *,
         windows: Windows | None = None,
         before: EpochRun | None = None,
-        versions: dict[str, str] | None = None,
+        versions: Versions | None = None,
     ) -> None:
         self.context, self.epoch, self.chunks = context, epoch, chunks
         self.versions = versions
@@ -139,6 +141,8 @@ class EpochRun:
         """When this epoch's batches were first asked for (`run`): a run started ahead
         waits for the epoch before, which is not its own time."""
         self._listing_ahead = False
+        self._settled: collections.deque[Flow] = collections.deque()
+        """Flows settled, in order, whose keys `release` lets go once they are kept."""
 
     def _maybe_list_ahead(self) -> None:
         """Begin the next epoch's listing once this epoch's rest is about as long as a
@@ -158,7 +162,6 @@ class EpochRun:
     def run(self) -> Generator[Batch, None, None]:
         batch_size = self.context.batch_size
         rebatcher = Rebatcher(self.context.fetch.convert, clock=self.clock)
-        delivered: set[str] = set()
         n = len(self.chunks)
         complete = False
         self.before = []  # the epoch before ended: every chunk of it was read
@@ -167,6 +170,9 @@ class EpochRun:
             self._advance()
             for j in range(n):
                 flow = self._issued_flow(j)
+                # Checked chunk by chunk, not against a set of the epoch's every key (a
+                # million strings): a chunk's keys are its own in the epoch's order.
+                delivered: set[str] = set()
                 while True:
                     t0 = time.perf_counter()
                     item = flow.queue.get()
@@ -182,11 +188,11 @@ class EpochRun:
                     rebatcher.add(item)
                     while len(rebatcher) >= batch_size:
                         yield from self._emit(rebatcher.take(batch_size))
+                _check_complete(flow, delivered)
                 self._finish(flow)
                 self._advance(trained=flow)
             if len(rebatcher):
                 yield from self._emit(rebatcher.take(len(rebatcher)))
-            self._check_complete(delivered)
             complete = True
         finally:
             self.fetcher.shutdown(self.flows)
@@ -344,6 +350,9 @@ class EpochRun:
         # trainer.
         if flow.its_routes_cost:
             self.context.fetch.router.observe(flow.train_measurement())
+        self._settled.append(flow)
+        while self._settled and self._settled[0].kept.is_set():
+            self._settled.popleft().release()
 
     def shutdown(self) -> None:
         """End its threads and those of any epoch it started ahead."""
@@ -351,22 +360,13 @@ class EpochRun:
         if self.ahead is not None:
             self.ahead.shutdown()
 
-    def _check_complete(self, delivered: set[str]) -> None:
-        skipped = {s.key for s in self.stats.skipped}
-        wanted = {k for keys, _ in self.chunks for k in keys}
-        missing = wanted - delivered - skipped
-        if missing:
-            raise IncompleteEpoch(
-                f"{len(missing)} keys of the epoch were neither delivered nor reported "
-                f"skipped, e.g. {shorten(repr(sorted(missing)[:5]))}"
-            )
-
 
 def _last_on(member: Member, flows: list[Flow]) -> Flow | None:
     return next((f for f in reversed(flows) if f.member is member), None)
 
 
 def _check_once(keys: list[str], delivered: set[str]) -> None:
+    """A piece brings keys not delivered before in its chunk."""
     dupes = delivered.intersection(keys)
     if dupes:
         raise DuplicateDelivery(
@@ -374,3 +374,20 @@ def _check_once(keys: list[str], delivered: set[str]) -> None:
             f"{shorten(repr(sorted(dupes)[:5]))}: a chunk was delivered more than once"
         )
     delivered.update(keys)
+
+
+def _check_complete(flow: Flow, delivered: set[str]) -> None:
+    """Every key of `flow`'s chunk was delivered or reported skipped, and no other."""
+    wanted = set(flow.keys)
+    foreign = delivered - wanted
+    if foreign:
+        raise DuplicateDelivery(
+            f"chunk {flow.index} delivered {len(foreign)} keys of other chunks, e.g. "
+            f"{shorten(repr(sorted(foreign)[:5]))}: a key was delivered more than once"
+        )
+    missing = wanted - delivered - {s.key for s in flow.skipped}
+    if missing:
+        raise IncompleteEpoch(
+            f"{len(missing)} keys of the epoch were neither delivered nor reported "
+            f"skipped, e.g. {shorten(repr(sorted(missing)[:5]))}"
+        )

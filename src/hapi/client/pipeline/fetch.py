@@ -219,9 +219,7 @@ class Fetcher:
             keys=list(flow.remaining),
             labels=list(flow.remaining.values()),
             versions=(
-                [flow.versions.get(k, "") for k in flow.remaining]
-                if flow.versions is not None
-                else None
+                flow.versions.of(list(flow.remaining)) if flow.versions is not None else None
             ),
         )
 

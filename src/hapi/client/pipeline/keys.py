@@ -10,13 +10,16 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import cached_property
+from typing import overload
 
 import numpy as np
 
 from hapi.client.pipeline.distributed import Shard
 from hapi.data import DatasetManifest
-from hapi.data.shards.order import shard_order
+from hapi.data.columns import Versions
+from hapi.data.shards.order import shard_order, shard_runs
 from hapi.errors import HapiError, shorten
 from hapi.wire import SkippedKey
 
@@ -24,8 +27,45 @@ __all__ = ["Chunks", "EpochKeys"]
 
 log = logging.getLogger("hapi.client")
 
-Chunks = list[tuple[list[str], list[int]]]
-"""An epoch's chunks in order, each as (keys, labels)."""
+
+class Chunks(Sequence[tuple[list[str], list[int]]]):
+    """An epoch's chunks in order, each as (keys, labels), made as each is asked for:
+    a million keys as Python strings take about 90 MB, and the epoch needs only the few
+    chunks in flight at once.
+
+    Args:
+        manifest: the dataset's keys and labels.
+        order: the epoch's order of manifest indices.
+        bounds: where each chunk begins in `order`, and the end.
+    """
+
+    def __init__(self, manifest: DatasetManifest, order: np.ndarray, bounds: list[int]) -> None:
+        self.manifest, self.order, self.bounds = manifest, order, bounds
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+    @overload
+    def __getitem__(self, j: int) -> tuple[list[str], list[int]]: ...
+    @overload
+    def __getitem__(self, j: slice) -> list[tuple[list[str], list[int]]]: ...
+    def __getitem__(
+        self, j: int | slice
+    ) -> tuple[list[str], list[int]] | list[tuple[list[str], list[int]]]:
+        if isinstance(j, slice):
+            return [self[i] for i in range(len(self))[j]]
+        if not -len(self) <= j < len(self):
+            raise IndexError(f"chunk {j} of {len(self)}")
+        j %= len(self)
+        at = self.order[self.bounds[j] : self.bounds[j + 1]]
+        return self.manifest.keys.take(at), self.manifest.labels.take(at)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 class EpochKeys:
@@ -65,12 +105,17 @@ class EpochKeys:
         self.shard, self.relist = shard, relist
         self._lock = threading.Lock()
         self._ahead: threading.Thread | None = None
-        self._listed: dict[str, str] | None = None
+        self._listed: Versions | None = None
         self._listing_s = listing_s
         self._orders: dict[int, np.ndarray] = {}
         """Orders computed, by epoch (a million keys take a second to order)."""
         self._listed_at = 0.0
         self._fresh_until = fresh_until if fresh_until is not None else -1.0
+
+    @cached_property
+    def _shards(self) -> np.ndarray | None:
+        # Found once, not every epoch: a million keys take a second to split.
+        return shard_runs(self.manifest.keys)
 
     def lost(self) -> list[SkippedKey]:
         """The samples damaged shards lost (`DatasetManifest.damaged`): skipped in every
@@ -107,7 +152,7 @@ class EpochKeys:
             order = np.arange(n)
         else:
             sharded = shard_order(
-                self.manifest.keys,
+                self._shards,
                 seed=self.seed,
                 epoch=epoch,
                 block=self.chunk_size,
@@ -127,16 +172,12 @@ class EpochKeys:
         the rest of the one it stopped in, so a sharded dataset's chunks stay one block of
         one shard each (`hapi.data.shards.order`)."""
         order = self.order(epoch)
-        keys, labels = self.manifest.keys, self.manifest.labels
         size = self.chunk_size
         bounds = [start, *range(-(-start // size) * size, len(order), size), len(order)]
-        return [
-            ([keys[j] for j in order[a:b]], [labels[j] for j in order[a:b]])
-            for a, b in itertools.pairwise(bounds)
-            if b > a
-        ]
+        kept = [a for a, b in itertools.pairwise(bounds) if b > a]
+        return Chunks(self.manifest, order, [*kept, len(order)] if kept else [start])
 
-    def versions(self) -> dict[str, str] | None:
+    def versions(self) -> Versions | None:
         """The objects' versions for the epoch starting now: the listing `list_ahead`
         began (waited for if still running), else listed now. None: not listed - no
         `relist`, or the listing failed, and the epoch is then neither looked up in the
@@ -179,11 +220,11 @@ class EpochKeys:
         self._listed = self._list()
         self._listed_at = time.monotonic()
 
-    def _list(self) -> dict[str, str] | None:
+    def _list(self) -> Versions | None:
         assert self.relist is not None
         t0 = time.monotonic()
         try:
-            return self.relist().version_map()
+            listed = self.relist()
         except HapiError as exc:
             log.warning(
                 "listing the dataset's versions failed (%s): this epoch does not use the "
@@ -193,3 +234,12 @@ class EpochKeys:
             return None
         finally:
             self._listing_s = time.monotonic() - t0
+        versions = listed.version_map()
+        if versions is None:
+            return None
+        known = self.manifest.version_map()
+        if known is not None and listed.keys == self.manifest.keys:
+            # The same keys (an Arrow compare, milliseconds): the job's index finds them.
+            return Versions(self.manifest.keys, listed.versions, known.index)
+        versions.index  # noqa: B018  # made here, ahead of the epoch, not on its path
+        return versions

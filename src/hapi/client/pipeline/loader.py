@@ -31,6 +31,7 @@ from hapi.client.servers.retry import RetryPolicy
 from hapi.client.servers.sessions import Sessions
 from hapi.client.servers.source import Server, recall_all
 from hapi.data import DatasetManifest, ObjectStore
+from hapi.data.columns import Versions
 from hapi.errors import InvalidRequest
 from hapi.graph import INPUT
 from hapi.plan import HYBRID_LOCAL_WINDOW
@@ -305,7 +306,7 @@ class FeatureLoader:
         if self._run is not None:
             self._run.drop_ahead()
 
-    def versions(self) -> dict[str, str] | None:
+    def versions(self) -> Versions | None:
         """The objects' versions, listed now: `EpochKeys.versions`."""
         return self.keys.versions()
 

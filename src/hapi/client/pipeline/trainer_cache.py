@@ -19,10 +19,14 @@ from torch import nn
 
 from hapi.cache import FeatureCache, FeatureSpace, entry_name
 from hapi.data import Transforms
+from hapi.data.columns import Versions
 from hapi.wire import WireDtype
 from hapi.wire.dtypes import decoded_dtype
 
 __all__ = ["TrainerCache", "head_content_digest", "loop_space"]
+
+_HELD_BATCH = 65536
+"""Keys whose entry names `holds` makes at a time."""
 
 
 def head_content_digest(head: nn.Module) -> str:
@@ -78,7 +82,7 @@ class TrainerCache:
     ) -> None:
         self.cache, self.space, self.transforms = cache, space, transforms
         self.dtype = decoded_dtype(wire_dtype)
-        self._versions: dict[int, dict[str, str]] = {}
+        self._versions: dict[int, Versions] = {}
         self._lock = threading.Lock()
 
     @property
@@ -86,7 +90,7 @@ class TrainerCache:
         """The cut entries are at: the freeze point."""
         return self.space.cut
 
-    def set_versions(self, epoch: int, versions: dict[str, str] | None) -> None:
+    def set_versions(self, epoch: int, versions: Versions | None) -> None:
         """The objects' versions as listed for `epoch` (None: not listed, so nothing of
         the epoch is looked up or kept)."""
         with self._lock:
@@ -94,7 +98,7 @@ class TrainerCache:
             if versions is not None:
                 self._versions[epoch] = versions
 
-    def versions(self, epoch: int) -> dict[str, str] | None:
+    def versions(self, epoch: int) -> Versions | None:
         with self._lock:
             return self._versions.get(epoch)
 
@@ -114,8 +118,12 @@ class TrainerCache:
     def holds(self, epoch: int, keys: Sequence[str]) -> bool:
         """Whether every one of `keys` has an entry for `epoch` (not read: a corrupt or
         evicted one is a miss when its chunk comes)."""
-        names = self._names(epoch, keys)
-        return names is not None and self.cache.contains_all(self.space, names)
+        # In batches: the names of a million keys at once would take about 200 MB.
+        for start in range(0, len(keys), _HELD_BATCH):
+            names = self._names(epoch, keys[start : start + _HELD_BATCH])
+            if names is None or not self.cache.contains_all(self.space, names):
+                return False
+        return True
 
     def store(self, epoch: int, keys: Sequence[str], features: torch.Tensor) -> None:
         """Keep the epoch's features of `keys` (one row each)."""
@@ -130,4 +138,5 @@ class TrainerCache:
         if view is None or versions is None:
             return None
         # A key the listing lacks (gone since) has no version: its entry can never hit.
-        return [entry_name(k, versions.get(k, f"unlisted:{epoch}"), view) for k in keys]
+        listed = versions.of(keys, default=f"unlisted:{epoch}")
+        return [entry_name(k, v, view) for k, v in zip(keys, listed, strict=True)]

@@ -38,6 +38,7 @@ from hapi.wire import (
 from hapi.wire.heads import head_batches, head_descriptor, head_schema
 from hapi.wire.messages import HasHeadRequest, KeepaliveRequest
 from hapi.wire.replies import HasHeadReply
+from hapi.wire.tables import table_from_ipc
 
 __all__ = ["ChunkPart", "ChunkResult", "ChunkStream", "Connection", "connect"]
 
@@ -305,7 +306,16 @@ class Connection:
         self.action(ActionType.KEEPALIVE, KeepaliveRequest(session=session).to_bytes())
 
     def manifest(self, prefix: str = "") -> DatasetManifest:
-        """The dataset under `prefix` in the server's store."""
+        """The dataset under `prefix` in the server's store (as Arrow; as JSON from a
+        server older than `ManifestRequest.format`)."""
+        try:
+            body = ManifestRequest(prefix=prefix, format="arrow").to_bytes()
+            return DatasetManifest.from_arrow(
+                table_from_ipc(self.action(ActionType.MANIFEST, body))
+            )
+        except InvalidRequest as exc:
+            if "format" not in str(exc):
+                raise
         body = ManifestRequest(prefix=prefix).to_bytes()
         return DatasetManifest.from_dict(json.loads(self.action(ActionType.MANIFEST, body)))
 

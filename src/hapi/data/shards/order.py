@@ -11,17 +11,36 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import pyarrow.compute as pc
 
+from hapi.data.columns import column_of
 from hapi.data.shards.members import split_member
 
-__all__ = ["SHARDS_MIXED", "shard_order"]
+__all__ = ["SHARDS_MIXED", "shard_order", "shard_runs"]
 
 SHARDS_MIXED = 4
 """Shards whose samples are shuffled together (WebDataset's buffer across shards)."""
 
 
+def shard_runs(keys: Sequence[str]) -> np.ndarray | None:
+    """Each key's shard, numbered in the order shards first appear (a key naming a whole
+    object is a shard of its own); None when no key names a shard's member. Made once
+    for a manifest, `shard_order`'s input every epoch."""
+    keys = column_of(keys)
+    if not pc.any(pc.match_substring(keys.array, "#")).as_py():
+        return None  # no member key: `split_member` needs a '#'
+    shards: dict[str, int] = {}
+    members = 0
+    ids = np.empty(len(keys), dtype=np.int64)
+    for i, key in enumerate(keys):
+        parts = split_member(key)
+        members += parts is not None
+        ids[i] = shards.setdefault(parts[0] if parts else key, len(shards))
+    return ids if members else None
+
+
 def shard_order(
-    keys: Sequence[str],
+    shards: np.ndarray | None,
     *,
     seed: int,
     epoch: int,
@@ -30,11 +49,11 @@ def shard_order(
     ranks: int = 1,
     batch: int = 0,
 ) -> np.ndarray | None:
-    """The epoch's order of the indices of `keys`, or None when no key names a shard's
+    """The epoch's order of the manifest's indices, or None when no key names a shard's
     member (then any permutation reads as well as another).
 
     Args:
-        keys: the manifest's keys, each shard's members in their stored order.
+        shards: each key's shard (`shard_runs`): each shard's members in their stored order.
         seed: the job seed.
         epoch: the epoch; each gives its own order.
         block: consecutive members kept together (the loader's chunk size: its chunks
@@ -45,16 +64,11 @@ def shard_order(
             interleaved so that each rank's part of the order is whole blocks.
         batch: the per-rank batch size (with `ranks`).
     """
-    shards: dict[str, list[int]] = {}
-    members = 0
-    for i, key in enumerate(keys):
-        parts = split_member(key)
-        members += parts is not None
-        shards.setdefault(parts[0] if parts else key, []).append(i)
-    if not members:
+    if shards is None:
         return None
     rng = np.random.default_rng([seed, epoch])
-    runs = list(shards.values())
+    by_shard = np.argsort(shards, kind="stable")
+    runs = np.split(by_shard, np.cumsum(np.bincount(shards))[:-1])
     picked = [np.asarray(runs[i], dtype=np.int64) for i in rng.permutation(len(runs))]
     stream = np.concatenate(picked)
     # Blocks are cut from the shards laid end to end, not shard by shard: a shard's short

@@ -3,6 +3,8 @@ where a local store's symlinks lead (a link in its own prefix to another tenant'
 
 from __future__ import annotations
 
+import numpy as np
+
 from hapi.data import DatasetManifest, ObjectStore, Store
 from hapi.errors import Forbidden, shorten
 from hapi.server.security.tenants import Tenant
@@ -19,9 +21,11 @@ def readable_manifest(store: ObjectStore, tenant: Tenant, prefix: str) -> Datase
     manifest = DatasetManifest.from_store(store, tenant.check_prefix(prefix))
     # check_prefix allows whole segments only; keep a store whose listing matches by
     # characters (`a` listing `ab/...`) from showing keys beyond them.
-    allowed = [i for i, key in enumerate(manifest.keys) if may_read(store, tenant, key)]
-    if len(allowed) < len(manifest):
-        manifest = manifest.subset(allowed)
+    allowed = np.fromiter(
+        (may_read(store, tenant, key) for key in manifest.keys), bool, len(manifest)
+    )
+    if not allowed.all():
+        manifest = manifest.subset(np.flatnonzero(allowed))
     return manifest
 
 
