@@ -190,6 +190,12 @@ class Versions(Mapping[str, str]):
         self.key_column, self.version_column = keys, versions
         self._index = index
 
+    @classmethod
+    def of_listing(cls, listing: Iterable[tuple[str, str]]) -> Versions:
+        """A listing's (key, version) pairs as two columns, taken in batches."""
+        keys, versions = string_columns(listing, 2)
+        return cls(keys, versions)
+
     @property
     def index(self) -> KeyIndex:
         """The keys' index (made now, if not yet)."""

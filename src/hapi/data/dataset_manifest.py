@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -12,8 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from hapi.data.columns import Column, Versions, column_of, string_columns
-from hapi.data.formats import list_layout, names_files
+from hapi.data.columns import Column, Versions, column_of
+from hapi.data.formats import HIDDEN, list_layout, names_files
 from hapi.data.shards.damage import ShardDamage
 from hapi.data.store import ObjectStore
 from hapi.errors import InvalidRequest, ObjectNotFound
@@ -105,8 +106,9 @@ class DatasetManifest:
         """
         prefix = prefix.strip("/")
         # A plain prefix is listed once, for both: the shards under it, else its images.
+        # A plain prefix is listed once, for both: the shards under it, else its images.
         listed = None if names_files(prefix) else _listed(store, prefix)
-        sharded = list_layout(store, prefix, listed.pairs() if listed is not None else None)
+        sharded = list_layout(store, prefix, listed)
         if sharded is not None:
             return cls(
                 prefix,
@@ -117,9 +119,10 @@ class DatasetManifest:
                 sharded.damaged,
             )
         base = f"{prefix}/" if prefix else ""
-        listing = store.list_versions(prefix) if listed is None else listed.pairs()
-        keys, folders, versions = _image_folder(listing, base, extensions)
-        del listed, listing  # before the sorted copies: a listing's peak is a manifest's
+        if listed is None:
+            listed = _listed(store, prefix)
+        keys, folders, versions = _image_folder(listed, base, extensions)
+        del listed  # before the sorted copies: a listing's peak is a manifest's
         if not len(keys):
             where = f"under prefix {prefix!r}" if prefix else "at the root"
             raise ObjectNotFound(
@@ -250,27 +253,30 @@ class DatasetManifest:
 def _listed(store: ObjectStore, prefix: str) -> Versions:
     """The prefix's objects and their versions, held as two columns (listed once, read by
     both `list_layout` and `_image_folder`)."""
-    keys, versions = string_columns(store.list_versions(prefix), 2)
-    return Versions(keys, versions)
+    return Versions.of_listing(store.list_versions(prefix))
 
 
 def _image_folder(
-    listing: Iterable[tuple[str, str]], base: str, extensions: Sequence[str]
+    listed: Versions, base: str, extensions: Sequence[str]
 ) -> tuple[Column[str], Column[str], Column[str]]:
     """Every image of an ImageFolder layout under `base`: its key, class folder and version.
 
     A class is an image's first folder under `base`; objects right under it, other
-    extensions and paths with a part starting with `.` are left out.
+    extensions and paths with a part starting with `.` are left out. Found with Arrow
+    kernels over the listing's columns, not key by key.
     """
-    endings = tuple(e.lower() for e in extensions)
-
-    def images() -> Iterator[tuple[str, str, str]]:
-        for key, version in listing:
-            if not key.startswith(base) or not key.lower().endswith(endings):
-                continue
-            parts = key[len(base) :].split("/")
-            if len(parts) >= 2 and not any(p.startswith(".") for p in parts):
-                yield key, parts[0], version
-
-    keys, folders, versions = string_columns(images(), 3)
-    return keys, folders, versions
+    keys = listed.key_column.array
+    ending = "(" + "|".join(re.escape(e) for e in extensions) + ")$"
+    folder = pc.extract_regex(pc.utf8_slice_codeunits(keys, len(base)), "^(?P<folder>[^/]*)/")
+    kept = pc.and_(
+        pc.and_(pc.starts_with(keys, base), folder.is_valid()),
+        pc.and_(
+            pc.match_substring_regex(keys, ending, ignore_case=True),
+            pc.invert(pc.match_substring_regex(keys, HIDDEN)),
+        ),
+    )
+    return (
+        Column(keys.filter(kept)),
+        Column(pc.struct_field(folder, "folder").filter(kept)),
+        Column(listed.version_column.array.filter(kept)),
+    )

@@ -18,6 +18,9 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
+import pyarrow.compute as pc
+
+from hapi.data.columns import Versions
 from hapi.data.shards.damage import ShardDamage
 from hapi.data.shards.members import member_store, split_member
 from hapi.data.shards.parquet_index import LABEL_COLUMNS, ParquetIndex, class_names, find_column
@@ -37,6 +40,9 @@ __all__ = [
 
 SHARD_EXTENSIONS = (".tar", ".parquet")
 _LISTS = (".csv", ".jsonl")
+_SHARD_ENDING = "(" + "|".join(re.escape(e) for e in SHARD_EXTENSIONS) + ")$"
+HIDDEN = r"(^|/)\."
+"""A key with a part starting with `.` (`.ipynb_checkpoints`, `.DS_Store`): left out."""
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"^(\d+)\.\.(\d+)$")
 
@@ -76,9 +82,7 @@ def names_files(prefix: str) -> bool:
     return "{" in prefix or prefix.lower().endswith((*_LISTS, *SHARD_EXTENSIONS))
 
 
-def list_layout(
-    store: ObjectStore, prefix: str, listing: Iterable[tuple[str, str]] | None = None
-) -> Listing | None:
+def list_layout(store: ObjectStore, prefix: str, listing: Versions | None = None) -> Listing | None:
     """The samples of a sharded or listed dataset named by `prefix`; None for a prefix
     that holds no shards (an ImageFolder tree, listed by the caller).
 
@@ -110,14 +114,21 @@ def list_layout(
             raise ObjectNotFound(f"no shard {prefix!r} in store {store.uri}")
         return _list_shards(store, prefix, [(prefix, listed[prefix])])
     base = f"{prefix}/" if prefix else ""
-    shards, images = [], 0
-    for key, version in store.list_versions(prefix) if listing is None else listing:
-        if not key.startswith(base) or any(p.startswith(".") for p in key.split("/")):
-            continue
-        if key.lower().endswith(SHARD_EXTENSIONS):
-            shards.append((key, version))
-        elif "/" in key[len(base) :]:
-            images += 1
+    objects = listing if listing is not None else Versions.of_listing(store.list_versions(prefix))
+    # Column by column (Arrow kernels), not key by key: a million keys in milliseconds.
+    keys = objects.key_column.array
+    visible = pc.and_(pc.starts_with(keys, base), pc.invert(pc.match_substring_regex(keys, HIDDEN)))
+    is_shard = pc.match_substring_regex(keys, _SHARD_ENDING, ignore_case=True)
+    nested = pc.match_substring(pc.utf8_slice_codeunits(keys, len(base)), "/")
+    images = pc.sum(pc.and_(pc.and_(visible, pc.invert(is_shard)), nested)).as_py() or 0
+    picked = pc.and_(visible, is_shard)
+    shards = list(
+        zip(
+            keys.filter(picked).to_pylist(),
+            objects.version_column.array.filter(picked).to_pylist(),
+            strict=True,
+        )
+    )
     if not shards:
         return None
     if images:
