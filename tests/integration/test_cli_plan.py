@@ -30,10 +30,13 @@ def _args(server: HapiServer, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def test_plan_prints_every_option_and_the_choice(server: HapiServer) -> None:
-    done = hapi(*_args(server))
+def test_plan_prints_every_option_and_the_choice(server: HapiServer, tmp_path: Path) -> None:
+    figure = tmp_path / "pictures" / "plan.png"
+    done = hapi(*_args(server, "--plot", str(figure)))
     assert done.code == 0, done.stderr
     out = done.stdout
+    # The picture without --measure: each option's predicted stages, the choice marked.
+    assert figure.read_bytes()[:4] == b"\x89PNG" and f"wrote {figure}" in out.replace("\n", "")
     assert "freeze=12 (layer4), as given" in out
     for column in ("option", "server s", "link s", "trainer s", "epoch s", "held by"):
         assert column in out

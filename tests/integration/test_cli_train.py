@@ -81,6 +81,7 @@ def test_no_augment_trains_later_epochs_from_the_trainers_cache(
     done = hapi(
         "train", "resnet18", "--dataset", "train", "--server", server, "--epochs", "2",
         *SMALL, "--cut", "freeze", "--no-augment", "--cache-dir", str(tmp_path / "cache"),
+        "--plot", str(tmp_path / "run.png"),
     )  # fmt: skip
     assert done.code == 0, done.stderr
     text = " ".join(done.stdout.split())
@@ -88,6 +89,8 @@ def test_no_augment_trains_later_epochs_from_the_trainers_cache(
     assert (
         "epoch 2:" in text and "8 from the trainer's cache, 0 from the server's, 0 computed" in text
     )
+    assert "wrote the run's picture to" in text
+    assert (tmp_path / "run.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_push_to_a_repository(server: str, images: Path, tmp_path: Path) -> None:

@@ -37,7 +37,15 @@ _OWN: list[Own] = [
     ("measure", bool, typer.Option(False, help="Also train each top option for real.")),
     ("top", int, typer.Option(4, help="With --measure: the fastest options to run.")),
     ("epochs", int, typer.Option(1, help="With --measure: epochs per option (the last timed).")),
-    ("plot", Path, typer.Option(None, help="With --measure: write predicted vs measured here.")),
+    (
+        "plot",
+        Path,
+        typer.Option(
+            None,
+            help="Write a picture of the plan here (PNG): each option's stage times and "
+            "bytes a sample, the choice marked; with --measure, the measured epochs beside.",
+        ),
+    ),
     ("as_json", bool, typer.Option(False, "--json", help="Print JSON instead of tables.")),
 ]
 """`hapi plan`'s own options; the job's follow, one per `hapi.client.config.flags.Flag`."""
@@ -75,9 +83,16 @@ def plan(
             lambda o: TransferJob(spec, dataset, server, cut=o.cut, local_share=o.share, **options),
             epochs=epochs,
         )
-        if plot is not None:
-            size = job.config.data.image_size
-            _plot(chosen, runs, plot, title=f"{model} at {size} px on {dataset}")
+    if plot is not None:
+        from hapi.plan.picture import plot_plan
+
+        size = job.config.data.image_size
+        plot_plan(
+            chosen,
+            plot,
+            measured=[(r.option, r.epoch_s) for r in runs],
+            title=f"{model} at {size} px on {dataset}",
+        )
     if as_json:
         typer.echo(json.dumps({**chosen.to_dict(), "measured": [_run_row(r) for r in runs]}))
         return
@@ -102,7 +117,7 @@ def _print(job: TransferJob, chosen: Plan, runs: list[OptionRun], plot: Path | N
     console.print(job.summary().splitlines()[1])
     console.print(_table(chosen, runs))
     console.print(f"[bold]chosen[/]: {chosen.reason}")
-    if plot is not None and runs:
+    if plot is not None:
         console.print(f"wrote {plot}")
 
 
@@ -150,30 +165,3 @@ def _run_row(run: OptionRun) -> dict[str, object]:
         "trainer_s": run.trainer_s,
         "binding": run.binding,
     }
-
-
-def _plot(chosen: Plan, runs: list[OptionRun], path: Path, *, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 5))
-    predicted = [r.option.epoch_s for r in runs]
-    measured = [r.epoch_s for r in runs]
-    for r, x, y in zip(runs, predicted, measured, strict=True):
-        chosen_one = r.option is chosen.chosen
-        ax.scatter(x, y, color="tab:red" if chosen_one else "tab:blue", zorder=3)
-        ax.annotate(r.option.label, (x, y), fontsize=7, xytext=(4, 4), textcoords="offset points")
-    top = max([*predicted, *measured]) * 1.1
-    ax.plot([0, top], [0, top], color="gray", linestyle="--", label="measured = predicted")
-    ax.set_xlim(0, top)
-    ax.set_ylim(0, top)
-    ax.set_xlabel("predicted epoch (s)")
-    ax.set_ylabel("measured epoch (s)")
-    ax.set_title(title, fontsize=9)
-    ax.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

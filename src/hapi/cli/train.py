@@ -73,6 +73,7 @@ _OWN: list[Own] = [
     ("lr", float, typer.Option(None, help="Learning rate, SGD with momentum. Default: 0.01.")),
     ("weights", str, typer.Option(None, help="imagenet: the zoo model's pre-trained weights.")),
     ("out", str, typer.Option(None, help="Write the fine-tuned model here (.safetensors).")),
+    ("plot", str, typer.Option(None, help="Write a picture of the run here (PNG).")),
     ("push", str, typer.Option(None, help="Push the fine-tuned model to --repo under this name.")),
     ("repo", str, typer.Option(None, envvar="HAPI_REPO", help="The model repository's URI.")),
     ("endpoint", str, typer.Option(None, help="The repository store's endpoint URL.")),
@@ -148,4 +149,6 @@ def _summary(result: TrainResult) -> str:
         lines.append(f"wrote {result.out}")
     if result.pushed is not None:
         lines.append(f"pushed {result.pushed}")
+    if result.plot is not None:
+        lines.append(f"wrote the run's picture to {result.plot}")
     return "\n".join(lines)

@@ -55,6 +55,9 @@ class TrainConfig:
     """The model repository's URI (for `push` and `repo://` models)."""
     endpoint: str | None = None
     """The repository store's endpoint (S3, GCS or Azure); default: the cloud's variable."""
+    plot: str | None = None
+    """Write a picture of the run here (PNG, `History.plot`): per epoch, its time, where its
+    samples came from, its bytes and the cut in force."""
     job: Mapping[str, Any] = field(default_factory=dict)
     """The job's options by flat keyword (`cut`, `cache_dir`: `hapi.client.config.flags`);
     unset ones keep `JobConfig`'s defaults."""
@@ -143,6 +146,8 @@ class TrainResult:
     out: str | None
     pushed: str | None
     """The pushed version's reference (`name@N`), when pushed."""
+    plot: str | None = None
+    """The run's picture, when written."""
 
 
 class TrainHooks:
@@ -206,6 +211,9 @@ def run_train(config: TrainConfig, hooks: TrainHooks = NO_HOOKS) -> TrainResult:
         seconds=time.perf_counter() - start,
         out=config.out,
         pushed=pushed,
+        plot=str(job.history.plot(config.plot, title=job.summary().splitlines()[0]))
+        if config.plot is not None
+        else None,
     )
 
 

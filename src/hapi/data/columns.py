@@ -91,7 +91,7 @@ class Column(Sequence[T], Generic[T]):
             return len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=True))
         return NotImplemented
 
-    __hash__ = None  # type: ignore[assignment]  # equal by value, and mutable-free but large
+    __hash__ = None  # type: ignore[assignment]  # compared by value: not a dict key
 
     def __repr__(self) -> str:
         head = ", ".join(repr(v) for v in self.array.slice(0, 3).to_pylist())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from hapi.wire import SkippedKey
@@ -173,6 +174,19 @@ class History:
     def plan_changes(self) -> list[Event]:
         """Every change of plan while training."""
         return self.of_kind("replan")
+
+    def plot(self, path: str | Path, *, title: str = "") -> Path:
+        """Write a picture of the run at `path` (PNG): per epoch, its seconds and each
+        stage's, where its samples came from (computed, the server's cache, the
+        trainer's), the bytes that crossed the link with the cut and share in force, and
+        its re-plans and failovers. Returns the path.
+
+        Raises:
+            InvalidRequest: no epoch yet.
+        """
+        from hapi.client.pipeline.run_picture import plot_run
+
+        return plot_run(self, path, title=title)
 
     def explain(self) -> str:
         """One line per epoch for a person: its time, loss, bytes, cut, and where its

@@ -1,0 +1,94 @@
+"""A plan as a picture: each option's predicted busy seconds per stage and bytes a sample,
+the choice marked, and measured epochs beside where options were run (`hapi plan --plot`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hapi.plan.cost import Estimate
+from hapi.plan.plan import Plan
+
+__all__ = ["plot_plan"]
+
+SHOWN = 12
+"""Options drawn at most (the fastest, and the chosen one): more do not read."""
+
+_COLORS = {"server": "tab:blue", "link": "tab:orange", "trainer": "tab:green"}
+
+
+def plot_plan(
+    plan: Plan,
+    path: str | Path,
+    *,
+    measured: Sequence[tuple[Estimate, float]] = (),
+    title: str = "",
+) -> Path:
+    """Write `plan` as a PNG at `path`: per option, the server's, the link's and the
+    trainer's predicted busy seconds over an epoch with the predicted epoch marked, and
+    the bytes a sample crosses the link; `measured` adds (option, measured epoch seconds)
+    beside. Returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = list(plan.options[:SHOWN])
+    if plan.chosen not in shown:
+        shown.append(plan.chosen)
+    shown.reverse()  # the fastest on top
+    fig, (left, right) = plt.subplots(
+        1, 2, figsize=(10, 1.2 + 0.42 * len(shown)), sharey=True,
+        gridspec_kw={"width_ratios": [3, 1]},
+    )  # fmt: skip
+    _stages(left, shown, {(o.cut, o.share): s for o, s in measured})
+    left.set_yticks(range(len(shown)), [_label(o, plan) for o in shown])
+    for tick, o in zip(left.get_yticklabels(), shown, strict=True):
+        tick.set_fontweight("bold" if o is plan.chosen else "normal")
+    samples = max(plan.workload.samples, 1)
+    right.barh(range(len(shown)), [o.bytes / samples / 1e3 for o in shown], color="tab:gray")
+    right.set_xscale("log")
+    right.set_xlabel("KB a sample over the link")
+    link = plan.link.bytes_per_s * 8 / 1e6
+    fig.suptitle(
+        (f"{title}: " if title else "")
+        + f"{plan.workload.samples:,} samples, link {link:,.1f} Mbit/s, {plan.codec}",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def _label(option: Estimate, plan: Plan) -> str:
+    return ("\u25b6 chosen: " if option is plan.chosen else "") + option.label
+
+
+def _stages(ax: Any, shown: list[Estimate], measured: dict[tuple[int, float], float]) -> None:
+    """Each option's three stages as bars, its predicted epoch as a tick, and its
+    measured epoch as a cross where it was run."""
+    rows = range(len(shown))
+    height = 0.26
+    for i, stage in enumerate(("server", "link", "trainer")):
+        offsets = [r + (1 - i) * height for r in rows]
+        values = [o.stages[stage] for o in shown]
+        ax.barh(offsets, values, height, color=_COLORS[stage], label=f"{stage} busy")
+    ax.scatter(
+        [o.epoch_s for o in shown], rows, marker="|", s=400, color="black",
+        label="predicted epoch", zorder=3,
+    )  # fmt: skip
+    runs = [
+        (r, measured[(o.cut, o.share)]) for r, o in enumerate(shown) if (o.cut, o.share) in measured
+    ]
+    if runs:
+        ax.scatter(
+            [s for _, s in runs], [r for r, _ in runs], marker="x", s=80, color="tab:red",
+            label="measured epoch", zorder=4,
+        )  # fmt: skip
+    ax.set_xlabel("seconds per epoch (each stage's busy time; the stages overlap)")
+    ax.legend(loc="lower right", fontsize=8)
