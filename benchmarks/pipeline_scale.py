@@ -394,23 +394,38 @@ def main() -> None:
     if args.keys:
         OUT.mkdir(exist_ok=True)
         rows = measure_keys(tuple(args.keys), args.repeats)
-        (OUT / "pipeline_keys.json").write_text(json.dumps({"machine": machine(), "rows": rows}))
+        keys = {"machine": machine(), "repeats": args.repeats, "sizes": args.keys, "rows": rows}
+        (OUT / "pipeline_keys.json").write_text(json.dumps(keys))
         print(_keys_report(rows, args.repeats))
-        return
-    OUT.mkdir(exist_ok=True)
-    data = measure(tuple(args.sizes), args.repeats)
-    (OUT / "pipeline_scale.json").write_text(json.dumps(data, indent=1))
-    _plot(data, OUT / "pipeline_scale.png")
-    report = _report(data)
-    print(report)
+    else:
+        OUT.mkdir(exist_ok=True)
+        data = measure(tuple(args.sizes), args.repeats)
+        (OUT / "pipeline_scale.json").write_text(json.dumps(data, indent=1))
+        _plot(data, OUT / "pipeline_scale.png")
+        print(_report(data))
     if args.results:
-        command = "python benchmarks/pipeline_scale.py --results"
-        write_section(
-            "pipeline_scale",
-            "## A job's per-sample costs against N (`benchmarks/pipeline_scale.py`)\n\n"
-            f"`{command}` on {data['machine']}.\n\n{report}\n\n"
-            "![per-sample costs against N](out/pipeline_scale.png)",
-        )
+        _write_results()
+
+
+def _write_results() -> None:
+    """The section of RESULTS.md from both measures' last JSON: a job's costs, and the
+    keys alone (each `--results` keeps the other's table)."""
+    data = json.loads((OUT / "pipeline_scale.json").read_text())
+    parts = [
+        "## A job's per-sample costs against N (`benchmarks/pipeline_scale.py`)",
+        f"`python benchmarks/pipeline_scale.py --results` on {data['machine']}.",
+        _report(data),
+        "![per-sample costs against N](out/pipeline_scale.png)",
+    ]
+    keys_path = OUT / "pipeline_keys.json"
+    if keys_path.exists():
+        keys = json.loads(keys_path.read_text())
+        sizes = " ".join(str(n) for n in keys.get("sizes", [r["n"] for r in keys["rows"]]))
+        parts += [
+            f"`python benchmarks/pipeline_scale.py --keys {sizes} --results` on {keys['machine']}.",
+            _keys_report(keys["rows"], keys.get("repeats", 3)),
+        ]
+    write_section("pipeline_scale", "\n\n".join(parts))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from typing import Any
 from hapi.plan.cost import Estimate
 from hapi.plan.plan import Plan
 
-__all__ = ["plot_plan"]
+__all__ = ["plot_plan", "save_png"]
 
 SHOWN = 12
 """Options drawn at most (the fastest, and the chosen one): more do not read."""
@@ -57,6 +57,13 @@ def plot_plan(
         + f"{plan.workload.samples:,} samples, link {link:,.1f} Mbit/s, {plan.codec}",
         fontsize=10,
     )
+    return save_png(fig, path)
+
+
+def save_png(fig: Any, path: str | Path) -> Path:
+    """Lay `fig` out, write it as a PNG at `path` (its folder made), and close it."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

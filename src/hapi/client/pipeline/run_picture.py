@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from hapi.errors import InvalidRequest
+from hapi.plan.picture import save_png
 
 # `History` and `EpochStats` are read by attribute only: `history` imports this module, so
 # naming them here would close a circle.
@@ -62,12 +63,7 @@ def plot_run(history: History, path: str | Path, *, title: str = "") -> Path:
     bytes_ax.margins(y=0.2)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_png(fig, path)
 
 
 def _times(ax: Any, x: list[int], epochs: list[EpochStats], history: History) -> None:
