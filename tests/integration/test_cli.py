@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hapi.cli.demo_run import DemoConfig, run_demo
+from hapi.cli.demo_run import ACCURACY_TOLERANCE, DemoConfig, run_demo
 from hapi.client import connect
 
 from ..cli_runner import hapi
@@ -130,22 +130,42 @@ def test_serve_runs_until_sigterm(hapi_cli, tmp_path: Path) -> None:  # type: ig
     assert list(scratch.iterdir()) == []  # its directory went with it
 
 
-def test_demo_pushdown_moves_fewer_bytes_for_the_same_model() -> None:
+def test_the_demo_plans_caches_and_trains_the_same_model(tmp_path: Path) -> None:
+    picture = tmp_path / "run.png"
     config = DemoConfig(
         train_per_class=4,
         val_per_class=2,
-        stored_size=320,
         image_size=64,
-        epochs=1,
-        link="1gbit",
-        wire_dtype="fp32",
         batch_size=8,
+        picture=str(picture),
     )
     seen: set[str] = set()
     base, push = run_demo(config, lambda phase, done, total: seen.add(phase))
-    assert base.mode == "baseline" and push.mode == "pushdown" and push.cut > 0
-    assert push.bytes_per_epoch * 3 < base.bytes_per_epoch
-    # Same samples, same order, same seed, fp32 on the wire: the same model trained.
-    assert push.epochs[-1].loss == pytest.approx(base.epochs[-1].loss, rel=1e-4)
-    assert push.evaluation.accuracy == base.evaluation.accuracy
-    assert {"writing train images", "baseline epoch 1", "pushdown evaluate"} <= seen
+    assert base.mode == "baseline" and push.mode == "hapi" and base.route == "raw bytes"
+    # The planner chose among the options it weighed, and the first epoch ran its choice.
+    assert push.plan is not None and len(push.plan.options) > 2
+    assert push.plan.chosen in push.plan.options
+    assert (push.epochs[0].cut, push.epochs[0].share) == (push.plan.cut, push.plan.share)
+    # Deterministic transforms: epochs 2-3 came from the trainer's cache, moving nothing;
+    # the baseline read every image's bytes again.
+    assert [e.bytes_received for e in push.epochs[1:]] == [0, 0]
+    assert all(e.cached == e.samples == 16 for e in push.epochs[1:])
+    assert all(e.bytes_received == base.epochs[0].bytes_received > 0 for e in base.epochs)
+    assert push.whole_s > sum(e.seconds for e in push.epochs)
+    assert abs(push.evaluation.accuracy - base.evaluation.accuracy) <= ACCURACY_TOLERANCE
+    assert push.picture == picture and picture.read_bytes()[:4] == b"\x89PNG"
+    assert {"writing train images", "baseline epoch 3", "hapi evaluate"} <= seen
+
+
+def test_hapi_demo_prints_the_plan_the_cache_and_the_picture(hapi_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    picture = tmp_path / "demo.png"
+    done = hapi_cli(
+        "demo", "--per-class", "2", "--image-size", "64", "--epochs", "2", "--plot", str(picture)
+    )
+    assert done.returncode == 0, done.stderr
+    assert "The planner weighed" in done.stdout and "and chose" in done.stdout
+    assert "epoch 2: MB" in done.stdout and "none crossed" in done.stdout
+    assert "Epochs 2-2 took 8 of 8 samples from the trainer's feature cache" not in done.stdout
+    assert "Epoch 2 took 8 of 8 samples from the trainer's feature cache" in done.stdout
+    assert f"Wrote a picture of hapi's run to {picture}" in done.stdout
+    assert picture.stat().st_size > 1000

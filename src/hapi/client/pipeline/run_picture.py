@@ -46,6 +46,7 @@ def plot_run(history: History, path: str | Path, *, title: str = "") -> Path:
         values = [getattr(e, field) for e in epochs]
         samples_ax.bar(x, values, bottom=bottom, color=color, label=label)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    samples_ax.set_ylim(0, max(bottom) * 1.5)  # room for the legend above the bars
     samples_ax.set_ylabel("samples")
     samples_ax.set_title("where each epoch's samples came from", fontsize=9, loc="left")
     samples_ax.legend(fontsize=8, loc="upper right")
@@ -97,5 +98,7 @@ def _times(ax: Any, x: list[int], epochs: list[EpochStats], history: History) ->
 def _route(e: EpochStats) -> str:
     if e.cut is None:
         return ""
+    if e.samples and e.computed == 0:
+        return "all from caches"  # the cut in force moved nothing this epoch
     where = "raw bytes" if e.cut == -1 else "inputs" if e.cut == 0 else f"cut {e.cut}"
     return f"{where} + {e.share:.0%} local" if e.share and e.cut != -1 else where
