@@ -8,13 +8,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hapi.graph.cut_point import RAW
 from hapi.plan.cost import Estimate
 from hapi.plan.plan import Plan
 
 __all__ = ["plot_plan", "save_png"]
 
 SHOWN = 12
-"""Options drawn at most (the fastest, and the chosen one): more do not read."""
+"""Options drawn at most: more do not read. The fastest, with the chosen one and the two
+a reader measures it against - raw bytes and the freeze cut without a local share."""
 
 _COLORS = {"server": "tab:blue", "link": "tab:orange", "trainer": "tab:green"}
 
@@ -34,11 +36,9 @@ def plot_plan(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
-    shown = list(plan.options[:SHOWN])
-    if plan.chosen not in shown:
-        shown.append(plan.chosen)
-    shown.reverse()  # the fastest on top
+    shown = _shown(plan)
     fig, (left, right) = plt.subplots(
         1, 2, figsize=(10, 1.2 + 0.42 * len(shown)), sharey=True,
         gridspec_kw={"width_ratios": [3, 1]},
@@ -48,8 +48,12 @@ def plot_plan(
     for tick, o in zip(left.get_yticklabels(), shown, strict=True):
         tick.set_fontweight("bold" if o is plan.chosen else "normal")
     samples = max(plan.workload.samples, 1)
-    right.barh(range(len(shown)), [o.bytes / samples / 1e3 for o in shown], color="tab:gray")
+    bars = right.barh(range(len(shown)), [o.bytes / samples / 1e3 for o in shown], color="tab:gray")
+    right.bar_label(bars, fmt="%.3g", fontsize=7, padding=2)
+    right.margins(x=0.25)
     right.set_xscale("log")
+    right.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    right.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     right.set_xlabel("KB a sample over the link")
     link = plan.link.bytes_per_s * 8 / 1e6
     fig.suptitle(
@@ -67,13 +71,25 @@ def save_png(fig: Any, path: str | Path) -> Path:
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=110, bbox_inches="tight")  # legends placed outside the axes too
     plt.close(fig)
     return out
 
 
+def _shown(plan: Plan) -> list[Estimate]:
+    """The options drawn, the fastest on top."""
+    anchors = [
+        o for o in (plan.chosen, plan.option(RAW), plan.option(plan.freeze)) if o is not None
+    ]
+    fastest = [o for o in plan.options if o not in anchors][: SHOWN - len(anchors)]
+    return sorted({id(o): o for o in (*fastest, *anchors)}.values(), key=lambda o: -o.epoch_s)
+
+
 def _label(option: Estimate, plan: Plan) -> str:
-    return ("\u25b6 chosen: " if option is plan.chosen else "") + option.label
+    label = "RAW (the images' bytes)" if option.cut == RAW else option.label
+    if option.cut == plan.freeze and not option.hybrid:
+        label += " (the freeze cut)"
+    return ("\u25b6 chosen: " if option is plan.chosen else "") + label
 
 
 def _stages(ax: Any, shown: list[Estimate], measured: dict[tuple[int, float], float]) -> None:
@@ -98,4 +114,5 @@ def _stages(ax: Any, shown: list[Estimate], measured: dict[tuple[int, float], fl
             label="measured epoch", zorder=4,
         )  # fmt: skip
     ax.set_xlabel("seconds per epoch (each stage's busy time; the stages overlap)")
-    ax.legend(loc="lower right", fontsize=8)
+    # Below the axes: inside, it hides the bars of whichever option sits under it.
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=5, fontsize=8)

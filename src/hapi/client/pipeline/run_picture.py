@@ -72,7 +72,7 @@ def _times(ax: Any, x: list[int], epochs: list[EpochStats], history: History) ->
     epoch's re-plans and failovers written above its bar."""
     ax.bar(x, [e.seconds for e in epochs], color="lightgray", label="epoch (wall)")
     for field, label, color in (
-        ("server_s", "server busy", "tab:blue"),
+        ("server_s", "server busy (its chunks summed)", "tab:blue"),
         ("transfer_s", "link busy", "tab:orange"),
         ("trainer_s", "trainer busy", "tab:green"),
     ):
