@@ -10,6 +10,7 @@ from hapi.client.config.parts import (
     TrainingConfig,
     WireConfig,
 )
+from hapi.client.job.features import FeatureBatch, FeatureDataLoader, FeatureDataset
 from hapi.client.job.transfer import EvalResult, TransferJob
 from hapi.client.pipeline.history import EpochStats, Event, History
 from hapi.client.pipeline.loader import FeatureLoader, LoaderStats
@@ -24,6 +25,9 @@ __all__ = [
     "EpochStats",
     "EvalResult",
     "Event",
+    "FeatureBatch",
+    "FeatureDataLoader",
+    "FeatureDataset",
     "FeatureLoader",
     "FetchConfig",
     "History",

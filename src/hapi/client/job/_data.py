@@ -13,6 +13,7 @@ from hapi.cache import Cacheability, FeatureCache, cacheability
 from hapi.client.config.job import JobConfig
 from hapi.client.job._model import JobModel
 from hapi.client.job.session_requests import SessionRequests
+from hapi.client.pipeline.distributed import Shard
 from hapi.client.pipeline.history import Event
 from hapi.client.pipeline.loader import FeatureLoader
 from hapi.client.pipeline.routing import Router
@@ -205,6 +206,7 @@ class JobData:
         train: bool,
         router: Router,
         codec: Codec,
+        shard: Shard | None = None,
     ) -> Iterator[FeatureLoader]:
         """The loader of one loop over `prefix`, its sessions closed when it ends.
 
@@ -212,6 +214,7 @@ class JobData:
             train: shuffle each epoch (off for evaluation).
             router: the loop's routes (the plan in force).
             codec: taken once per loop: its sessions, local chunks and cache agree on it.
+            shard: the part of each epoch to fetch; None: the data-parallel rank's, or all.
         """
         config, model = self.config, self.model
         fetch, seed, exact = config.fetch, config.training.seed, config.wire.exact
@@ -244,7 +247,7 @@ class JobData:
             local=LocalCompute(decoder, model.graph.head, codec[0], model.device, exact=exact),
             convert=model.parts.convert,
             record=self.record,
-            shard=model.dp.shard if model.dp is not None else None,
+            shard=shard if shard is not None else model.dp.shard if model.dp is not None else None,
             fallback=self.fallback,
         )
         with loader.servers:

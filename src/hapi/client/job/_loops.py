@@ -6,6 +6,8 @@ down into them; nothing here calls back up into `TransferJob`."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -20,7 +22,7 @@ from hapi.client.job._data import JobData
 from hapi.client.job._epochs import EpochAccounts
 from hapi.client.job._model import JobModel
 from hapi.client.job._resume import STATE_VERSION, capture_rng, read_state, restore_rng
-from hapi.client.pipeline.distributed import pad
+from hapi.client.pipeline.distributed import Shard, pad
 from hapi.client.pipeline.history import History
 from hapi.client.pipeline.loader import FeatureLoader
 from hapi.client.pipeline.rebatch import Batch
@@ -96,9 +98,12 @@ class JobLoops:
         return self.model.dp.world if self.model.dp is not None else 1
 
     @contextlib.contextmanager
-    def loop(self, prefix: str, transforms: Transforms, *, train: bool) -> Iterator[FeatureLoader]:
-        """A loader for one loop over `prefix`, under the plan in force (whose router a
-        training loop lets re-plan), its sessions closed when the loop ends."""
+    def loop(
+        self, prefix: str, transforms: Transforms, *, train: bool, shard: Shard | None = None
+    ) -> Iterator[FeatureLoader]:
+        """A loader for one loop over `prefix` (of `shard` of it, where given), under the
+        plan in force (whose router a training loop lets re-plan), its sessions closed
+        when the loop ends."""
         config, plans = self.config, self.plans
         try:
             replan = config.planning.replan
@@ -106,7 +111,7 @@ class JobLoops:
                 wire = config.wire
                 codec = loop_codec(wire.dtype, wire.compression, plans.current)
                 with self.data.loader(
-                    prefix, transforms, train=train, router=router, codec=codec
+                    prefix, transforms, train=train, router=router, codec=codec, shard=shard
                 ) as loader:
                     yield loader
         finally:
@@ -197,6 +202,43 @@ class JobLoops:
                 )
                 state.next_epoch, state.position, state.step = epoch + 1, 0, 0
         return history
+
+    def features(
+        self, epoch: int, *, train: bool, shard: Shard | None, start: int
+    ) -> Iterator[Batch]:
+        """One epoch's batches (of `shard`, from place `start` of its order) with their
+        features carried to the freeze point, for a loop of another framework; a training
+        epoch's figures go into the history (its loss is that loop's: NaN here)."""
+        model, config = self.model, self.config
+        if train:
+            prefix, transforms = config.dataset, config.train_transforms
+        else:
+            prefix = config.data.eval_dataset or config.dataset
+            transforms = config.test_transforms
+        freeze = model.freeze
+        with self.loop(prefix, transforms, train=train, shard=shard) as loader:
+            accounts = EpochAccounts(loader) if train else None
+            self.progress.epoch = epoch
+            seen = 0
+            # No grad mode is set around the yields: it would hold in the caller's step.
+            for batch in loader.batches(epoch, start=start):
+                features = batch.features
+                if batch.cut < freeze:
+                    features = model.parts.convert(features, max(batch.cut, INPUT), freeze)
+                seen += len(batch)
+                yield dataclasses.replace(batch, features=features, cut=freeze)
+            if accounts is not None:
+                cut, share = loader.router.applied
+                figures = accounts.close(
+                    epoch,
+                    cut=cut,
+                    share=share,
+                    loss=math.nan,
+                    correct=math.nan,
+                    seen=seen,
+                    compute=0,
+                )
+                self.history.epochs.append(figures)
 
     def _seed_epoch(self, epoch: int, resumed: Mapping[str, Any] | None) -> None:
         """Set the random state `epoch` trains with: the state's, resumed mid-epoch (as it
