@@ -80,6 +80,11 @@ def test_two_workers_deliver_every_key_once_and_resume_mid_epoch(server: HapiSer
     whole = list(loader)
     assert _keys(whole) == names and len(whole) == len(loader)
     assert {b.worker for b in whole} == {0, 1}
+    # Each worker's last batch brought its share's figures; the loader merged them.
+    assert sum(b.figures is not None for b in whole) == 2
+    (figures,) = loader.epochs
+    assert figures.samples == SAMPLES and figures.bytes_received > 0
+    assert figures.cut == job.cut and figures.chunks_pushed + figures.chunks_local >= 2
     # Epoch 1, stopped after three batches; a new job and loader go on from its state.
     first = list(itertools.islice(iter(loader), 3))
     state = loader.state_dict()

@@ -23,7 +23,7 @@ from hapi.client.job._epochs import EpochAccounts
 from hapi.client.job._model import JobModel
 from hapi.client.job._resume import STATE_VERSION, capture_rng, read_state, restore_rng
 from hapi.client.pipeline.distributed import Shard, pad
-from hapi.client.pipeline.history import History
+from hapi.client.pipeline.history import EpochStats, History
 from hapi.client.pipeline.loader import FeatureLoader
 from hapi.client.pipeline.rebatch import Batch
 from hapi.client.planning.codec_choice import loop_codec
@@ -205,10 +205,11 @@ class JobLoops:
 
     def features(
         self, epoch: int, *, train: bool, shard: Shard | None, start: int
-    ) -> Iterator[Batch]:
+    ) -> Iterator[tuple[Batch, EpochStats | None]]:
         """One epoch's batches (of `shard`, from place `start` of its order) with their
-        features carried to the freeze point, for a loop of another framework; a training
-        epoch's figures go into the history (its loss is that loop's: NaN here)."""
+        features carried to the freeze point, for a loop of another framework. The last
+        batch of a training epoch comes with the epoch's figures (its loss is that loop's:
+        NaN here), which also go into the history."""
         model, config = self.model, self.config
         if train:
             prefix, transforms = config.dataset, config.train_transforms
@@ -219,26 +220,26 @@ class JobLoops:
         with self.loop(prefix, transforms, train=train, shard=shard) as loader:
             accounts = EpochAccounts(loader) if train else None
             self.progress.epoch = epoch
-            seen = 0
+            seen, held = 0, None
             # No grad mode is set around the yields: it would hold in the caller's step.
             for batch in loader.batches(epoch, start=start):
+                if held is not None:
+                    yield held, None
                 features = batch.features
                 if batch.cut < freeze:
                     features = model.parts.convert(features, max(batch.cut, INPUT), freeze)
                 seen += len(batch)
-                yield dataclasses.replace(batch, features=features, cut=freeze)
+                held = dataclasses.replace(batch, features=features, cut=freeze)
+            figures = None
             if accounts is not None:
                 cut, share = loader.router.applied
                 figures = accounts.close(
-                    epoch,
-                    cut=cut,
-                    share=share,
-                    loss=math.nan,
-                    correct=math.nan,
-                    seen=seen,
+                    epoch, cut=cut, share=share, loss=math.nan, correct=math.nan, seen=seen,
                     compute=0,
-                )
+                )  # fmt: skip
                 self.history.epochs.append(figures)
+            if held is not None:
+                yield held, figures
 
     def _seed_epoch(self, epoch: int, resumed: Mapping[str, Any] | None) -> None:
         """Set the random state `epoch` trains with: the state's, resumed mid-epoch (as it

@@ -24,9 +24,10 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from hapi.client.config.job import JobConfig
 from hapi.client.job.transfer import TransferJob
 from hapi.client.pipeline.distributed import Shard
+from hapi.client.pipeline.history import EpochStats
 from hapi.errors import InvalidRequest
 
-__all__ = ["FeatureBatch", "FeatureDataLoader", "FeatureDataset"]
+__all__ = ["FeatureBatch", "FeatureDataLoader", "FeatureDataset", "merge_figures"]
 
 Split = Literal["train", "eval"]
 
@@ -43,6 +44,9 @@ class FeatureBatch:
     worker: int
     """The `DataLoader` worker that made it (0 without workers)."""
     split: Split
+    figures: EpochStats | None = None
+    """On a worker's last batch of a training epoch: its share's figures (bytes, cache
+    hits, cut, stage seconds; the loss is the loop's, NaN)."""
 
     def __iter__(self) -> Iterator[torch.Tensor]:
         return iter((self.features, self.labels))
@@ -99,7 +103,9 @@ class FeatureDataset(IterableDataset[FeatureBatch]):
         with the job's initial weights (the job's own module: training it trains the job's
         model, which `job.push` stores)."""
         job = self.job
-        return job._model.parts.tail(job.freeze)
+        parts = job._model.parts
+        parts.train(True, job.freeze)  # as fit leaves it: the frozen layers stay in eval
+        return parts.tail(job.freeze)
 
     def worker_batches(self) -> list[int]:
         """Batches each worker yields per epoch on this rank."""
@@ -128,10 +134,12 @@ class FeatureDataset(IterableDataset[FeatureBatch]):
         shard = part if part.world > 1 else None  # alone: the job's own loop, unsliced
         start = self.starts[worker] * self.batch_size if worker < len(self.starts) else 0
         job = self.job
-        for batch in job._loops.features(
+        for batch, figures in job._loops.features(
             self.epoch, train=self.split == "train", shard=shard, start=start
         ):
-            yield FeatureBatch(batch.features, batch.labels, batch.keys, worker, self.split)
+            yield FeatureBatch(
+                batch.features, batch.labels, batch.keys, worker, self.split, figures
+            )
 
     def _parts(self) -> Shard:
         """This rank's place among every worker of every rank: (rank, ranks x workers)."""
@@ -212,6 +220,9 @@ class FeatureDataLoader(DataLoader[FeatureBatch]):
         self._done = [0] * dataset.workers
         self._running = False
         self._loaded = False
+        self._figures: list[EpochStats] = []
+        self.epochs: list[EpochStats] = []
+        """Each finished epoch's figures, its workers' shares merged (`merge_figures`)."""
 
     @property
     def features(self) -> FeatureDataset:
@@ -227,10 +238,15 @@ class FeatureDataLoader(DataLoader[FeatureBatch]):
         # Set before the workers start: each takes a copy of the dataset as it is now.
         dataset.epoch, dataset.starts = self._epoch, list(self._done)
         dataset.ranks = dataset.find_ranks()
+        self._figures = []
         for batch in super().__iter__():
             if self.count == "handed":
                 self._done[batch.worker] += 1
+            if batch.figures is not None:
+                self._figures.append(batch.figures)
             yield batch
+        if self._figures:
+            self.epochs.append(merge_figures(self._figures))
         self._epoch, self._done, self._running = self._epoch + 1, [0] * dataset.workers, False
 
     def mark(self, batch: FeatureBatch) -> None:
@@ -259,6 +275,25 @@ class FeatureDataLoader(DataLoader[FeatureBatch]):
                 f"{self.features.workers}: resume with num_workers={len(done)}"
             )
         self._epoch, self._done, self._loaded = epoch, done, True
+
+
+def merge_figures(shares: list[EpochStats]) -> EpochStats:
+    """One epoch's figures from its workers' (or ranks') shares: counts, bytes and busy
+    seconds add up; the epoch's seconds are its slowest share's; the cut and share are
+    the first's (every share runs the plan in force)."""
+    first = shares[0]
+    merged: dict[str, Any] = {}
+    for field in dataclasses.fields(first):
+        values = [getattr(s, field.name) for s in shares]
+        if field.name in ("epoch", "seconds"):
+            merged[field.name] = max(values)
+        elif field.name == "skipped":
+            merged[field.name] = tuple(k for v in values for k in v)
+        elif field.name in ("loss", "accuracy", "cut", "share"):
+            merged[field.name] = values[0]
+        else:
+            merged[field.name] = sum(values)
+    return EpochStats(**merged)
 
 
 def _as_is(batch: Any) -> Any:
