@@ -249,6 +249,13 @@ class FeatureDataLoader(DataLoader[FeatureBatch]):
             self.epochs.append(merge_figures(self._figures))
         self._epoch, self._done, self._running = self._epoch + 1, [0] * dataset.workers, False
 
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next pass epoch `epoch` (from its start, unless a loaded state is of
+        it): for trainers that number the epochs themselves, as Hugging Face's does."""
+        if not (self._loaded and self._epoch == epoch):
+            self._epoch, self._done = epoch, [0] * self.features.workers
+        self._loaded = True
+
     def mark(self, batch: FeatureBatch) -> None:
         """Count `batch` as trained (with `count="marked"`)."""
         self._done[batch.worker] += 1
