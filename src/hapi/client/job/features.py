@@ -26,6 +26,7 @@ from hapi.client.job.transfer import TransferJob
 from hapi.client.pipeline.distributed import Shard
 from hapi.client.pipeline.history import EpochStats
 from hapi.errors import InvalidRequest
+from hapi.graph import RAW
 
 __all__ = ["FeatureBatch", "FeatureDataLoader", "FeatureDataset", "merge_figures"]
 
@@ -175,9 +176,8 @@ def _pinned(job: TransferJob) -> JobConfig:
     config = job.config
     planning = config.planning
     if planning.mode != "local":
-        planning = dataclasses.replace(
-            planning, cut=job.cut, local_share=job.local_share, replan=False
-        )
+        share = 0.0 if job.cut == RAW else job.local_share  # RAW is local whole, no share
+        planning = dataclasses.replace(planning, cut=job.cut, local_share=share, replan=False)
     training = dataclasses.replace(config.training, distributed=False)
     return dataclasses.replace(config, planning=planning, training=training)
 
