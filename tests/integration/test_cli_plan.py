@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from hapi.data import open_store, synth_dataset
 from hapi.server import HapiServer, serve
@@ -43,6 +44,12 @@ def test_plan_prints_every_option_and_the_choice(server: HapiServer, tmp_path: P
     assert "RAW" in out and "cut 12 layer4" in out
     assert "chosen:" in out and "predicted" in out
     assert out.count("*") >= 1
+    # The picture names the option the table marks chosen.
+    marked = next(line for line in out.splitlines() if "│ * │" in line)
+    chosen = marked.split("│")[2].strip()  # the option column of the row marked *
+    with Image.open(figure) as image:
+        said = image.info["Description"]
+    assert said.startswith(f"chosen: {chosen}, ")
 
 
 def test_plan_for_another_link_and_as_json(server: HapiServer) -> None:

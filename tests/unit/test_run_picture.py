@@ -33,6 +33,9 @@ def test_a_run_is_drawn_with_its_sources_and_events(tmp_path: Path) -> None:
     path = history.plot(tmp_path / "deep" / "run.png", title="a run")
     with Image.open(path) as image:
         assert image.format == "PNG" and image.width > 500 and image.height > 500
+        said = image.info["Description"]
+    assert "epoch 1:" in said and "cut 14 + 25% local" in said
+    assert "epoch 2:" in said and "all from caches" in said and "64 from the trainer's" in said
     with pytest.raises(InvalidRequest, match="no epoch"):
         History().plot(tmp_path / "none.png")
 
@@ -44,3 +47,5 @@ def test_a_plan_is_drawn_with_every_option_shown(tmp_path: Path) -> None:
     path = plot_plan(plan, tmp_path / "plan.png", measured=[(plan.chosen, 1.5)], title="t")
     with Image.open(path) as image:
         assert image.format == "PNG" and image.height > 200
+        said = image.info["Description"]
+    assert said.startswith(f"chosen: {plan.chosen.label}, ") and "RAW " in said

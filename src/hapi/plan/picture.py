@@ -61,17 +61,23 @@ def plot_plan(
         + f"{plan.workload.samples:,} samples, link {link:,.1f} Mbit/s, {plan.codec}",
         fontsize=10,
     )
-    return save_png(fig, path)
+    others = ", ".join(f"{o.label} {o.epoch_s:.2f} s" for o in shown if o is not plan.chosen)
+    return save_png(
+        fig, path, f"chosen: {plan.chosen.label}, {plan.epoch_s:.2f} s predicted; {others}"
+    )
 
 
-def save_png(fig: Any, path: str | Path) -> Path:
-    """Lay `fig` out, write it as a PNG at `path` (its folder made), and close it."""
+def save_png(fig: Any, path: str | Path, description: str) -> Path:
+    """Lay `fig` out, write it as a PNG at `path` (its folder made), and close it.
+    `description` goes into the PNG's text: what the picture says, for a reader who
+    cannot see it and for a program that checks it."""
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110, bbox_inches="tight")  # legends placed outside the axes too
+    # bbox "tight": legends placed outside the axes are kept too.
+    fig.savefig(out, dpi=110, bbox_inches="tight", metadata={"Description": description})
     plt.close(fig)
     return out
 

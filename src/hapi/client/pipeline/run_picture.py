@@ -64,7 +64,12 @@ def plot_run(history: History, path: str | Path, *, title: str = "") -> Path:
     bytes_ax.margins(y=0.2)
     if title:
         fig.suptitle(title, fontsize=10)
-    return save_png(fig, path)
+    described = "; ".join(
+        f"epoch {e.epoch + 1}: {e.seconds:.2f} s, {e.bytes_received / 1e6:.2f} MB, "
+        f"{_route(e) or 'no cut'}, {e.computed} computed, {e.cached} from the trainer's cache"
+        for e in epochs
+    )
+    return save_png(fig, path, described)
 
 
 def _times(ax: Any, x: list[int], epochs: list[EpochStats], history: History) -> None:
