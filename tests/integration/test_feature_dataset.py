@@ -104,3 +104,17 @@ def test_a_state_of_another_loader_is_refused(server: HapiServer) -> None:
         loader.load_state_dict({"position": 3})
     with pytest.raises(InvalidRequest, match="split"):
         FeatureDataset(_job(server), "test")  # type: ignore[arg-type]
+
+
+def test_ranks_that_would_take_different_steps_are_refused_before_ddp_waits(
+    server: HapiServer,
+) -> None:
+    dataset = FeatureDataset(_job(server, batch_size=3))
+    # 20 samples, 2 ranks x 3 workers, 3 a batch: a last global batch of 2 for 6 shares.
+    dataset.workers, dataset.ranks = 3, (1, 2)
+    assert [sum(dataset.worker_batches(r)) for r in (0, 1)] == [5, 3]
+    with pytest.raises(InvalidRequest, match="global batch of 2, fewer than its 6 shares"):
+        dataset.check_even()
+    dataset.workers = 1  # 2 shares: the last global batch of 2 gives each one sample
+    dataset.check_even()
+    assert len(dataset) == 4

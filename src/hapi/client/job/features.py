@@ -108,14 +108,38 @@ class FeatureDataset(IterableDataset[FeatureBatch]):
         parts.train(True, job.freeze)  # as fit leaves it: the frozen layers stay in eval
         return parts.tail(job.freeze)
 
-    def worker_batches(self) -> list[int]:
-        """Batches each worker yields per epoch on this rank."""
+    def worker_batches(self, rank: int | None = None) -> list[int]:
+        """Batches each worker yields per epoch on `rank` (default: this one)."""
         bs, part = self.batch_size, self._parts()
+        rank = part.rank if rank is None else rank
         places = np.arange(self._samples)
         return [
-            -(-len(Shard(part.rank * self.workers + w, part.world).take(places, bs)) // bs)
+            -(-len(Shard(rank * self.workers + w, part.world).take(places, bs)) // bs)
             for w in range(self.workers)
         ]
+
+    def check_even(self) -> None:
+        """Refuse a training epoch whose ranks would take different numbers of steps: a
+        framework's DDP waits, at the last step, for a rank that has no batch (where
+        `TransferJob.fit` pads it with an empty step).
+
+        Raises:
+            InvalidRequest: naming the remainder and the fix.
+        """
+        parts = self._parts().world
+        ranks = parts // self.workers
+        if self.split != "train" or ranks == 1:
+            return
+        steps = [sum(self.worker_batches(r)) for r in range(ranks)]
+        if len(set(steps)) > 1:
+            rest = self._samples % (self.batch_size * parts)
+            raise InvalidRequest(
+                f"{self._samples} samples at batch_size={self.batch_size} over {ranks} ranks "
+                f"x {self.workers} workers end in a global batch of {rest}, fewer than its "
+                f"{parts} shares: the ranks would take {min(steps)} and {max(steps)} steps, "
+                "and DDP would wait at the last; choose a batch_size or num_workers that "
+                f"leaves no remainder below {parts}"
+            )
 
     def __len__(self) -> int:
         """Batches per epoch on this rank, over every worker."""
@@ -238,6 +262,7 @@ class FeatureDataLoader(DataLoader[FeatureBatch]):
         # Set before the workers start: each takes a copy of the dataset as it is now.
         dataset.epoch, dataset.starts = self._epoch, list(self._done)
         dataset.ranks = dataset.find_ranks()
+        dataset.check_even()
         self._figures = []
         for batch in super().__iter__():
             if self.count == "handed":
