@@ -77,6 +77,11 @@ _FEATURE_CACHE = typer.Option(
 _FEATURE_CACHE_SIZE = typer.Option(
     "50GiB", help="Bound on --feature-cache's bytes on disk (least recently used go)."
 )
+_BF16_HEADS = typer.Option(
+    True,
+    help="Run heads whose features cross as bf16 or fp8 in bf16 where the device has "
+    "bf16 kernels (--no-bf16-heads: every head in fp32).",
+)
 _LOCAL_PREFIX = typer.Option(
     None,
     help="A prefix of the store local to this server (its storage node); repeat for "
@@ -108,6 +113,7 @@ def serve(
     feature_cache: str = _FEATURE_CACHE,
     feature_cache_size: str = _FEATURE_CACHE_SIZE,
     local_prefix: list[str] = _LOCAL_PREFIX,
+    bf16_heads: bool = _BF16_HEADS,
 ) -> None:
     """Serve features computed next to the data over Arrow Flight, until Ctrl-C."""
     from hapi.cli._stores import store_options
@@ -141,6 +147,7 @@ def serve(
         local_prefixes=tuple(local_prefix or ()),
         feature_cache=feature_cache,
         feature_cache_size=feature_cache_size,
+        bf16_heads=bf16_heads,
     )
     _check_store_and_repo(config)
     _serve_until_stopped(config)

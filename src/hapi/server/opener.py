@@ -3,6 +3,7 @@ repository, or uploaded), its feature shape and schema, and its memory model mea
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -13,6 +14,7 @@ from hapi._fx_lock import TRACING
 from hapi.data import StoreOptions, Transforms
 from hapi.errors import InvalidCut, InvalidRequest, shorten
 from hapi.graph import INPUT, RAW, ModelGraph, load_head
+from hapi.graph.precision import head_dtype
 from hapi.server.chunks.session import RAW_BATCH_BYTES, Session
 from hapi.server.chunks.tier import NO_FEATURE_CACHE, FeatureTier
 from hapi.server.head_cache import HeadCache, HeadLease
@@ -99,6 +101,12 @@ class SessionOpener:
             graph, freeze, shape, lease = self._named_head(request, request.model)
             num_cuts = graph.num_cuts
         head = lease.module if lease is not None else None
+        dtype = head_dtype(
+            request.wire_dtype,
+            exact=request.exact,
+            device=self.heads.device,
+            allow=self.config.bf16_heads and head is not None,
+        )
         if request.cut == RAW:
             schema, per_sample = raw_schema(), 0
         else:
@@ -106,11 +114,15 @@ class SessionOpener:
             per_sample = sample_bytes(shape, request.wire_dtype)
         try:
             memory = self._memory(request, transforms, graph, lease, per_sample)
+            if dtype != torch.float32 and head is not None:
+                # Autocast casts the weights for each forward: a bf16 copy alive per batch.
+                memory = dataclasses.replace(memory, fixed=memory.fixed + tensor_bytes(head) // 2)
         except BaseException:
             if lease is not None:
                 self.heads.release(lease)
             raise
         info = self._info(request, freeze, num_cuts, shape, per_sample, memory, head)
+        info = info.model_copy(update={"head_dtype": str(dtype).removeprefix("torch.")})
         session = Session(
             id=info.session,
             request=request,
@@ -119,6 +131,7 @@ class SessionOpener:
             head=head,
             transforms=transforms,
             device=self.heads.device,
+            head_dtype=dtype,
             batch_size=self.config.batch_size,
             last_used=self._clock(),
             read_ahead=self.read_ahead,

@@ -25,6 +25,7 @@ from hapi.data import ObjectStore
 from hapi.data.samples import Sample, load_one
 from hapi.errors import InvalidCut, shorten
 from hapi.graph import INPUT
+from hapi.graph.precision import running_in
 from hapi.plan import head_segments, time_segments
 from hapi.plan.profiles import ProfileKey
 from hapi.server.chunks.session import Session
@@ -111,7 +112,8 @@ class Profiler:
             head=_digest(self.heads.head_key(loaded, last) if last else loaded.key),
             input_shape=loaded.graph.input_shape,
             transforms=session.request.transforms,
-            device=str(self.heads.device),
+            # A bf16 head is another head to time: `cpu/bfloat16` keeps it apart.
+            device=_device_key(self.heads.device, session.head_dtype),
         )
         batch = min(request.batch_size or BATCH, session.batch_size)
         cache_key = _digest(f"{key}|{session.info.wire_dtype}|{last}|{batch}")
@@ -158,7 +160,8 @@ class Profiler:
             ran = min(batch, grant.batch)
             decode_s, tensors = self._decode(session, request, blobs, ran)
             x = torch.stack([tensors[i % len(tensors)] for i in range(ran)])
-            head_s = self._head_times(loaded, last, x.to(self.heads.device))
+            with running_in(session.head_dtype, self.heads.device):
+                head_s = self._head_times(loaded, last, x.to(self.heads.device))
         graph = loaded.graph
         key_bytes = statistics.mean(len(k.encode()) for k in request.keys) + _ROW_OVERHEAD
         shapes = [graph.input_shape, *(graph.cut_point(k).shape for k in range(1, last + 1))]
@@ -313,6 +316,13 @@ def _last_cut(cuts: list[int] | None, freeze: int, num_cuts: int) -> int:
                 "freeze point); leave cuts out to profile them all"
             )
     return max(cuts)
+
+
+def _device_key(device: torch.device, dtype: torch.dtype) -> str:
+    """The device a profile's key names: `cpu`, or `cpu/bfloat16` for bf16 heads."""
+    if dtype == torch.float32:
+        return str(device)
+    return f"{device}/{str(dtype).removeprefix('torch.')}"
 
 
 def _digest(text: str) -> str:

@@ -81,6 +81,11 @@ class SessionInfo(_Reply):
     threads: int = Field(
         default=0, ge=0, description="The server's torch intra-op threads; 0 from an older server."
     )
+    head_dtype: str = Field(
+        default="",
+        description="The dtype the session's head computes in (float32, bfloat16: "
+        "`hapi.graph.precision`); empty from an older server.",
+    )
 
 
 class HasHeadReply(_Reply):

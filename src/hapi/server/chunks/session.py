@@ -25,6 +25,7 @@ from hapi.data.samples import (
 from hapi.data.shards.blob import Blob
 from hapi.errors import InvalidRequest, OverBudget, shorten
 from hapi.graph import RAW
+from hapi.graph.precision import running_in
 from hapi.server.chunks._batches import WIRE_BATCH_BYTES, Sent, Wire, encode, samples_per_batch
 from hapi.server.chunks._counters import SessionCounters, TimedReads
 from hapi.server.chunks._outbox import Outbox
@@ -88,6 +89,8 @@ class Session:
     stats: SessionCounters = field(default_factory=SessionCounters)
     features: FeatureTier = NO_FEATURE_CACHE
     """The server's feature cache: chunks send its hits and offer it their misses."""
+    head_dtype: torch.dtype = torch.float32
+    """What the head computes in (`hapi.graph.precision`)."""
 
     def run_chunk(self, ticket: ChunkTicket, store: ObjectStore) -> Outbox[Wire]:
         """Start reading, decoding, transforming and running the head over a chunk, now;
@@ -342,13 +345,18 @@ class Session:
         x = torch.stack([s.tensor for s in samples]).to(self.device)
         if self.head is not None:
             # Shared with other heads, exclusive of tracing (see `hapi._fx_lock`).
-            with TRACING.shared(), torch.inference_mode():
+            with (
+                TRACING.shared(),
+                torch.inference_mode(),
+                running_in(self.head_dtype, self.device),
+            ):
                 if self.request.exact:
                     # Per sample: kernels' results depend on the batch size, and the trainer
                     # computes local features per sample too (`TransferJob(exact=True)`).
                     x = torch.cat([self.head(x[i : i + 1]) for i in range(len(x))])
                 else:
                     x = self.head(x)
+            x = x.float()  # the wire's codecs take fp32 (a no-op unless the head ran bf16)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.stats.add(head_s=time.perf_counter() - t0)
