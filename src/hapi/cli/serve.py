@@ -116,6 +116,7 @@ def serve(
     bf16_heads: bool = _BF16_HEADS,
 ) -> None:
     """Serve features computed next to the data over Arrow Flight, until Ctrl-C."""
+    given = dict(locals())  # the options, by ServerConfig's names but for two
     from hapi.cli._stores import store_options
     from hapi.server.memory.budget import bound_allocator
 
@@ -124,30 +125,9 @@ def serve(
 
     _warn_token_in_process_list(token)
     config = ServerConfig(
-        store=store,
-        store_options=store_options(endpoint),
-        host=host,
-        port=port,
-        egress_limit=egress_limit,
-        batch_size=batch_size,
-        device=device,
-        threads=threads,
-        memory_budget=memory_budget,
-        compute_slots=compute_slots,
-        max_head_bytes=max_head_bytes,
-        token=token,
-        tenants=tenants,
-        tls_cert=tls_cert,
-        tls_key=tls_key,
-        tls_client_ca=tls_client_ca,
-        insecure=insecure,
-        metrics_port=metrics_port,
-        metrics_host=metrics_host,
-        repo=repo,
-        local_prefixes=tuple(local_prefix or ()),
-        feature_cache=feature_cache,
-        feature_cache_size=feature_cache_size,
-        bf16_heads=bf16_heads,
+        store_options=store_options(given.pop("endpoint")),
+        local_prefixes=tuple(given.pop("local_prefix") or ()),
+        **given,
     )
     _check_store_and_repo(config)
     _serve_until_stopped(config)
