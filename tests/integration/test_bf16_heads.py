@@ -1,6 +1,6 @@
-"""Heads of sessions whose features cross as bf16 or fp8 compute in bf16 where the
-CPU has bf16 kernels: the session says so, the features stay within bf16's rounding of the
-fp32 head's, and `bf16_heads=False` keeps every head in fp32."""
+"""A job that allows it (`head_dtype="bf16"`) has its heads computed in bf16 where the CPU
+has bf16 kernels: the session says so, the features stay within a few percent of the fp32
+head's, and `bf16_heads=False` keeps every head in fp32."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from hapi.client import FeatureLoader, connect
+from hapi.client import FeatureLoader, TransferJob, connect
 from hapi.data import Transforms, open_store, synth_dataset
+from hapi.errors import InvalidRequest
 from hapi.graph.precision import bf16_native, head_dtype
 from hapi.server import HapiServer, serve
 from hapi.wire import SessionRequest
@@ -32,7 +33,7 @@ def server(root: str) -> Iterator[HapiServer]:
         yield running
 
 
-def _features(server: HapiServer, wire_dtype: str) -> tuple[str, dict[str, torch.Tensor]]:
+def _features(server: HapiServer, asked: str) -> tuple[str, dict[str, torch.Tensor]]:
     """The session's head dtype, and each key's features at ResNet-18's layer3."""
     request = SessionRequest(
         model={"name": "resnet18"},
@@ -40,7 +41,7 @@ def _features(server: HapiServer, wire_dtype: str) -> tuple[str, dict[str, torch
         freeze=10,
         transforms=Transforms.eval(SIZE).to_dict(),
         image_size=SIZE,
-        wire_dtype=wire_dtype,
+        head_dtype=asked,
     )
     with connect(server.address) as conn:
         info = conn.open_session(request)
@@ -63,9 +64,9 @@ def test_a_bf16_session_computes_its_head_in_bf16_within_its_rounding(
     assert fp32.keys() == bf16.keys()
     scale = max(f.abs().max().item() for f in fp32.values())
     worst = max((fp32[k] - bf16[k]).abs().max().item() for k in fp32)
-    # bf16 keeps 8 significant bits (2^-9 relative); layers in bf16 compound it: 0.8%
-    # of the largest value measured.
-    assert 0 < worst < 0.02 * scale
+    # bf16 keeps 8 significant bits (2^-9 relative); layers in bf16 compound it: 0.5% of
+    # the largest value measured for ResNet-18 (`benchmarks/heads.py`).
+    assert (0 < worst < 0.02 * scale) if NATIVE else worst < 1e-4 * scale
 
 
 def test_a_server_may_keep_every_head_in_fp32(root: str) -> None:
@@ -74,13 +75,24 @@ def test_a_server_may_keep_every_head_in_fp32(root: str) -> None:
     assert dtype == "float32"
 
 
-def test_the_rule_takes_bf16_only_where_nothing_finer_was_asked() -> None:
+def test_the_rule_takes_bf16_only_where_the_job_allows_it() -> None:
     cpu = torch.device("cpu")
     bf16 = torch.bfloat16 if NATIVE else torch.float32
     assert head_dtype("bf16", exact=False, device=cpu) == bf16
-    assert head_dtype("fp8", exact=False, device=cpu) == bf16
-    assert head_dtype("fp16", exact=False, device=cpu) == torch.float32  # finer than bf16
-    assert head_dtype("int8", exact=False, device=cpu) == torch.float32  # range / 510
     assert head_dtype("fp32", exact=False, device=cpu) == torch.float32
     assert head_dtype("bf16", exact=True, device=cpu) == torch.float32
     assert head_dtype("bf16", exact=False, device=cpu, allow=False) == torch.float32
+
+
+def test_a_job_allows_bf16_heads_and_exact_refuses_them(server: HapiServer) -> None:
+    options: dict[str, object] = {"freeze": "layer3", "cut": None, "image_size": SIZE}
+    model = {"name": "resnet18", "num_classes": 2}
+    with pytest.raises(InvalidRequest, match="exact=True refuses head_dtype='bf16'"):
+        TransferJob(model, "train", server.address, exact=True, head_dtype="bf16", **options)
+    job = TransferJob(model, "train", server.address, head_dtype="bf16", seed=1, **options)
+    job.fit(1, lr=0.01)
+    reference = TransferJob(model, "train", server.address, seed=1, **options)
+    reference.fit(1, lr=0.01)
+    assert job.history.epochs[0].samples == 12
+    first, expected = job.history.losses[0], reference.history.losses[0]
+    assert abs(first - expected) < 0.05 * expected  # the first step, before training drifts

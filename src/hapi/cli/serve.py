@@ -79,8 +79,8 @@ _FEATURE_CACHE_SIZE = typer.Option(
 )
 _BF16_HEADS = typer.Option(
     True,
-    help="Run heads whose features cross as bf16 or fp8 in bf16 where the device has "
-    "bf16 kernels (--no-bf16-heads: every head in fp32).",
+    help="Run the heads of jobs that allow it (head_dtype='bf16') in bf16 where the device "
+    "has bf16 kernels (--no-bf16-heads: every head in fp32).",
 )
 _LOCAL_PREFIX = typer.Option(
     None,

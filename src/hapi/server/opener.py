@@ -102,7 +102,7 @@ class SessionOpener:
             num_cuts = graph.num_cuts
         head = lease.module if lease is not None else None
         dtype = head_dtype(
-            request.wire_dtype,
+            request.head_dtype,
             exact=request.exact,
             device=self.heads.device,
             allow=self.config.bf16_heads and head is not None,

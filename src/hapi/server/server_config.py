@@ -56,9 +56,9 @@ class ServerConfig:
     """Address of the metrics endpoint; the metrics name tenants and sessions, so keep it
     on loopback or a private network."""
     bf16_heads: bool = True
-    """Run the heads of sessions whose features cross as bf16 or fp8 in bf16 where the
-    device has bf16 kernels (`hapi.graph.precision`): 3x faster on an AMX CPU, about as
-    fine as the features the job asked for. False: every head in fp32."""
+    """Run the heads of sessions that allow it (`head_dtype="bf16"`) in bf16 where the
+    device has bf16 kernels (`hapi.graph.precision`): 2x faster on an AMX CPU. False:
+    every head in fp32."""
     idle_heads: int = 4
     """Heads no open session uses that stay loaded for the next session (each job opens
     one per epoch); older ones are dropped to bound the server's memory."""

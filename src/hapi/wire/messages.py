@@ -130,6 +130,11 @@ class SessionRequest(_Request):
         description="Arrow IPC buffer compression of the feature stream (lossless). Sent "
         "only when not none, so a server older than it still opens the session.",
     )
+    head_dtype: Literal["fp32", "bf16"] = Field(
+        default="fp32",
+        description="bf16: the job allows the head to compute in bf16 where the server's "
+        "device has bf16 kernels (`hapi.graph.precision`). Sent only when bf16.",
+    )
 
     @model_validator(mode="after")
     def _exact_is_lossless(self) -> SessionRequest:
@@ -139,12 +144,17 @@ class SessionRequest(_Request):
                 "send fp32 "
                 "(compression zstd or lz4 is lossless), or drop exact"
             )
+        if self.exact and self.head_dtype != "fp32":
+            raise ValueError("exact=True keeps features bit for bit: a bf16 head rounds them")
         return self
 
     def to_bytes(self) -> bytes:
-        """The message as compact JSON bytes (without `compression` when none)."""
-        exclude = {"compression"} if self.compression == "none" else None
-        return self.model_dump_json(exclude=exclude).encode()
+        """The message as compact JSON bytes (without `compression` when none, nor
+        `head_dtype` when fp32: a server older than them still opens the session)."""
+        exclude = {"compression"} if self.compression == "none" else set()
+        if self.head_dtype == "fp32":
+            exclude.add("head_dtype")
+        return self.model_dump_json(exclude=exclude or None).encode()
 
 
 class HasHeadRequest(_Request):

@@ -226,6 +226,7 @@ class JobOptions(TypedDict, total=False):
     wire_compression: Compression | Literal["auto"]
     lossy_wire: bool
     exact: bool
+    head_dtype: Literal["fp32", "bf16"]
     chunk_size: int
     prefetch: int
     retry_budget_s: float

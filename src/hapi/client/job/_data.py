@@ -151,6 +151,7 @@ class JobData:
             seed=config.training.seed,
             on_error=config.fetch.on_error,
             exact=wire.exact,
+            head_dtype=wire.head_dtype,
         )
 
     def trainer_cache(
@@ -169,7 +170,8 @@ class JobData:
             # Once: the head is frozen, and hashing a large one's weights takes a while.
             self._head_digest = head_content_digest(model.graph.head(model.freeze))
         space = loop_space(
-            self._head_digest,
+            # A bf16 head's features are another space's: never served to an fp32 job.
+            self._head_digest + ("/bf16" if config.wire.head_dtype == "bf16" else ""),
             model.freeze,
             transforms,
             wire_dtype=dtype,

@@ -10,7 +10,7 @@ and uploaded here, on first use of its cut (`UploadedHeads`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from hapi.client.job.export import UploadedHeads
 from hapi.client.planning.codec_choice import Codec
@@ -48,6 +48,7 @@ class SessionRequests:
     seed: int
     on_error: OnError
     exact: bool
+    head_dtype: Literal["fp32", "bf16"] = "fp32"
 
     def __call__(self, cut: int) -> SessionRequest:
         """The request of a session at `cut`.
@@ -70,4 +71,5 @@ class SessionRequests:
             on_error=self.on_error,
             exact=self.exact,
             compression=compression if cut != RAW else "none",
+            head_dtype=self.head_dtype,
         )

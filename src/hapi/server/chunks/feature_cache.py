@@ -114,8 +114,9 @@ class ServerFeatureCache:
                 return None
         transforms = session.transforms
         return FeatureSpace(
-            # Kernels differ between devices: exact features are exact on one kind only.
-            head=f"{head}@{session.device.type}",
+            # Kernels differ between devices: exact features are exact on one kind only;
+            # a bf16 head's features are another head's.
+            head=f"{head}@{session.device.type}" + _precision(session),
             cut=request.cut,
             transforms=transforms.to_dict(),
             wire_dtype=request.wire_dtype,
@@ -347,3 +348,9 @@ def _runs(flags: Sequence[bool]) -> list[tuple[int, int, bool]]:
             runs.append((start, i, flags[start]))
             start = i
     return runs
+
+
+def _precision(session: ChunkSession) -> str:
+    """`/bfloat16` for a session whose head runs in bf16; empty for fp32."""
+    dtype = session.head_dtype
+    return "" if dtype == torch.float32 else f"/{str(dtype).removeprefix('torch.')}"

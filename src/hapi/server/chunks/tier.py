@@ -46,6 +46,7 @@ class ChunkSession(Protocol):
     head: nn.Module | None
     transforms: Transforms
     device: torch.device
+    head_dtype: torch.dtype
     stats: SessionCounters
 
 
