@@ -13,6 +13,8 @@ from hapi._lazy import lazy_exports
 __all__ = [
     "INPUT",
     "RAW",
+    "FeatureDataLoader",
+    "FeatureDataset",
     "HapiError",
     "ModelRepo",
     "ModelSpec",
@@ -37,11 +39,13 @@ _WHERE = {
     "serve": "hapi.server",
     "Transforms": "hapi.data",
     "TransferJob": "hapi.client",
+    "FeatureDataset": "hapi.client",
+    "FeatureDataLoader": "hapi.client",
     "connect": "hapi.client",
 }
 
 if TYPE_CHECKING:
-    from hapi.client import TransferJob, connect
+    from hapi.client import FeatureDataLoader, FeatureDataset, TransferJob, connect
     from hapi.data import Transforms
     from hapi.errors import HapiError
     from hapi.graph import INPUT, RAW, ModelSpec

@@ -51,15 +51,24 @@ def _per_epoch(ranks: list[dict[str, Any]], checkpoint_step: int) -> dict[int, C
     return epochs
 
 
+@pytest.mark.parametrize(
+    ("workers", "steps", "checkpoint"),
+    [
+        (0, 10, 6),  # 5 batches an epoch: step 6 is one batch into epoch 2
+        (2, 12, 9),  # 3 a worker: step 9 is three batches into epoch 2, two of worker 0's
+    ],
+)
 def test_a_trainer_fits_and_resumes_a_checkpoint_from_mid_epoch(
-    server: HapiServer, tmp_path: Path
+    server: HapiServer, tmp_path: Path, workers: int, steps: int, checkpoint: int
 ) -> None:
-    # 5 batches an epoch: a checkpoint at step 6 is one batch into epoch 2; stop at 7.
-    seen = fit(server.address, tmp_path, devices=1, stop_step=7, every=3)
-    assert [t[1] for t in seen["phase1"]] == list(range(7))
+    seen = fit(
+        server.address, tmp_path, devices=1, stop_step=checkpoint + 1, every=3, workers=workers
+    )
+    assert [t[1] for t in seen["phase1"]] == list(range(checkpoint + 1))
     names = _names(server)
-    assert _per_epoch([seen], 6) == {0: names, 1: names}  # each key once an epoch
-    assert [t[1] for t in seen["phase2"]] == list(range(6, 10))  # it went on, not over
+    assert _per_epoch([seen], checkpoint) == {0: names, 1: names}  # each key once an epoch
+    # It went on from the checkpoint, not over.
+    assert [t[1] for t in seen["phase2"]] == list(range(checkpoint, steps))
     # hapi's figures of each epoch went to the Trainer's logger.
     with open(Path(seen["log_dir"]) / "metrics.csv") as f:
         rows = [r for r in csv.DictReader(f) if r.get("hapi/bytes_received")]
