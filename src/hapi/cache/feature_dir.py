@@ -17,7 +17,6 @@ import os
 import shutil
 import threading
 import uuid
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ import torch
 
 from hapi._cache_home import cache_home
 from hapi.cache._index import INDEX_SUFFIX, RECORD
+from hapi.cache._memory_tier import MemoryTier
 from hapi.cache._segments import SEGMENT_SUFFIX, SpaceSegments
 from hapi.cache.space import FeatureSpace
 from hapi.errors import InvalidRequest
@@ -108,8 +108,7 @@ class FeatureCache:
         self.write_error: str | None = None
         """Why writing is off (the first write the directory refused), or None."""
         self._lock = threading.Lock()
-        self._memory: OrderedDict[tuple[str, str], torch.Tensor] = OrderedDict()
-        self._memory_held = 0
+        self._memory = MemoryTier(memory_bytes)
         self._counted = False
         self._described: set[str] = set()
         self._spaces: dict[str, SpaceSegments] = {}
@@ -146,34 +145,41 @@ class FeatureCache:
 
     def get_many(self, space: FeatureSpace, names: Sequence[str]) -> list[torch.Tensor | None]:
         """Each entry's tensor, or None for a miss (absent, evicted, or corrupt)."""
-        sid = space.id
         out: list[torch.Tensor | None] = [None] * len(names)
-        rest = []
+        found, rows = self.get_batch(space, names)
+        if rows is not None:
+            for i, row in zip(found, rows.unbind(0), strict=True):
+                out[i] = row
+        return out
+
+    def get_batch(
+        self, space: FeatureSpace, names: Sequence[str]
+    ) -> tuple[list[int], torch.Tensor | None]:
+        """The places in `names` of the entries found, in order, and their tensors stacked
+        in that order (None when none is): no tensor a sample, for a chunk of hits."""
+        sid = space.id
         with self._lock:
-            if not self._memory:
-                rest = list(range(len(names)))
-            for i, name in enumerate(names if self._memory else ()):
-                tensor = self._memory.get((sid, name))
-                if tensor is None:
-                    rest.append(i)
-                else:
-                    self._memory.move_to_end((sid, name))
-                    out[i] = tensor
-            self.stats.memory_hits += len(names) - len(rest)
+            held, rows = self._memory.get_batch(sid, names) if self._memory else ([], None)
+            self.stats.memory_hits += len(held)
+        taken = set(held)
+        rest = [i for i in range(len(names)) if i not in taken]
+        read_at: list[int] = []
+        read_rows: list[torch.Tensor] = []
         if rest:
             read, corrupt = self._space(sid).read([names[i] for i in rest])
             with self._lock:
                 self.stats.corrupt += corrupt
                 for i, tensor in zip(rest, read, strict=True):
                     if tensor is not None:
-                        out[i] = tensor
+                        read_at.append(i)
+                        read_rows.append(tensor)
                         if self.memory_bytes:
                             self._remember(sid, names[i], tensor)
-        found = sum(t is not None for t in out)
+        found, batch = _together(held, rows, read_at, read_rows)
         with self._lock:
-            self.stats.hits += found
-            self.stats.misses += len(names) - found
-        return out
+            self.stats.hits += len(found)
+            self.stats.misses += len(names) - len(found)
+        return found, batch
 
     def get(self, space: FeatureSpace, name: str) -> torch.Tensor | None:
         """The entry's tensor, or None for a miss."""
@@ -213,15 +219,16 @@ class FeatureCache:
 
     def contains(self, space: FeatureSpace, name: str) -> bool:
         """Whether an entry exists (not checked: `get` checks)."""
-        if (space.id, name) in self._memory:
-            return True
+        with self._lock:
+            if self._memory.contains(space.id, name):
+                return True
         return bool(self._space(space.id).find([name])[0])
 
     def contains_all(self, space: FeatureSpace, names: Sequence[str]) -> bool:
         """Whether every one of the entries exists (not checked: `get` checks), looked up
         together: a million names take about a second, not one lookup each."""
         with self._lock:
-            rest = [n for n in names if (space.id, n) not in self._memory]
+            rest = [n for n in names if not self._memory.contains(space.id, n)]
         return not rest or bool(self._space(space.id).find(rest).all())
 
     def usage(self) -> list[SpaceUsage]:
@@ -261,7 +268,6 @@ class FeatureCache:
                 shutil.rmtree(self.root / old, ignore_errors=True)
         with self._lock:
             self._memory.clear()
-            self._memory_held = 0
             self._counted = False
             self._described.clear()
         return freed
@@ -332,16 +338,9 @@ class FeatureCache:
             self.stats.bytes_held = held
 
     def _remember(self, sid: str, name: str, tensor: torch.Tensor) -> None:
-        """Keep a decoded entry in memory (under the lock)."""
-        size = _nbytes(tensor)
-        if size > self.memory_bytes or (sid, name) in self._memory:
-            return
-        # A copy: the row may be a view of its whole batch, which it would keep alive.
-        self._memory[(sid, name)] = tensor.clone()
-        self._memory_held += size
-        while self._memory_held > self.memory_bytes:
-            _, old = self._memory.popitem(last=False)
-            self._memory_held -= _nbytes(old)
+        """Keep a decoded entry in memory (under the lock): copied into the tier's slabs,
+        so a row that is a view of its whole batch does not keep the batch alive."""
+        self._memory.put(sid, name, tensor)
 
     def _space_dir(self, sid: str) -> Path:
         return self.root / _VERSION_DIR / sid
@@ -360,5 +359,17 @@ def _files(directory: Path, depth: int = 1) -> list[tuple[Path, int, float]]:
     return found
 
 
-def _nbytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
+def _together(
+    held: list[int], rows: torch.Tensor | None, read_at: list[int], read: list[torch.Tensor]
+) -> tuple[list[int], torch.Tensor | None]:
+    """Memory's and the disk's hits as one batch in the names' order."""
+    if not read:
+        return held, rows
+    stacked = torch.stack(read)
+    if rows is None:
+        return read_at, stacked
+    places = held + read_at
+    order = sorted(range(len(places)), key=places.__getitem__)
+    return [places[j] for j in order], torch.cat([rows, stacked]).index_select(
+        0, torch.tensor(order)
+    )

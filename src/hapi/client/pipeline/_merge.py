@@ -49,8 +49,20 @@ class ChunkMerge:
     def add(self, keys: Sequence[str], features: torch.Tensor | Sequence[torch.Tensor]) -> None:
         """Samples in (one row of `features` per key); hand on what the order allows."""
         with self._lock:
-            for key, row in zip(keys, features, strict=True):
-                self._ready[key] = row
+            start = self._next
+            if (
+                isinstance(features, torch.Tensor)
+                and not self._ready
+                and list(keys) == self.order[start : start + len(keys)]
+                and not self._gone.intersection(keys)
+            ):
+                # The next samples in order, as one batch (a chunk all from the cache, or
+                # a server's piece): handed on whole, not a tensor a row.
+                self._next += len(keys)
+                self._emit(list(keys), features)
+            else:
+                for key, row in zip(keys, features, strict=True):
+                    self._ready[key] = row
             self._flush()
 
     def skip(self, keys: Sequence[str]) -> None:
@@ -80,5 +92,8 @@ class ChunkMerge:
             rows.append(row)
             self._next += 1
         if keys:
-            labels = torch.tensor([self.labels[k] for k in keys], dtype=torch.int64)
-            self.emit(Piece(self.chunk, self.cut, keys, labels, torch.stack(rows)))
+            self._emit(keys, torch.stack(rows))
+
+    def _emit(self, keys: list[str], features: torch.Tensor) -> None:
+        labels = torch.tensor([self.labels[k] for k in keys], dtype=torch.int64)
+        self.emit(Piece(self.chunk, self.cut, keys, labels, features))

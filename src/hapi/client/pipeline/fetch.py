@@ -412,15 +412,15 @@ class Fetcher:
                     raise Stopped
         flow.after = []
         flow.merge = ChunkMerge(flow.index, cache.cut, flow.keys, flow.labels, flow.queue.put)
-        hits = cache.lookup(self.epoch, flow.keys)
-        if not hits:
+        hits, rows = cache.lookup(self.epoch, flow.keys)
+        if rows is None:
             return
         for key in hits:
             del flow.remaining[key]
         flow.hits = len(hits)
         self.context.servers.release(flow.member, len(hits))
         flow.held -= len(hits)
-        flow.merge.add(list(hits), list(hits.values()))
+        flow.merge.add(hits, rows)
 
     def _cache_in(self, flow: Flow, piece: Piece) -> None:
         """A computed piece into the cache and on in order, at the freeze point; in the

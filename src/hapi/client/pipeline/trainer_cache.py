@@ -107,13 +107,14 @@ class TrainerCache:
         view = self.transforms.view(epoch)
         return view is not None and view == self.transforms.view(later)
 
-    def lookup(self, epoch: int, keys: Sequence[str]) -> dict[str, torch.Tensor]:
-        """The epoch's entries of `keys` that are cached."""
+    def lookup(self, epoch: int, keys: Sequence[str]) -> tuple[list[str], torch.Tensor | None]:
+        """The epoch's cached entries of `keys`: their keys in order, and their features
+        stacked in that order (None when none is cached)."""
         names = self._names(epoch, keys)
         if names is None:
-            return {}
-        found = self.cache.get_many(self.space, names)
-        return {k: t for k, t in zip(keys, found, strict=True) if t is not None}
+            return [], None
+        found, rows = self.cache.get_batch(self.space, names)
+        return [keys[i] for i in found], rows
 
     def holds(self, epoch: int, keys: Sequence[str]) -> bool:
         """Whether every one of `keys` has an entry for `epoch` (not read: a corrupt or

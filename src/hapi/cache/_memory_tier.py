@@ -1,0 +1,114 @@
+"""The feature cache's memory tier: entries packed into slabs, about 115 bytes each beside
+their payload.
+
+A tensor a cached entry held cost its payload and about 700 bytes more - a tensor object,
+its storage, an ordered dict's node and a tuple key - which the budget did not count. Here
+the entries of one space and shape are rows of one slab, found by name in a dict. A slab
+is allocated at the budget's size but costs memory only as its rows are written (the
+kernel commits a large allocation's pages when they are first touched), so growing it
+copies nothing; the rows written, over every slab, stay within the budget. When the budget
+is spent a slab overwrites its oldest rows first (first in, first out: for an epoch that
+scans more than the tier holds, as LRU would).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["MemoryTier"]
+
+
+@dataclass(eq=False)
+class _Slab:
+    """Rows of one (space, shape, dtype): `used` of them written; a ring once the budget
+    allows no more."""
+
+    rows: torch.Tensor
+    names: list[str | None] = field(default_factory=list)
+    """The name in each written row, to forget a row's entry when it is overwritten."""
+    where: dict[str, int] = field(default_factory=dict)
+    next: int = 0
+    """The row the next entry goes to (the oldest, once the slab wraps)."""
+
+
+class MemoryTier:
+    """Entries kept in memory within `budget` bytes of payload (not thread-safe: the
+    cache calls it under its lock)."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._slabs: dict[tuple[str, tuple[int, ...], torch.dtype], _Slab] = {}
+        self._by_space: dict[str, list[_Slab]] = {}
+        self._held = 0
+
+    def __bool__(self) -> bool:
+        return self._held > 0
+
+    @property
+    def held(self) -> int:
+        """Bytes of the rows written."""
+        return self._held
+
+    def get_batch(self, sid: str, names: Sequence[str]) -> tuple[list[int], torch.Tensor | None]:
+        """The places in `names` of the entries held, and their rows stacked in that order
+        (copied out together: a later put may overwrite a row). Entries of one space have
+        one shape: they come from one slab."""
+        for slab in self._by_space.get(sid, ()):
+            rows = list(map(slab.where.get, names))
+            found = [i for i, r in enumerate(rows) if r is not None]
+            if found:
+                index = torch.tensor([rows[i] for i in found])
+                return found, slab.rows.index_select(0, index)
+        return [], None
+
+    def contains(self, sid: str, name: str) -> bool:
+        return any(name in slab.where for slab in self._by_space.get(sid, ()))
+
+    def put(self, sid: str, name: str, tensor: torch.Tensor) -> None:
+        """Keep a copy of `tensor` under `name` (nothing if it is held, or cannot fit)."""
+        if self.contains(sid, name):
+            return
+        slab = self._slab(sid, tensor)
+        if slab is None:
+            return
+        row = slab.next
+        if row == len(slab.names):  # a new row, within the budget (`_slab` checked)
+            slab.names.append(name)
+            self._held += tensor.numel() * tensor.element_size()
+        else:
+            old = slab.names[row]
+            if old is not None:
+                del slab.where[old]
+            slab.names[row] = name
+        slab.rows[row].copy_(tensor)
+        slab.where[name] = row
+        slab.next = row + 1
+
+    def clear(self) -> None:
+        self._slabs.clear()
+        self._by_space.clear()
+        self._held = 0
+
+    def _slab(self, sid: str, tensor: torch.Tensor) -> _Slab | None:
+        """The slab `tensor` goes in, its `next` row set: a new row while the budget
+        allows, else its oldest; None when it has no row and the budget none to give."""
+        row_bytes = max(tensor.numel() * tensor.element_size(), 1)
+        key = (sid, tuple(tensor.shape), tensor.dtype)
+        slab = self._slabs.get(key)
+        if slab is None:
+            capacity = self.budget // row_bytes
+            if capacity == 0 or self._held + row_bytes > self.budget:
+                return None
+            # Virtual until written: a large allocation's pages are committed on first use.
+            slab = _Slab(torch.empty((capacity, *tensor.shape), dtype=tensor.dtype))
+            self._slabs[key] = slab
+            self._by_space.setdefault(sid, []).append(slab)
+        room = self._held + row_bytes <= self.budget and len(slab.names) < len(slab.rows)
+        if slab.next >= len(slab.names) and not room:
+            slab.next = 0  # wrap: overwrite the oldest
+        elif slab.next < len(slab.names) and slab.next == 0 and room:
+            slab.next = len(slab.names)  # room again: append before overwriting
+        return slab if (slab.names or room) else None

@@ -1,0 +1,70 @@
+"""The feature cache's memory tier: packed rows within the budget, oldest out first,
+copies handed out."""
+
+from __future__ import annotations
+
+import torch
+
+from hapi.cache._memory_tier import MemoryTier
+
+
+def _get(tier: MemoryTier, sid: str, names: list[str]) -> list[torch.Tensor | None]:
+    """Each name's row, or None."""
+    found, rows = tier.get_batch(sid, names)
+    out: list[torch.Tensor | None] = [None] * len(names)
+    for i, row in zip(found, rows if rows is not None else [], strict=True):
+        out[i] = row
+    return out
+
+
+def _row(value: float, width: int = 8) -> torch.Tensor:
+    return torch.full((width,), value, dtype=torch.float16)
+
+
+def test_entries_come_back_as_copies_and_a_held_name_is_kept_once() -> None:
+    tier = MemoryTier(1 << 20)
+    tier.put("s", "a", _row(1))
+    tier.put("s", "a", _row(9))  # held already: kept as it was
+    (got,) = _get(tier, "s", ["a"])
+    assert got is not None and torch.equal(got, _row(1))
+    got.fill_(5)  # the caller's copy
+    assert torch.equal(_get(tier, "s", ["a"])[0], _row(1))  # type: ignore[arg-type]
+    assert _get(tier, "s", ["b"]) == [None] and _get(tier, "other", ["a"]) == [None]
+
+
+def test_the_budget_bounds_the_rows_and_the_oldest_go_first() -> None:
+    row_bytes = 8 * 2
+    tier = MemoryTier(10 * row_bytes)
+    for i in range(25):
+        tier.put("s", f"k{i}", _row(i))
+    assert tier.held == 10 * row_bytes
+    held = _get(tier, "s", [f"k{i}" for i in range(25)])
+    assert [t is not None for t in held] == [False] * 15 + [True] * 10  # the last ten
+    assert all(torch.equal(t, _row(i + 15)) for i, t in enumerate(held[15:]))  # type: ignore[arg-type]
+
+
+def test_a_copy_handed_out_survives_its_row_being_overwritten() -> None:
+    tier = MemoryTier(2 * 16)
+    tier.put("s", "a", _row(1))
+    (kept,) = _get(tier, "s", ["a"])
+    tier.put("s", "b", _row(2))
+    tier.put("s", "c", _row(3))  # overwrites a's row
+    assert _get(tier, "s", ["a"]) == [None]
+    assert kept is not None and torch.equal(kept, _row(1))
+
+
+def test_spaces_and_shapes_share_one_budget() -> None:
+    tier = MemoryTier(12 * 16)
+    for i in range(8):
+        tier.put("one", f"k{i}", _row(i))
+    for i in range(8):
+        tier.put("two", f"k{i}", _row(i, width=4))  # 8 bytes a row: 8 rows of the 64 left
+    assert tier.held == 8 * 16 + 8 * 8
+    tier.put("three", "x", _row(7))  # 16 bytes: none left for another slab
+    assert _get(tier, "three", ["x"]) == [None]
+    tier.put("two", "k8", _row(8, width=4))  # a slab with rows wraps to its oldest
+    assert _get(tier, "two", ["k0", "k8"])[0] is None
+    got = _get(tier, "one", ["k0", "k7"])
+    assert [t[0].item() for t in got] == [0, 7]  # type: ignore[index]
+    tier.clear()
+    assert not tier and tier.held == 0
