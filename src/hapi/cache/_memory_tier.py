@@ -1,14 +1,11 @@
 """The feature cache's memory tier: entries packed into slabs, about 115 bytes each beside
-their payload.
+their payload (a tensor an entry cost about 700 more, which the budget did not count).
 
-A tensor a cached entry held cost its payload and about 700 bytes more - a tensor object,
-its storage, an ordered dict's node and a tuple key - which the budget did not count. Here
-the entries of one space and shape are rows of one slab, found by name in a dict. A slab
-is allocated at the budget's size but costs memory only as its rows are written (the
-kernel commits a large allocation's pages when they are first touched), so growing it
-copies nothing; the rows written, over every slab, stay within the budget. When the budget
-is spent a slab overwrites its oldest rows first (first in, first out: for an epoch that
-scans more than the tier holds, as LRU would).
+The entries of one space and shape are rows of one slab, found by name in a dict. A slab
+is allocated at the budget's size but costs memory only as its rows are written (a large
+allocation's pages are committed when first touched), so growing it copies nothing. When
+the budget is spent a slab overwrites its oldest rows first (first in, first out: for an
+epoch that scans more than the tier holds, as LRU would).
 """
 
 from __future__ import annotations
