@@ -65,6 +65,8 @@ class _Dicts:
     def __init__(self, loader: FeatureDataLoader) -> None:
         self.loader = loader
         self.dataset = loader.dataset
+        self.skip = 0
+        """Batches of the next epoch trained before a checkpoint: left out, not read."""
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -74,7 +76,11 @@ class _Dicts:
             yield {"features": batch.features, "labels": batch.labels}
 
     def set_epoch(self, epoch: int) -> None:
-        self.loader.set_epoch(epoch)
+        if self.skip:
+            self.loader.resume(epoch, self.skip)
+            self.skip = 0
+        else:
+            self.loader.set_epoch(epoch)
 
 
 class HapiTrainer(_transformers().Trainer):  # type: ignore[misc]
@@ -120,6 +126,14 @@ class HapiTrainer(_transformers().Trainer):  # type: ignore[misc]
         return _Dicts(
             FeatureDataLoader(self.train_dataset, num_workers=self.args.dataloader_num_workers)
         )
+
+    def get_resumed_dataloader(self, dataloader: Any, num_batches: int) -> Any:
+        """Resume mid-epoch from the loader's position: the batches trained before the
+        checkpoint are left out of the epoch's order, not fetched and thrown away."""
+        if not isinstance(dataloader, _Dicts):
+            return super().get_resumed_dataloader(dataloader, num_batches)
+        dataloader.skip = num_batches
+        return dataloader
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset

@@ -61,20 +61,19 @@ class _Losses(TrainerCallback):  # type: ignore[misc]
 
 
 def _args(out: Path, **more: Any) -> TrainingArguments:
-    return TrainingArguments(
-        output_dir=str(out),
-        num_train_epochs=2,
-        per_device_train_batch_size=BATCH,
-        learning_rate=LR,
-        lr_scheduler_type="constant",
-        max_grad_norm=0.0,  # TransferJob clips nothing
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
-        **more,
-    )
+    settings: dict[str, Any] = {
+        "num_train_epochs": 2,
+        "per_device_train_batch_size": BATCH,
+        "learning_rate": LR,
+        "lr_scheduler_type": "constant",
+        "max_grad_norm": 0.0,  # TransferJob clips nothing
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": [],
+        "use_cpu": True,
+        "disable_tqdm": True,
+    }
+    return TrainingArguments(output_dir=str(out), **{**settings, **more})
 
 
 def test_the_trainer_trains_the_tail_as_transfer_job_does(
@@ -119,3 +118,27 @@ def test_dispatching_batches_and_an_old_transformers_are_named_with_the_fix(
     monkeypatch.setitem(sys.modules, "transformers", None)
     with pytest.raises(InvalidRequest, match=r"pip install 'hapi\[hf\]'"):
         hf._transformers()
+
+
+def test_a_checkpoint_taken_mid_epoch_resumes_from_the_loaders_position(
+    server: HapiServer, tmp_path: Path
+) -> None:
+    def trainer(out: Path, **more: Any) -> tuple[HapiTrainer, _Losses]:
+        job = TransferJob(MODEL, "train", server.address, **OPTIONS)
+        losses = _Losses()
+        made = HapiTrainer(job, _args(out, **more), callbacks=[losses])
+        params = [p for p in made.model.parameters() if p.requires_grad]
+        made.optimizer = torch.optim.SGD(params, lr=LR, momentum=0.9)
+        return made, losses
+
+    whole, whole_losses = trainer(tmp_path / "whole")
+    whole.train()
+    # Stopped after step 3 of epoch 1's 4, with a checkpoint there; resumed in a new one.
+    first, _ = trainer(tmp_path / "cut", max_steps=3, save_strategy="steps", save_steps=3)
+    first.train()
+    again, again_losses = trainer(tmp_path / "cut")
+    again.train(resume_from_checkpoint=str(tmp_path / "cut" / "checkpoint-3"))
+    # Steps 4-8 as the run never stopped: the rest of epoch 1 (not its first three
+    # batches again, which the loader left out rather than read), then epoch 2.
+    assert again_losses.losses == pytest.approx(whole_losses.losses[3:], abs=2e-4)
+    assert again.job.history.epochs[0].samples == 4  # epoch 1's last batch only

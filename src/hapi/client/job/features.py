@@ -281,6 +281,19 @@ class FeatureDataLoader(DataLoader[FeatureBatch]):
             self._epoch, self._done = epoch, [0] * self.features.workers
         self._loaded = True
 
+    def resume(self, epoch: int, batches: int) -> None:
+        """Make the next pass epoch `epoch` after its first `batches` batches, as this
+        loader hands them on (its workers' in turn): for trainers that count the batches
+        they trained rather than keep the loader's state, as Hugging Face's does."""
+        left = self.features.worker_batches()
+        done = [0] * len(left)
+        while batches > 0 and any(d < n for d, n in zip(done, left, strict=True)):
+            for w in range(len(left)):
+                if batches and done[w] < left[w]:
+                    done[w] += 1
+                    batches -= 1
+        self.load_state_dict({"epoch": epoch, "batches": done})
+
     def mark(self, batch: FeatureBatch) -> None:
         """Count `batch` as trained (with `count="marked"`)."""
         self._done[batch.worker] += 1
