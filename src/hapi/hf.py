@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from hapi._extras import framework
 from hapi.client import FeatureDataLoader, FeatureDataset, TransferJob
 from hapi.errors import InvalidRequest
 
@@ -28,17 +29,7 @@ MINIMUM = (4, 46)
 
 def _transformers() -> Any:
     """`transformers`, or an error that names the fix."""
-    try:
-        import transformers
-    except ImportError:
-        raise InvalidRequest("hapi.hf needs transformers: pip install 'hapi[hf]'") from None
-    version = tuple(int(p) for p in transformers.__version__.split(".")[:2] if p.isdigit())
-    if version < MINIMUM:
-        raise InvalidRequest(
-            f"hapi.hf needs transformers >= {'.'.join(map(str, MINIMUM))}, found "
-            f"{transformers.__version__}: pip install -U transformers"
-        )
-    return transformers
+    return framework("transformers", minimum=MINIMUM, user="hapi.hf", extra="hf")
 
 
 class HapiTail(nn.Module):

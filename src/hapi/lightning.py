@@ -16,6 +16,7 @@ from typing import Any
 
 from torch import nn
 
+from hapi._extras import framework
 from hapi.client import (
     FeatureBatch,
     FeatureDataLoader,
@@ -26,7 +27,6 @@ from hapi.client import (
 from hapi.client.config.job import JobOptions
 from hapi.client.job.features import merge_figures
 from hapi.client.pipeline.history import EpochStats
-from hapi.errors import InvalidRequest
 from hapi.graph import ModelSpec
 
 __all__ = ["HapiDataModule", "epoch_metrics"]
@@ -37,19 +37,12 @@ MINIMUM = (2, 2)
 
 def _lightning() -> Any:
     """`lightning.pytorch`, or an error that names the fix."""
-    try:
-        import lightning
-        import lightning.pytorch as pl
-    except ImportError:
-        raise InvalidRequest(
-            "hapi.lightning needs PyTorch Lightning: pip install 'hapi[lightning]'"
-        ) from None
-    version = tuple(int(p) for p in lightning.__version__.split(".")[:2] if p.isdigit())
-    if version < MINIMUM:
-        raise InvalidRequest(
-            f"hapi.lightning needs lightning >= {'.'.join(map(str, MINIMUM))} (it saves "
-            f"stateful dataloaders), found {lightning.__version__}: pip install -U lightning"
-        )
+    framework(
+        "lightning", minimum=MINIMUM, user="hapi.lightning", extra="lightning",
+        why=" (it saves stateful dataloaders)",
+    )  # fmt: skip
+    import lightning.pytorch as pl
+
     return pl
 
 

@@ -20,8 +20,8 @@ __all__ = ["MemoryTier"]
 
 @dataclass(eq=False)
 class _Slab:
-    """Rows of one (space, shape, dtype): `used` of them written; a ring once the budget
-    allows no more."""
+    """Rows of one (space, shape, dtype), the first `len(names)` written; a ring once
+    the budget allows no more."""
 
     rows: torch.Tensor
     names: list[str | None] = field(default_factory=list)
@@ -105,7 +105,5 @@ class MemoryTier:
             self._by_space.setdefault(sid, []).append(slab)
         room = self._held + row_bytes <= self.budget and len(slab.names) < len(slab.rows)
         if slab.next >= len(slab.names) and not room:
-            slab.next = 0  # wrap: overwrite the oldest
-        elif slab.next < len(slab.names) and slab.next == 0 and room:
-            slab.next = len(slab.names)  # room again: append before overwriting
+            slab.next = 0  # wrap: overwrite the oldest (the budget is never given back)
         return slab if (slab.names or room) else None
