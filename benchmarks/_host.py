@@ -69,10 +69,11 @@ def serving(proc: subprocess.Popen[bytes], address: str, timeout_s: float = 60.0
 
 
 class PinnedServer:
-    """`hapi serve --threads 1` on a local store, pinned to core 0 with one OpenMP thread,
-    waited for until it answers; end it with `end(server.proc)`."""
+    """`hapi serve --threads 1` on a store (a local one, or a bucket with `env`), pinned to
+    core 0 with one OpenMP thread, waited for until it answers; end it with
+    `end(server.proc)`."""
 
-    def __init__(self, store: Path) -> None:
+    def __init__(self, store: Path | str, env: dict[str, str] | None = None) -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from tests.seaweed import free_port
 
@@ -80,7 +81,8 @@ class PinnedServer:
         self.address = f"grpc://127.0.0.1:{port}"
         cmd = [*taskset(0), sys.executable, "-m", "hapi.cli", "serve", "--store", str(store)]
         cmd += ["--port", str(port), "--threads", "1"]
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        # `env`: a store's own (an S3 endpoint and its keys).
+        env = {**os.environ, **(env or {}), "OMP_NUM_THREADS": "1"}
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
         )

@@ -6,7 +6,10 @@ each. The model is a user's own small CNN whose frozen head gives 512 features a
 (fp16 on the wire), so what is timed is hapi's own cost per sample, not a network's:
 deterministic transforms (`augment=False`), cut at the freeze point, the trainer's cache on.
 
-For each N, job A (a new process) trains two epochs: the server computes every head in
+Three layouts (`--layouts`): `folder`, the JPEGs as files of a local directory;
+`shards`, the same as WebDataset `.tar` shards of 64 MB in a local directory; `s3`, the
+JPEGs as single objects in SeaweedFS (on loopback, on the server's core). For each layout
+and N, job A (a new process) trains two epochs: the server computes every head in
 the first, the second comes from the trainer's cache (its memory tier where it fits). Then
 job B, a new process started after the cache's files are evicted from the page cache,
 trains one epoch from the cache on disk. Measured for each:
@@ -26,6 +29,7 @@ trains one epoch from the cache on disk. Measured for each:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -38,6 +42,7 @@ import sys
 import tempfile
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +53,9 @@ from _results import write_section  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "out"
 SIZES = (1_000, 10_000, 100_000)
+LAYOUTS = ("folder", "shards", "s3")
 CLASSES, SIDE, WIDTH, BATCH = 10, 32, 512, 256
+SHARD_BYTES = 64 << 20
 
 
 def make_store(root: Path, n: int) -> None:
@@ -66,6 +73,42 @@ def make_store(root: Path, n: int) -> None:
         (root / "train" / f"c{c}").mkdir(parents=True, exist_ok=True)
     for i in range(n):
         (root / "train" / f"c{i % CLASSES}" / f"{i:08d}.jpg").write_bytes(blobs[i % 100])
+
+
+@contextlib.contextmanager
+def stored(layout: str, root: Path, n: int) -> Iterator[tuple[str, dict[str, str]]]:
+    """`n` tiny JPEGs as `train/` in `layout` under `root`: the `--store` a server reads
+    and the environment it needs (an S3 endpoint and keys)."""
+    if layout == "folder":
+        make_store(root / "store", n)
+        yield str(root / "store"), {}
+        return
+    make_store(root / "src", n)
+    from hapi.data import import_folder, open_store
+    from hapi.data.shard_writer import import_shards
+
+    if layout == "shards":
+        store = open_store(root / "store")
+        import_shards(root / "src" / "train", store, "train", format="webdataset",
+                      shard_size=SHARD_BYTES)  # fmt: skip
+        shutil.rmtree(root / "src")
+        yield str(root / "store"), {}
+        return
+    if layout != "s3":
+        raise ValueError(f"unknown layout {layout!r}: one of {', '.join(LAYOUTS)}")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' SeaweedFS
+    from tests.seaweed import SeaweedS3
+
+    pin(0)  # SeaweedFS shares the server's core (and Go sizes itself to it)
+    weed = SeaweedS3(root / "weed").start()
+    pin(1)
+    try:
+        bucket = weed.new_bucket()
+        import_folder(root / "src" / "train", open_store(bucket, weed.options), "train")
+        shutil.rmtree(root / "src")
+        yield bucket, weed.client_env
+    finally:
+        weed.stop()
 
 
 def _model() -> Any:
@@ -262,50 +305,51 @@ def _disk_bytes(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
 
 
-def measure(sizes: tuple[int, ...], repeats: int) -> dict[str, Any]:
-    rows = []
-    for n in sizes:
-        runs = []
-        with tempfile.TemporaryDirectory(dir=OUT) as tmp:
-            store = Path(tmp) / "store"
-            make_store(store, n)
-            for r in range(repeats):
-                cache = Path(tmp) / f"cache-{r}"
-                server = PinnedServer(store)
-                try:
-                    cpu0 = server.cpu_s()
-                    a = _child("job", server.address, str(cache), "2")
-                    server_cpu = server.cpu_s() - cpu0
-                    server_rss = server.peak_rss()
-                    cold = _evict(cache)
-                    b = _child("job", server.address, str(cache), "1")
-                finally:
-                    end(server.proc)
-                run = {
-                    "list_s": a["list_s"],
-                    "first_step_s": [*a["first_step_s"], b["first_step_s"][0]],
-                    "epoch_s": [*a["epoch_s"], b["epoch_s"][0]],
-                    "cached": [*a["cached"], b["cached"][0]],
-                    "server_cpu_s": server_cpu,
-                    "server_rss_bytes": server_rss,
-                    "trainer_rss_bytes": max(a["rss_bytes"], b["rss_bytes"]),
-                    "cache_disk_bytes": _disk_bytes(cache),
-                    "payload_bytes": n * WIDTH * 2,
-                    "cold": cold,
-                }
-                runs.append(run)
-                shutil.rmtree(cache, ignore_errors=True)
-                print(f"n={n} run {r + 1}: {json.dumps(run)}", flush=True)
-        row: dict[str, Any] = {"n": n, "runs": runs}
-        for key in ("list_s", "server_cpu_s", "server_rss_bytes", "trainer_rss_bytes"):
-            row[key] = statistics.median(run[key] for run in runs)
-        for key in ("first_step_s", "epoch_s"):
-            row[key] = [statistics.median(run[key][i] for run in runs) for i in range(3)]
-        row["disk_ratio"] = statistics.median(
-            run["cache_disk_bytes"] / run["payload_bytes"] for run in runs
-        )
-        rows.append(row)
+def measure(layouts: tuple[str, ...], sizes: tuple[int, ...], repeats: int) -> dict[str, Any]:
+    rows = [_measure_one(layout, n, repeats) for layout in layouts for n in sizes]
     return {"machine": machine(), "repeats": repeats, "rows": rows}
+
+
+def _measure_one(layout: str, n: int, repeats: int) -> dict[str, Any]:
+    """`repeats` runs of jobs A and B on `n` samples stored in `layout`, and their medians."""
+    runs = []
+    with tempfile.TemporaryDirectory(dir=OUT) as tmp, stored(layout, Path(tmp), n) as (store, env):
+        for r in range(repeats):
+            cache = Path(tmp) / f"cache-{r}"
+            server = PinnedServer(store, env)
+            try:
+                cpu0 = server.cpu_s()
+                a = _child("job", server.address, str(cache), "2")
+                server_cpu = server.cpu_s() - cpu0
+                server_rss = server.peak_rss()
+                cold = _evict(cache)
+                b = _child("job", server.address, str(cache), "1")
+            finally:
+                end(server.proc)
+            run = {
+                "list_s": a["list_s"],
+                "first_step_s": [*a["first_step_s"], b["first_step_s"][0]],
+                "epoch_s": [*a["epoch_s"], b["epoch_s"][0]],
+                "cached": [*a["cached"], b["cached"][0]],
+                "server_cpu_s": server_cpu,
+                "server_rss_bytes": server_rss,
+                "trainer_rss_bytes": max(a["rss_bytes"], b["rss_bytes"]),
+                "cache_disk_bytes": _disk_bytes(cache),
+                "payload_bytes": n * WIDTH * 2,
+                "cold": cold,
+            }
+            runs.append(run)
+            shutil.rmtree(cache, ignore_errors=True)
+            print(f"{layout} n={n} run {r + 1}: {json.dumps(run)}", flush=True)
+    row: dict[str, Any] = {"layout": layout, "n": n, "runs": runs}
+    for key in ("list_s", "server_cpu_s", "server_rss_bytes", "trainer_rss_bytes"):
+        row[key] = statistics.median(run[key] for run in runs)
+    for key in ("first_step_s", "epoch_s"):
+        row[key] = [statistics.median(run[key][i] for run in runs) for i in range(3)]
+    row["disk_ratio"] = statistics.median(
+        run["cache_disk_bytes"] / run["payload_bytes"] for run in runs
+    )
+    return row
 
 
 def _report(data: dict[str, Any]) -> str:
@@ -318,31 +362,45 @@ def _report(data: dict[str, Any]) -> str:
         "epoch 1's from the process's start (build, listing and plan included), the others' "
         "from the epoch before's last step.",
         "",
-        "| N | listing | first step: epoch 1 / epoch 2 / cached | server CPU a sample | "
-        "epoch 1 | epoch 2 | cached epoch | trainer / server peak RSS | cache disk / payload |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| layout | N | listing | first step: epoch 1 / epoch 2 / cached | server CPU a sample "
+        "| epoch 1 | epoch 2 | cached epoch | trainer / server peak RSS | cache disk / payload |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         n = row["n"]
         first = " / ".join(f"{s:.2f} s" for s in row["first_step_s"])
         epochs = [f"{s / n * 1e6:.0f} ({s:.1f} s)" for s in row["epoch_s"]]
         lines.append(
-            f"| {n:,} | {row['list_s']:.2f} s ({row['list_s'] / n * 1e6:.1f}) | {first} "
+            f"| {row.get('layout', 'folder')} | {n:,} "
+            f"| {row['list_s']:.2f} s ({row['list_s'] / n * 1e6:.1f}) | {first} "
             f"| {row['server_cpu_s'] / n * 1e6:.0f} | {' | '.join(epochs)} "
             f"| {row['trainer_rss_bytes'] / 2**30:.2f} / {row['server_rss_bytes'] / 2**30:.2f} GiB "
             f"| {row['disk_ratio']:.2f}x |"
         )
-    if len(rows) > 1:
-        lo, hi = rows[0], rows[-1]
-        dn = hi["n"] - lo["n"]
+    memory = []
+    for layout, of in _by_layout(rows).items():
+        if len(of) > 1:
+            lo, hi = of[0], of[-1]
+            dn = hi["n"] - lo["n"]
+            trainer = (hi["trainer_rss_bytes"] - lo["trainer_rss_bytes"]) / dn
+            server = (hi["server_rss_bytes"] - lo["server_rss_bytes"]) / dn
+            memory.append(f"{layout} trainer {trainer:.0f} B, server {server:.0f} B")
+    if memory:
         lines += [
             "",
-            f"Memory a key (peak RSS at {hi['n']:,} less at {lo['n']:,}, over the keys "
-            f"between): trainer {(hi['trainer_rss_bytes'] - lo['trainer_rss_bytes']) / dn:.0f} "
-            f"B, server {(hi['server_rss_bytes'] - lo['server_rss_bytes']) / dn:.0f} B (the "
-            f"trainer's includes its cache's memory tier, {WIDTH * 2} B a feature).",
+            "Memory a key (each layout's peak RSS at its largest N less at its smallest, over "
+            f"the keys between): {'; '.join(memory)} (the trainer's includes its cache's "
+            f"memory tier, {WIDTH * 2} B a feature).",
         ]
     return "\n".join(lines)
+
+
+def _by_layout(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The rows of each layout, smallest N first (a JSON from before layouts: `folder`)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for row in sorted(rows, key=lambda r: r["n"]):
+        out.setdefault(row.get("layout", "folder"), []).append(row)
+    return out
 
 
 def _plot(data: dict[str, Any], path: Path) -> None:
@@ -351,24 +409,29 @@ def _plot(data: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = data["rows"]
-    ns = [r["n"] for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
     series = {
-        "listing": [r["list_s"] / r["n"] for r in rows],
-        "server CPU": [r["server_cpu_s"] / r["n"] for r in rows],
-        "epoch 1": [r["epoch_s"][0] / r["n"] for r in rows],
-        "epoch 2 (trainer cache)": [r["epoch_s"][1] / r["n"] for r in rows],
-        "cached epoch, cold disk": [r["epoch_s"][2] / r["n"] for r in rows],
+        "listing": lambda r: r["list_s"],
+        "server CPU": lambda r: r["server_cpu_s"],
+        "epoch 1": lambda r: r["epoch_s"][0],
+        "epoch 2 (trainer cache)": lambda r: r["epoch_s"][1],
+        "cached epoch, cold disk": lambda r: r["epoch_s"][2],
     }
-    for label, values in series.items():
-        ax.plot(ns, [v * 1e6 for v in values], marker="o", label=label)
+    styles = {"folder": "-", "shards": "--", "s3": ":"}
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for layout, rows in _by_layout(data["rows"]).items():
+        ns = [r["n"] for r in rows]
+        for color, (label, value) in zip(colors, series.items(), strict=False):
+            ax.plot(
+                ns, [value(r) / r["n"] * 1e6 for r in rows], marker="o", color=color,
+                linestyle=styles.get(layout, "-"), label=f"{label} ({layout})",
+            )  # fmt: skip
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("samples (N)")
     ax.set_ylabel("microseconds per sample")
     ax.set_title("A job's per-sample costs against N (flat is the goal)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.15))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -378,6 +441,7 @@ def main() -> None:
     parser.add_argument("--phase", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
+    parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS))
     parser.add_argument(
         "--keys", type=int, nargs="+", help="only the keys' costs, at these sizes (to 10^6)"
     )
@@ -399,7 +463,8 @@ def main() -> None:
         print(_keys_report(rows, args.repeats))
     else:
         OUT.mkdir(exist_ok=True)
-        data = measure(tuple(args.sizes), args.repeats)
+        data = measure(tuple(args.layouts), tuple(args.sizes), args.repeats)
+        data["flags"] = "".join(f" {a}" for a in sys.argv[1:] if a != "--results")
         (OUT / "pipeline_scale.json").write_text(json.dumps(data, indent=1))
         _plot(data, OUT / "pipeline_scale.png")
         print(_report(data))
@@ -413,7 +478,8 @@ def _write_results() -> None:
     data = json.loads((OUT / "pipeline_scale.json").read_text())
     parts = [
         "## A job's per-sample costs against N (`benchmarks/pipeline_scale.py`)",
-        f"`python benchmarks/pipeline_scale.py --results` on {data['machine']}.",
+        f"`python benchmarks/pipeline_scale.py{data.get('flags', '')} --results` on "
+        f"{data['machine']}.",
         _report(data),
         "![per-sample costs against N](out/pipeline_scale.png)",
     ]
