@@ -1,4 +1,5 @@
-"""Profiles kept between jobs: the same job run again plans at once, from what it measured."""
+"""Profiles kept between jobs: the same job run again plans at once, from what it measured;
+a job's first run trains at once, and plans from its own chunks beside its training."""
 
 from __future__ import annotations
 
@@ -141,3 +142,33 @@ def test_a_kept_link_that_changed_since_is_measured_again(
         (again,) = third.history.of_kind("plan")
         assert (again.data["kept_profiles"], again.data["stale_link"]) == (True, False)
         assert third.plan.link == second.plan.link
+
+
+def _samples_computed(server: HapiServer) -> int:
+    """Samples the server computed, in every session, open or closed."""
+    stats = connect(server.address).stats()
+    return sum(s.samples for s in [*stats.sessions.values(), *stats.closed_sessions.values()])
+
+
+def test_a_first_run_trains_at_once_and_plans_from_its_own_chunks_then_a_second_plans_first(
+    server: HapiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HAPI_CACHE_DIR", str(tmp_path / "cache"))
+    first = _job(server, augment=False, cache=False)
+    history = first.fit(2, lr=0.05)
+
+    kinds = [e.kind for e in history.events]
+    assert kinds[0] == "plan-aside" and "plan" in kinds, kinds
+    assert history.of_kind("plan-aside")[0].data["cut"] == first.freeze  # it began there
+    assert [e.samples for e in history.epochs] == [18, 18]
+    assert first.plan is not None
+    (measured,) = history.of_kind("plan")
+    assert measured.data["kept_profiles"] is False
+    # The server computed the epochs' samples (the local share's raw reads included) and
+    # a RAW probe of at most `probe_samples`: no probe at the freeze cut (4 + 6 more).
+    assert 36 <= _samples_computed(server) <= 36 + 6
+
+    again = _job(server, augment=False, cache=False)
+    history = again.fit(1, lr=0.05)
+    assert history.events[0].kind == "plan", history.events  # planned before it trained
+    assert history.events[0].data["kept_profiles"] is True

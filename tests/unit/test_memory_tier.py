@@ -68,3 +68,33 @@ def test_spaces_and_shapes_share_one_budget() -> None:
     assert [t[0].item() for t in got] == [0, 7]  # type: ignore[index]
     tier.clear()
     assert not tier and tier.held == 0
+
+
+def test_a_batch_is_kept_in_one_copy_as_its_rows_one_by_one_would_be() -> None:
+    row_bytes = 8 * 2
+    one, batched = MemoryTier(20 * row_bytes), MemoryTier(20 * row_bytes)
+    one.put("s", "k0", _row(0))
+    batched.put("s", "k0", _row(0))
+    batch = torch.stack([_row(i) for i in range(14)])
+    batch[0] = 99  # k0 is held: it is kept as it was, not overwritten
+    names = [f"k{i}" for i in range(14)]
+    for name, row in zip(names, batch, strict=True):
+        one.put("s", name, row)
+    batched.put_batch("s", names, batch)
+    want = _get(one, "s", names)
+    got = _get(batched, "s", names)
+    assert all(t is not None for t in got)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))  # type: ignore[arg-type]
+    assert torch.equal(got[0], _row(0))  # type: ignore[arg-type]
+    assert batched.held == one.held == 14 * row_bytes
+    batch.fill_(-1)  # the tier holds copies
+    assert torch.equal(_get(batched, "s", ["k13"])[0], _row(13))  # type: ignore[arg-type]
+
+
+def test_a_batch_larger_than_the_ring_keeps_its_last_rows() -> None:
+    tier = MemoryTier(3 * 16)
+    names = [f"k{i}" for i in range(5)]
+    tier.put_batch("s", names, torch.stack([_row(i) for i in range(5)]))
+    got = _get(tier, "s", names)
+    assert [t is not None for t in got] == [False, False, True, True, True]
+    assert [t[0].item() for t in got[2:]] == [2, 3, 4]  # type: ignore[index]

@@ -1,5 +1,6 @@
 """A plan put off because no server answered is measured again as soon as a chunk shows a
-server is back, not at the end of its backoff."""
+server is back, not at the end of its backoff; a job with nothing measured before trains
+at once and is planned from its own chunks."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from hapi.client.pipeline.history import Event
 from hapi.client.pipeline.routing import recall_nothing
 from hapi.client.planning._retry import measure_any
+from hapi.client.planning.chunk_tally import ChunkTally
 from hapi.client.planning.in_force import PlanInForce
 from hapi.client.servers.connection import Connection
 from hapi.client.servers.retry import RetryPolicy
@@ -95,7 +97,8 @@ def test_a_plan_put_off_is_measured_once_a_chunk_is_read_and_then_routes_the_chu
     events: list[Event] = []
     plans = PlanInForce(
         fixed=None, default=(1, 0.0), connections=[object()], measure=measure,  # type: ignore[list-item]
-        measure_aside=measure, retries=SLOW, record=events.append,
+        measure_aside=lambda connection, seen: measure(connection), retries=SLOW,
+        record=events.append,
     )  # fmt: skip
     with plans.running(train=True, replan=True, recall=recall_nothing) as router:
         router.start(epoch=0, chunks=4)
@@ -111,3 +114,57 @@ def test_a_plan_put_off_is_measured_once_a_chunk_is_read_and_then_routes_the_chu
         assert router.route(1).cut == plan.cut
     assert len(tries) == 3 and tries[2] - tries[1] < 10.0
     assert plans.plan is plan and plans.in_force() == (plan.cut, plan.share)
+
+
+def test_a_first_run_trains_at_once_and_its_own_chunks_measure_the_plan() -> None:
+    # Nothing measured before: the loop starts on the default, and the plan measured
+    # beside it waits for the job's chunks at the default's cut (after the first).
+    plan = _plan()
+    tallies: list[ChunkTally | None] = []
+
+    def before(connection: Connection) -> Plan:
+        raise AssertionError("measured before the loop started")
+
+    def beside(connection: Connection, seen: ChunkTally | None) -> Plan:
+        tallies.append(seen)
+        assert seen is not None
+        totals = seen.wait(2, 10.0)
+        assert totals is not None and totals.samples == 8
+        return plan
+
+    events: list[Event] = []
+    plans = PlanInForce(
+        fixed=None, default=(1, 0.0), connections=[object()], measure=before,  # type: ignore[list-item]
+        measure_aside=beside, retries=SLOW, record=events.append, beside=lambda: True,
+    )  # fmt: skip
+    with plans.running(train=True, replan=True, recall=recall_nothing) as router:
+        router.start(epoch=0, chunks=8)
+        assert router.route(0).cut == 1 and [e.kind for e in events] == ["plan-aside"]
+        for chunk in range(3):
+            router.observe(ReadMeasurement(samples=4, bytes=400, cut=1, server_s=0.1,
+                                           transfer_s=0.01, chunk=chunk))  # fmt: skip
+        deadline = time.monotonic() + 10.0
+        while router.in_force != (plan.cut, plan.share) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert router.route(3).cut == plan.cut
+    assert len(tallies) == 1 and plans.plan is plan
+
+
+def test_a_job_measured_before_is_planned_before_its_loop_starts() -> None:
+    plan = _plan()
+    measured: list[str] = []
+
+    def before(connection: Connection) -> Plan:
+        measured.append("before")
+        return plan
+
+    def beside(connection: Connection, seen: ChunkTally | None) -> Plan:
+        raise AssertionError("measured beside the loop")
+
+    plans = PlanInForce(
+        fixed=None, default=(1, 0.0), connections=[object()], measure=before,  # type: ignore[list-item]
+        measure_aside=beside, retries=SLOW, record=lambda e: None, beside=lambda: False,
+    )  # fmt: skip
+    with plans.running(train=True, replan=True, recall=recall_nothing) as router:
+        router.start(epoch=0, chunks=8)
+        assert measured == ["before"] and router.route(0).cut == plan.cut

@@ -66,11 +66,40 @@ class MemoryTier:
 
     def put(self, sid: str, name: str, tensor: torch.Tensor) -> None:
         """Keep a copy of `tensor` under `name` (nothing if it is held, or cannot fit)."""
-        if self.contains(sid, name):
-            return
-        slab = self._slab(sid, tensor)
+        placed = self._place(sid, name, tensor)
+        if placed is not None:
+            placed[0].rows[placed[1]].copy_(tensor)
+
+    def put_batch(self, sid: str, names: Sequence[str], batch: torch.Tensor) -> None:
+        """Keep copies of `batch`'s rows under `names` (those not held, while they fit),
+        in one copy: a chunk read from disk is remembered whole, not a row at a time."""
+        keep: list[int] = []
+        rows: list[int] = []
+        slab: _Slab | None = None
+        for i, name in enumerate(names):
+            placed = self._place(sid, name, batch[i])
+            if placed is None:
+                continue
+            slab = placed[0]
+            keep.append(i)
+            rows.append(placed[1])
         if slab is None:
             return
+        if len(set(rows)) < len(rows):  # a ring smaller than the batch: the last write wins
+            for i, row in zip(keep, rows, strict=True):
+                slab.rows[row].copy_(batch[i])
+            return
+        picked = batch if len(keep) == len(batch) else batch[torch.tensor(keep)]
+        slab.rows.index_copy_(0, torch.tensor(rows), picked)
+
+    def _place(self, sid: str, name: str, tensor: torch.Tensor) -> tuple[_Slab, int] | None:
+        """The slab and row `name`'s copy of `tensor` goes to, booked for it (the row's
+        old entry forgotten); None if it is held, or cannot fit."""
+        if self.contains(sid, name):
+            return None
+        slab = self._slab(sid, tensor)
+        if slab is None:
+            return None
         row = slab.next
         if row == len(slab.names):  # a new row, within the budget (`_slab` checked)
             slab.names.append(name)
@@ -80,9 +109,9 @@ class MemoryTier:
             if old is not None:
                 del slab.where[old]
             slab.names[row] = name
-        slab.rows[row].copy_(tensor)
         slab.where[name] = row
         slab.next = row + 1
+        return slab, row
 
     def clear(self) -> None:
         self._slabs.clear()

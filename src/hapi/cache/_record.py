@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import struct
 import zlib
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -13,7 +14,7 @@ import torch
 
 from hapi.errors import InvalidRequest
 
-__all__ = ["ALIGN", "Layout", "decode_block", "encode", "header"]
+__all__ = ["ALIGN", "Decoded", "Layout", "decode_block", "encode", "header"]
 
 ALIGN = 8
 
@@ -87,42 +88,49 @@ def header(record: memoryview) -> Layout | None:
     return layout
 
 
-def decode_block(block: np.ndarray, crcs: np.ndarray) -> list[torch.Tensor | None]:
+def decode_block(block: np.ndarray, crcs: np.ndarray) -> Decoded:
     """Records of one length, gathered as the rows of an array of 8-byte words (a record
-    is padded to 8 and begins at a multiple of 8): each one's tensor, or None where it
-    fails its CRC or its header.
+    is padded to 8 and begins at a multiple of 8), decoded: those that pass their CRC and
+    their header, and which rows failed.
 
     The rows whose header is the first intact row's (a space's entries are alike) are
-    decoded together - one copy and one array, each tensor a row of it; the rest one by
-    one. So a batch costs a CRC and a list slot per entry in Python, nothing more.
+    decoded together - one copy into one tensor, a row each; the rest one by one. So a
+    batch costs a CRC per entry in Python, nothing more.
     """
     raw = block.view(np.uint8)
-    out: list[torch.Tensor | None] = [None] * len(raw)
     sums = np.fromiter((zlib.crc32(row) for row in raw), np.uint32, len(raw))
     intact = np.flatnonzero(sums == crcs)
-    if not len(intact):
-        return out
-    first = header(memoryview(raw[intact[0]]))
+    parts: list[tuple[np.ndarray, torch.Tensor]] = []
     alike = intact[:0]
+    first = header(memoryview(raw[intact[0]])) if len(intact) else None
     if first is not None:
         words = first.start // ALIGN
         alike = intact[(block[intact, :words] == block[intact[0], :words]).all(axis=1)]
-        payload = raw[alike, first.start : first.start + first.nbytes]
-        for i, tensor in zip(alike.tolist(), _tensors(payload, first), strict=True):
-            out[i] = tensor
+        parts.append((alike, _batch(raw[alike, first.start : first.start + first.nbytes], first)))
     for i in np.setdiff1d(intact, alike).tolist() if len(alike) < len(intact) else ():
         layout = header(memoryview(raw[i]))
         if layout is not None:
-            out[i] = _tensors(raw[i : i + 1, layout.start : layout.start + layout.nbytes], layout)[
-                0
-            ]
-    return out
+            payload = raw[i : i + 1, layout.start : layout.start + layout.nbytes]
+            parts.append((np.array([i]), _batch(payload, layout)))
+    decoded = np.zeros(len(raw), bool)
+    for rows, _ in parts:
+        decoded[rows] = True
+    return Decoded(parts, np.flatnonzero(~decoded))
 
 
-def _tensors(payload: np.ndarray, layout: Layout) -> list[torch.Tensor]:
-    """Rows of payload bytes (one per entry) as tensors of `layout`, rows of one tensor."""
+@dataclass(frozen=True)
+class Decoded:
+    """A block's records decoded: batches of its rows, and the rows that failed."""
+
+    parts: list[tuple[np.ndarray, torch.Tensor]]
+    """(rows of the block, their tensors stacked in that order): one for the rows alike,
+    one a row for any other."""
+    failed: np.ndarray
+    """Rows whose CRC or header failed: corrupt."""
+
+
+def _batch(payload: np.ndarray, layout: Layout) -> torch.Tensor:
+    """Rows of payload bytes (one per entry) as one tensor of `layout`'s, a row each."""
     array = np.ascontiguousarray(payload).view(layout.np_dtype)
     batch = torch.from_numpy(array.reshape((len(payload), *layout.shape)))
-    if layout.dtype == torch.bfloat16:
-        batch = batch.view(torch.bfloat16)
-    return list(batch.unbind(0))
+    return batch.view(torch.bfloat16) if layout.dtype == torch.bfloat16 else batch

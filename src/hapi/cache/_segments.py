@@ -67,36 +67,45 @@ class SpaceSegments:
         return self.index.find(_keys(names)[0])[0]
 
     def read(self, names: Sequence[str]) -> tuple[list[torch.Tensor | None], int]:
-        """Each entry's tensor, or None; and how many were corrupt (now misses, or read
-        from another writer's copy)."""
+        """Each entry's tensor, or None; and how many were corrupt (`read_batch`)."""
+        at, batch, corrupt = self.read_batch(names)
+        out: list[torch.Tensor | None] = [None] * len(names)
+        if batch is not None:
+            for i, row in zip(at.tolist(), batch.unbind(0), strict=True):
+                out[i] = row
+        return out, corrupt
+
+    def read_batch(self, names: Sequence[str]) -> tuple[np.ndarray, torch.Tensor | None, int]:
+        """The places in `names` of the entries read, ascending, and their tensors stacked
+        in that order (None: none was); and how many were corrupt (now misses, or read
+        from another writer's copy). No tensor an entry: a chunk's hits are one batch."""
         keys, raw = _keys(names)
         self._load()
         found, places = self.index.find(keys)
-        out, corrupt = self._read(found, places)
-        if not corrupt:
-            return out, 0
-        self.index.forget(
-            {
-                raw[16 * i : 16 * (i + 1)]: (int(places["seg"][i]), int(places["offset"][i]))
-                for i in corrupt
-            }
-        )
-        again = np.zeros(len(names), bool)
-        again[corrupt] = True
-        found, places = self.index.find(keys)
-        for i, tensor in enumerate(self._read(found & again, places)[0]):
-            if tensor is not None:
-                out[i] = tensor
-        return out, len(corrupt)
+        parts, corrupt = self._read(found, places)
+        if corrupt:
+            self.index.forget(
+                {
+                    raw[16 * i : 16 * (i + 1)]: (int(places["seg"][i]), int(places["offset"][i]))
+                    for i in corrupt
+                }
+            )
+            again = np.zeros(len(names), bool)
+            again[corrupt] = True
+            found, places = self.index.find(keys)
+            parts += self._read(found & again, places)[0]
+        at, batch = _in_order(parts)
+        return at, batch, len(corrupt)
 
     def _read(
         self, found: np.ndarray, places: np.ndarray
-    ) -> tuple[list[torch.Tensor | None], list[int]]:
-        """The tensors of the entries found at `places`, and which of them are corrupt."""
-        out: list[torch.Tensor | None] = [None] * len(found)
+    ) -> tuple[list[tuple[np.ndarray, torch.Tensor]], list[int]]:
+        """The entries found at `places`, as batches (their places, their tensors stacked),
+        and which of them are corrupt."""
+        parts: list[tuple[np.ndarray, torch.Tensor]] = []
         at = np.flatnonzero(found)
         if not len(at):
-            return out, []
+            return parts, []
         # In file order (a segment is read front to back); each segment mapped once, then
         # records of one length gathered from every segment as rows of 8-byte words and
         # decoded together: a batch costs a few numpy calls per segment, not per entry.
@@ -127,12 +136,9 @@ class SpaceSegments:
                 first = (offsets[rows[run]] // ALIGN).astype(np.intp)
                 block[run] = words[seg][first[:, None] + span]
             decoded = decode_block(block, places["crc"][rows])
-            for i, tensor in zip(at[rows].tolist(), decoded, strict=True):
-                if tensor is None:
-                    corrupt.append(i)
-                else:
-                    out[i] = tensor
-        return out, corrupt
+            parts += [(at[rows[part]], tensors) for part, tensors in decoded.parts]
+            corrupt += at[rows[decoded.failed]].tolist()
+        return parts, corrupt
 
     def write(self, names: Sequence[str], tensors: Sequence[torch.Tensor]) -> int:
         """Append entries; the bytes added to the directory.
@@ -274,6 +280,20 @@ def _keys(names: Sequence[str]) -> tuple[np.ndarray, bytes]:
     if len(raw) != 16 * len(names):
         raise InvalidRequest("a cache entry's name is 32 hex digits: make it with entry_name()")
     return np.frombuffer(raw, "S16"), raw
+
+
+def _in_order(
+    parts: list[tuple[np.ndarray, torch.Tensor]],
+) -> tuple[np.ndarray, torch.Tensor | None]:
+    """Batches read in file order as one, in the order of their places."""
+    if not parts:
+        return np.zeros(0, np.intp), None
+    at = np.concatenate([p for p, _ in parts])
+    batch = parts[0][1] if len(parts) == 1 else torch.cat([t for _, t in parts])
+    order = np.argsort(at, kind="stable")
+    if (order[1:] > order[:-1]).all():
+        return at, batch
+    return at[order], batch.index_select(0, torch.from_numpy(order))
 
 
 def _runs(segs: np.ndarray) -> list[tuple[int, slice]]:

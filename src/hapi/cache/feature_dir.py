@@ -164,18 +164,16 @@ class FeatureCache:
         taken = set(held)
         rest = [i for i in range(len(names)) if i not in taken]
         read_at: list[int] = []
-        read_rows: list[torch.Tensor] = []
+        read: torch.Tensor | None = None
         if rest:
-            read, corrupt = self._space(sid).read([names[i] for i in rest])
+            at, read, corrupt = self._space(sid).read_batch([names[i] for i in rest])
+            read_at = [rest[i] for i in at.tolist()]
             with self._lock:
                 self.stats.corrupt += corrupt
-                for i, tensor in zip(rest, read, strict=True):
-                    if tensor is not None:
-                        read_at.append(i)
-                        read_rows.append(tensor)
-                        if self.memory_bytes:
-                            self._remember(sid, names[i], tensor)
-        found, batch = _together(held, rows, read_at, read_rows)
+                if self.memory_bytes and read is not None:
+                    # Copied into the tier's slabs: a row kept does not keep its batch alive.
+                    self._memory.put_batch(sid, [names[i] for i in read_at], read)
+        found, batch = _together(held, rows, read_at, read)
         with self._lock:
             self.stats.hits += len(found)
             self.stats.misses += len(names) - len(found)
@@ -360,16 +358,13 @@ def _files(directory: Path, depth: int = 1) -> list[tuple[Path, int, float]]:
 
 
 def _together(
-    held: list[int], rows: torch.Tensor | None, read_at: list[int], read: list[torch.Tensor]
+    held: list[int], rows: torch.Tensor | None, read_at: list[int], read: torch.Tensor | None
 ) -> tuple[list[int], torch.Tensor | None]:
     """Memory's and the disk's hits as one batch in the names' order."""
-    if not read:
+    if read is None:
         return held, rows
-    stacked = torch.stack(read)
     if rows is None:
-        return read_at, stacked
+        return read_at, read
     places = held + read_at
     order = sorted(range(len(places)), key=places.__getitem__)
-    return [places[j] for j in order], torch.cat([rows, stacked]).index_select(
-        0, torch.tensor(order)
-    )
+    return [places[j] for j in order], torch.cat([rows, read]).index_select(0, torch.tensor(order))

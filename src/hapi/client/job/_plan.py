@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any
 
 from hapi.cache import Cacheability, cacheability
 from hapi.client.config.job import JobConfig
 from hapi.client.job._data import JobData
 from hapi.client.job._model import JobModel
 from hapi.client.pipeline.history import Event
+from hapi.client.planning.chunk_tally import ChunkTally
 from hapi.client.planning.codec_choice import job_codecs
 from hapi.client.planning.in_force import PlanInForce
-from hapi.client.planning.measuring import plan_job
+from hapi.client.planning.measuring import has_kept_profiles, plan_job
 from hapi.client.planning.profile_cache import ProfileCache
 from hapi.client.servers.retry import RetryPolicy
 from hapi.client.servers.source import Server
@@ -43,8 +45,9 @@ def job_plans(
         default=(model.freeze, 0.0),
         connections=data.connections,
         measure=measure,
-        measure_aside=functools.partial(measure, aside=True),
+        measure_aside=lambda connection, seen: measure(connection, aside=True, seen=seen),
         retries=RetryPolicy(budget_s=config.fetch.retry_budget_s),
+        beside=functools.partial(_first_run, config, model, data),
         record=record,
         shared=dp.from_rank0 if dp is not None else None,
         cached=lambda: data.all_cached(next_epoch()),
@@ -88,36 +91,20 @@ def measure_plan(
     connection: Server,
     *,
     aside: bool = False,
+    seen: ChunkTally | None = None,
 ) -> Plan:
     """Measure the job on `connection`'s server and choose its plan (`plan_job`), recording
     it. `aside`: while the job trains - the trainer is timed on a copy of the model, as
-    timing runs backward passes that would race the training step's.
+    timing runs backward passes that would race the training step's; `seen`: the job's
+    own chunks at the freeze cut, which it trains on meanwhile.
     """
-    manifest = data.manifest(config.dataset)
-    transforms = config.train_transforms
-    fetch, training = config.fetch, config.training
-    world = model.dp.world if model.dp is not None else 1
+    args, options = _plan_args(config, model, data, connection, aside=aside)
     planned = plan_job(
-        connection,
-        data.requests(transforms, connection),
-        manifest,
-        model.graph_aside() if aside else model.graph,
-        model.freeze,
-        transforms,
-        Workload(
-            samples=-(-len(manifest) // world),  # a rank's epoch is its shard
-            chunk_size=fetch.chunk_size,
-            prefetch=fetch.prefetch,
-            servers=len(data.connections),
-            back_to_back=True,  # `fit` fetches each epoch while the one before drains
-        ),
-        dataset=config.dataset,
-        samples=config.planning.probe_samples,
-        batch_size=training.batch_size,
-        seed=training.seed,
+        *args,
+        **options,
         wire_dtype=config.wire.dtype,
-        cache=ProfileCache() if config.planning.reuse_profiles else None,
         codecs=job_codecs(config.wire, cached=trains_cached(config)),
+        seen=seen,
     )
     plan = planned.plan
     message = plan.reason
@@ -133,6 +120,46 @@ def measure_plan(
                "stale_link": planned.stale_link is not None}  # fmt: skip
     record(Event("plan", None, None, message, details))
     return plan
+
+
+def _first_run(config: JobConfig, model: JobModel, data: JobData) -> bool:
+    """Whether no earlier run of the job kept its profiles: its plan is then measured
+    while it trains on the freeze cut, not before."""
+    args, options = _plan_args(config, model, data, data.connections[0], aside=False)
+    connection, request, manifest, graph, freeze, _, workload = args
+    kept = has_kept_profiles(
+        connection, request, manifest, graph, freeze, workload, dataset=options["dataset"],
+        samples=options["samples"], batch_size=options["batch_size"], cache=options["cache"],
+    )  # fmt: skip
+    return not kept
+
+
+def _plan_args(
+    config: JobConfig, model: JobModel, data: JobData, connection: Server, *, aside: bool
+) -> tuple[list[Any], dict[str, Any]]:
+    """`plan_job`'s arguments for the job on `connection`, less the wire's."""
+    manifest = data.manifest(config.dataset)
+    transforms = config.train_transforms
+    fetch, training = config.fetch, config.training
+    world = model.dp.world if model.dp is not None else 1
+    workload = Workload(
+        samples=-(-len(manifest) // world),  # a rank's epoch is its shard
+        chunk_size=fetch.chunk_size,
+        prefetch=fetch.prefetch,
+        servers=len(data.connections),
+        back_to_back=True,  # `fit` fetches each epoch while the one before drains
+    )
+    graph = model.graph_aside() if aside else model.graph
+    args = [connection, data.requests(transforms, connection), manifest, graph, model.freeze,
+            transforms, workload]  # fmt: skip
+    options = {
+        "dataset": config.dataset,
+        "samples": config.planning.probe_samples,
+        "batch_size": training.batch_size,
+        "seed": training.seed,
+        "cache": ProfileCache() if config.planning.reuse_profiles else None,
+    }
+    return args, options
 
 
 def trains_cached(config: JobConfig) -> bool:

@@ -19,6 +19,7 @@ __all__ = ["EpochStats", "Event", "EventKind", "History", "ignore_event"]
 
 EventKind = Literal[
     "plan",
+    "plan-aside",
     "plan-deferred",
     "plan-failed",
     "replan",
@@ -36,8 +37,10 @@ class Event:
     """Something that happened to the job, in order."""
 
     kind: EventKind
-    """`plan` (the first choice), `plan-deferred` (no server could be measured: training
-    started on the freeze cut, and the plan is measured while it trains), `plan-failed`
+    """`plan` (the first choice), `plan-aside` (nothing measured before for the job:
+    training started on the freeze cut, and the plan is measured beside it from its own
+    chunks), `plan-deferred` (no server could be measured: training started, or goes on,
+    on the freeze cut, and the plan is measured while it trains), `plan-failed`
     (none could be within the retry budget: the freeze cut stays), `replan` (a change of
     cut or share), `reroute` (a chunk in flight following a change of cut with its keys
     not yet delivered), `recall` (the streams in flight cut with what the server had sent

@@ -93,6 +93,7 @@ class DeferredPlan:
         wake: set when a chunk was served meanwhile: the next try goes at once rather
             than at the end of its backoff (up to `RetryPolicy.max_wait_s`), so a short
             job back on its server is planned before it ends.
+        put_off: called with the first try's error, where it is one a retry may outlast.
     """
 
     def __init__(
@@ -104,9 +105,12 @@ class DeferredPlan:
         adopt: Callable[[Plan], None],
         failed: Callable[[HapiError], None],
         wake: threading.Event | None = None,
+        put_off: Callable[[Exception], None] | None = None,
     ) -> None:
         self._connections, self._measure, self._policy = connections, measure, policy
         self._adopt, self._failed, self._wake = adopt, failed, wake
+        self._put_off = put_off
+        self._tries = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hapi-plan", daemon=True)
 
@@ -120,10 +124,19 @@ class DeferredPlan:
         self._stop.set()
         self._thread.join()
 
+    def _try(self, connection: Server) -> Plan:
+        self._tries += 1
+        try:
+            return self._measure(connection)
+        except RETRYABLE as exc:
+            if self._tries == 1 and self._put_off is not None:
+                self._put_off(exc)
+            raise
+
     def _run(self) -> None:
         try:
             plan = measure_any(
-                self._connections, self._measure, self._policy, stop=self._stop, wake=self._wake
+                self._connections, self._try, self._policy, stop=self._stop, wake=self._wake
             )
         except HapiError as exc:
             if not self._stop.is_set():

@@ -10,6 +10,7 @@ import dataclasses
 import torch
 
 from hapi.client.planning._probe_chunks import Probe, raw_s, send_s
+from hapi.client.planning.chunk_tally import ChunkTotals
 from hapi.client.servers.source import Server
 from hapi.errors import InvalidRequest, OverBudget
 from hapi.graph import INPUT, ModelGraph
@@ -17,7 +18,14 @@ from hapi.plan import ServerProfile, TrainerProfile, memory_per_sample, wire_byt
 from hapi.wire.messages import MAX_PROFILE_BATCH, MAX_PROFILE_KEYS, ProfileRequest
 from hapi.wire.replies import SessionInfo
 
-__all__ = ["alike", "calibrated", "device_of", "profile_action", "scaled_trainer"]
+__all__ = [
+    "alike",
+    "calibrated",
+    "device_of",
+    "profile_action",
+    "scaled_by_chunks",
+    "scaled_trainer",
+]
 
 
 def alike(server: SessionInfo, graph: ModelGraph) -> bool:
@@ -133,6 +141,45 @@ def scaled_trainer(
         raw_bytes=raw.nbytes / n,
         wire_dtype=wire_dtype,
         batch_size=max(1, batch_size),
+    )
+
+
+def scaled_by_chunks(
+    graph: ModelGraph,
+    freeze: int,
+    *,
+    raw: Probe,
+    chunks: ChunkTotals,
+    trainer: TrainerProfile,
+    wire_dtype: str,
+) -> ServerProfile:
+    """The server's profile from the job's own chunks at the freeze cut (a server that runs
+    heads as the trainer does, `alike`, measured while the job trains on that cut): the
+    trainer's decoding and per-cut heads scaled by one factor to what those chunks cost
+    the server a sample, beside its reads as the RAW probe saw them. The plan predicts
+    the freeze cut at what its chunks reported, and each other cut by its share of the
+    work as the trainer timed it - the server computes no probe of its own."""
+    n = max(raw.samples, 1)
+    m = max(chunks.samples, 1)
+    per_sample = chunks.server_s / m
+    # The probe read its objects cold, an epoch's reads are warm: at most half the chunks'
+    # time, which is mostly decoding and the head.
+    read = min(raw.server.read_s / n, per_sample / 2)
+    work = trainer.decode_s + trainer.head_s[freeze]
+    ratio = (per_sample - read) / work if work > 0 else 1.0
+    overhead = max(0, round(chunks.bytes / m) - wire_bytes(graph, freeze, wire_dtype))
+    cuts = range(freeze + 1)
+    return ServerProfile(
+        read_s=read,
+        raw_s=raw_s(read, raw),
+        send_s=send_s(raw),
+        decode_s=trainer.decode_s * ratio,
+        head_s=tuple(trainer.head_s[k] * ratio for k in cuts),
+        out_bytes=tuple(wire_bytes(graph, k, wire_dtype, overhead=overhead) for k in cuts),
+        memory_bytes=tuple(memory_per_sample(graph, k) for k in cuts),
+        raw_bytes=raw.nbytes / n,
+        wire_dtype=wire_dtype,
+        batch_size=max(1, m // max(chunks.chunks, 1)),
     )
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from hapi.client.pipeline.history import Event
 from hapi.client.pipeline.routing import PlanCell, PlanVersion, Router, check_choice
 from hapi.client.planning._retry import DeferredPlan, measure_any, measure_round
+from hapi.client.planning.chunk_tally import ChunkTally
 from hapi.client.servers.retry import RETRYABLE, RetryPolicy
 from hapi.client.servers.source import Server
 from hapi.errors import HapiError
@@ -38,13 +39,18 @@ class PlanInForce:
         connections: the job's servers, measured in turn.
         measure: measures one server and returns the plan.
         measure_aside: the same, safe to run while the job trains (the trainer timed on a
-            copy of its model, not on the one training).
+            copy of its model, not on the one training), given the job's own chunks at
+            the default's cut where it trains on them meanwhile.
         retries: how long measuring is retried.
         record: receives the events of planning (`plan-deferred`, `plan-failed`, `replan`).
         shared: under data parallelism, runs the measuring on rank 0 and gives every rank
             its plan; the ranks then never start on the default alone.
         cached: whether every feature of the next training epoch is in the trainer's
             cache: its chunks then need no server, and no plan is measured for them.
+        beside: whether a training loop starts at once on the default while its plan is
+            measured beside it, its own chunks standing in for the probe at the freeze
+            cut (a job with nothing measured before: `docs/cost-model.md`, "Measured
+            while it trains"); None or False: measured before the loop starts.
     """
 
     def __init__(
@@ -54,11 +60,12 @@ class PlanInForce:
         default: Choice,
         connections: Sequence[Server],
         measure: Callable[[Server], Plan],
-        measure_aside: Callable[[Server], Plan],
+        measure_aside: Callable[[Server, ChunkTally | None], Plan],
         retries: RetryPolicy,
         record: Callable[[Event], None],
         shared: Callable[[Callable[[], Plan]], Plan] | None = None,
         cached: Callable[[], bool] | None = None,
+        beside: Callable[[], bool] | None = None,
     ) -> None:
         self._fixed = fixed is not None
         self._default = default
@@ -69,7 +76,9 @@ class PlanInForce:
         self._connections, self._measure, self._retries = connections, measure, retries
         self._measure_aside = measure_aside
         self._record, self._shared = record, shared
-        self._cached = cached
+        self._cached, self._beside = cached, beside
+        self._tally: ChunkTally | None = None
+        """The job's chunks at the default's cut, while its plan is measured beside them."""
         self._unmeasured = False
         """Every feature was cached when the plan was first needed: none was measured,
         and none is measured while the job trains (misses go at the default)."""
@@ -140,9 +149,11 @@ class PlanInForce:
     ) -> Iterator[Router]:
         """The router of one loop. A training loop's re-planner (when `replan`) publishes
         the plans it measures. `recall` cuts the loop's streams in flight (`Router`)."""
-        self.in_force()
         config = replan if isinstance(replan, ReplanConfig) else None
         replans = train and not self._fixed and replan is not False
+        if not self._chosen:
+            self._first_choice(beside=replans)
+            self._chosen = True
         plan = self._cell.get().plan
         served = threading.Event()  # a chunk was read while the plan is put off
         observe = functools.partial(self._observe, served)
@@ -158,9 +169,16 @@ class PlanInForce:
         deferred = replans and plan is None and not self._unmeasured
         self._replanner = Replanner(plan, config) if replans and plan is not None else None
         self._running = True
+        tally = self._tally
+        if tally is not None:
+            tally.reopen()
         try:
             with self._deferred(router, config, served) if deferred else contextlib.nullcontext():
-                yield router
+                try:
+                    yield router
+                finally:
+                    if tally is not None:  # a plan waiting for more of its chunks ends now
+                        tally.close()
         finally:
             router.settle()
             router.close()
@@ -180,6 +198,8 @@ class PlanInForce:
             if replanner is None:
                 if isinstance(measured, ReadMeasurement):
                     served.set()  # a server answers: a plan put off may be measured now
+                    if self._tally is not None:
+                        self._tally.add(measured)
                 return
             if isinstance(measured, ReadMeasurement):
                 change = replanner.observe(measured)
@@ -204,10 +224,10 @@ class PlanInForce:
         measure = functools.partial(measure_any, self._connections, self._measure, self._retries)
         return measure() if self._shared is None else self._shared(measure)
 
-    def _first_choice(self) -> None:
-        """The plan's choice put into force, measured now; or the default kept when no
-        server can be measured: the plan is then measured while the job trains
-        (`running`)."""
+    def _first_choice(self, *, beside: bool = False) -> None:
+        """The plan's choice put into force, measured now; or the default kept - where
+        a training loop starts (`beside`) on a job with nothing measured before, or no
+        server can be measured - and the plan measured while the job trains (`running`)."""
         if self._shared is None and self._cached is not None and self._cached():
             self._unmeasured = True
             self._record(
@@ -223,6 +243,19 @@ class PlanInForce:
             return
         if self._shared is not None:  # ranks take rank 0's plan together: none goes alone
             self.plan  # noqa: B018 - measured and published by the property
+            return
+        if beside and self._beside is not None and self._first_run():
+            self._tally = ChunkTally(self._default[0])
+            self._record(
+                Event(
+                    "plan-aside",
+                    None,
+                    None,
+                    "nothing measured before for this job: training starts on the freeze cut "
+                    "and the plan is measured beside it, from its own chunks",
+                    {"cut": self._default[0], "share": self._default[1]},
+                )
+            )
             return
         try:
             plan = measure_round(self._connections, self._measure)
@@ -240,6 +273,15 @@ class PlanInForce:
             return
         self._cell.publish(plan.cut, plan.share, reason=plan.reason, plan=plan)
 
+    def _first_run(self) -> bool:
+        """Whether the job has nothing measured before (`beside`); a job that cannot tell
+        for want of a server is measured beside its training as well."""
+        assert self._beside is not None
+        try:
+            return self._beside()
+        except RETRYABLE:
+            return True
+
     def _deferred(
         self, router: Router, config: ReplanConfig | None, served: threading.Event
     ) -> DeferredPlan:
@@ -249,7 +291,22 @@ class PlanInForce:
         def adopt(plan: Plan) -> None:
             with self._replanning:
                 self._replanner = Replanner(plan, config)
+                self._tally = None
             self._cell.publish(plan.cut, plan.share, reason="measured while training", plan=plan)
+
+        def put_off(error: Exception) -> None:
+            if self._tally is None:  # deferred for want of a server: said already
+                return
+            self._record(
+                Event(
+                    "plan-deferred",
+                    router.epoch,
+                    None,
+                    f"no server could be measured ({error}): training goes on on the freeze "
+                    f"cut and the plan follows once a server answers",
+                    {"error": type(error).__name__},
+                )
+            )
 
         def failed(error: HapiError) -> None:
             self._record(
@@ -263,7 +320,12 @@ class PlanInForce:
                 )
             )
 
+        tally = self._tally
+
+        def measure(connection: Server) -> Plan:
+            return self._measure_aside(connection, tally)
+
         return DeferredPlan(
-            self._connections, self._measure_aside, self._retries, adopt=adopt, failed=failed,
-            wake=served,
+            self._connections, measure, self._retries, adopt=adopt, failed=failed,
+            wake=served, put_off=put_off,
         )  # fmt: skip

@@ -30,8 +30,10 @@ from hapi.client.planning._server_profile import (
     calibrated,
     device_of,
     profile_action,
+    scaled_by_chunks,
     scaled_trainer,
 )
+from hapi.client.planning.chunk_tally import ChunkTally
 from hapi.client.planning.codec_choice import Codec, codecs_may_pay, measure_codecs
 from hapi.client.planning.profile_cache import ProfileCache, job_key
 from hapi.client.servers.source import Server
@@ -54,7 +56,16 @@ from hapi.plan import (
 from hapi.wire import SessionRequest
 from hapi.wire.replies import SessionInfo
 
-__all__ = ["STALE_LINK", "Planned", "Profiles", "measure_job", "plan_job", "probe_keys"]
+__all__ = [
+    "BESIDE_CHUNKS",
+    "STALE_LINK",
+    "Planned",
+    "Profiles",
+    "has_kept_profiles",
+    "measure_job",
+    "plan_job",
+    "probe_keys",
+]
 
 _WARM = 4
 """Samples (and objects) the trainer's warm-ups run on before its one timed run."""
@@ -118,6 +129,7 @@ def plan_job(
     cache: ProfileCache | None = None,
     config: PlannerConfig | None = None,
     codecs: Sequence[Codec] = (),
+    seen: ChunkTally | None = None,
 ) -> Planned:
     """Measure the job's pipeline (`measure_job`) - or take what an earlier run of the same
     job kept in `cache` - and choose its plan for `workload`.
@@ -127,14 +139,12 @@ def plan_job(
         cache: where profiles are kept between jobs; None measures everything.
         codecs: the wire codecs to choose from with the cut (`choose_codec`); none, or
             only the job's dtype uncompressed: the plan sends that.
+        seen: the job's own chunks at the freeze cut, where it trains on that cut while
+            its plan is measured (`measure_job`).
         Others: as `measure_job`'s.
     """
-    key = job_key(
-        graph, freeze, batch_size, server=connection.address,
-        job={"dataset": dataset, "samples": len(manifest),
-             "request": request(RAW).model_dump(mode="json"),
-             "chunk_size": workload.chunk_size, "probe": samples},
-    )  # fmt: skip
+    key = _key(connection, request, manifest, graph, freeze, workload, dataset=dataset,
+               samples=samples, batch_size=batch_size)  # fmt: skip
     if list(codecs) == [(wire_dtype, "none")]:
         codecs = ()  # the server's profile sizes it already
 
@@ -148,12 +158,55 @@ def plan_job(
         profiles, stale = measure_job(
             connection, request, manifest, graph, freeze, transforms,
             samples=samples, batch_size=batch_size, chunk_size=workload.chunk_size, seed=seed,
-            wire_dtype=wire_dtype, profiles=cache, codecs=codecs, codecs_worth=worth,
+            wire_dtype=wire_dtype, profiles=cache, codecs=codecs, codecs_worth=worth, seen=seen,
         ), None  # fmt: skip
         if cache is not None:
             cache.keep(key, profiles.server, profiles.trainer, profiles.link, profiles.codecs)
     plan = _choose(profiles, workload, freeze=freeze, names=graph.names(), config=config)
     return Planned(plan, kept is not None, stale)
+
+
+def has_kept_profiles(
+    connection: Server,
+    request: Callable[[int], SessionRequest],
+    manifest: DatasetManifest,
+    graph: ModelGraph,
+    freeze: int,
+    workload: Workload,
+    *,
+    dataset: str,
+    samples: int = 16,
+    batch_size: int = 8,
+    cache: ProfileCache | None = None,
+) -> bool:
+    """Whether an earlier run of the job (arguments as `plan_job`'s) kept its profiles in
+    `cache`: a job that has none is measured while it trains (`PlanInForce`)."""
+    if cache is None:
+        return False
+    key = _key(connection, request, manifest, graph, freeze, workload, dataset=dataset,
+               samples=samples, batch_size=batch_size)  # fmt: skip
+    return cache.job(key) is not None
+
+
+def _key(
+    connection: Server,
+    request: Callable[[int], SessionRequest],
+    manifest: DatasetManifest,
+    graph: ModelGraph,
+    freeze: int,
+    workload: Workload,
+    *,
+    dataset: str,
+    samples: int,
+    batch_size: int,
+) -> str:
+    """The key a job's profiles are kept under: what they depend on."""
+    return job_key(
+        graph, freeze, batch_size, server=connection.address,
+        job={"dataset": dataset, "samples": len(manifest),
+             "request": request(RAW).model_dump(mode="json"),
+             "chunk_size": workload.chunk_size, "probe": samples},
+    )  # fmt: skip
 
 
 def _kept_profiles(
@@ -278,6 +331,7 @@ def measure_job(
     profiles: ProfileCache | None = None,
     codecs: Sequence[Codec] = (),
     codecs_worth: Callable[[ServerProfile, TrainerProfile, LinkProfile], bool] | None = None,
+    seen: ChunkTally | None = None,
 ) -> Profiles:
     """Measure the server, the link and the trainer for a job (a few seconds).
 
@@ -290,35 +344,106 @@ def measure_job(
         transforms: the training transforms (the trainer decodes with them).
         samples: objects per probe chunk.
         batch_size: samples per measured batch in the trainer.
-        chunk_size: the job's keys per chunk: the probe at the freeze cut runs in chunks
-            of this size, so the server's head runs the batches the job's chunks will.
+        chunk_size: the job's keys per chunk, the probe's at the freeze cut too.
         seed: picks the probe's objects.
         wire_dtype: the dtype features travel in.
-        profiles: where the trainer's head and step times are kept between jobs; None
-            measures them.
+        profiles: where the trainer's head and step times are kept between jobs.
         codecs: wire codecs to measure on the probe's features (`measure_codecs`), on
             the trainer while the server profiles itself - or after, where
             `codecs_worth` says they may pay (`codecs_may_pay`; None: always); none
             measured: `Profiles.codecs` is empty, the job's dtype uncompressed.
+        seen: the job's own chunks at the freeze cut, while it trains there: they stand
+            in for the probe at that cut where they can (`_measured_beside`).
 
     Raises:
         HapiError: the server refused a probe or cannot be reached.
     """
     keys, labels = probe_keys(manifest, samples, seed)
+    beside = seen and _measured_beside(
+        connection, request(RAW), (keys, labels), graph, freeze, transforms, seen,
+        seed=seed, batch_size=batch_size, profiles=profiles, wire_dtype=wire_dtype,
+    )  # fmt: skip
+    if beside:
+        return _with_codecs(beside, graph, freeze, transforms, codecs, codecs_worth, seed)
     probes = _probe_side_by_side(
         connection, request, keys, labels, graph, freeze, transforms, seed=seed,
         batch_size=batch_size, chunk_size=chunk_size, profiles=profiles, codecs=codecs,
     )  # fmt: skip
     link, trainer = link_of(probes.raw), probes.trainer
     server = _server_profile(probes, graph, freeze, len(keys), chunk_size, wire_dtype)
-    codec_profiles = probes.codecs
-    if codec_profiles is None:
-        codec_profiles = ()
-        if codecs and (codecs_worth is None or codecs_worth(server, trainer, link)):
-            codec_profiles = measure_codecs(
-                graph, freeze, probes.raw.blobs, transforms, codecs, seed=seed
-            )
+    if probes.codecs is not None:
+        return Profiles(server=server, trainer=trainer, link=link, codecs=probes.codecs)
+    measured = _Measured(server, trainer, link, probes.raw.blobs)
+    return _with_codecs(measured, graph, freeze, transforms, codecs, codecs_worth, seed)
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """The three profiles, before the codecs, and the RAW probe's objects."""
+
+    server: ServerProfile
+    trainer: TrainerProfile
+    link: LinkProfile
+    blobs: list[bytes]
+
+
+def _with_codecs(
+    measured: _Measured,
+    graph: ModelGraph,
+    freeze: int,
+    transforms: Transforms,
+    codecs: Sequence[Codec],
+    worth: Callable[[ServerProfile, TrainerProfile, LinkProfile], bool] | None,
+    seed: int,
+) -> Profiles:
+    """The profiles with `codecs` measured on the probe's objects, where they may pay."""
+    server, trainer, link = measured.server, measured.trainer, measured.link
+    codec_profiles: tuple[CodecProfile, ...] = ()
+    if codecs and (worth is None or worth(server, trainer, link)):
+        blobs = measured.blobs
+        codec_profiles = measure_codecs(graph, freeze, blobs, transforms, codecs, seed=seed)
     return Profiles(server=server, trainer=trainer, link=link, codecs=codec_profiles)
+
+
+BESIDE_CHUNKS = 2
+"""The job's own chunks at the freeze cut (after its first) that stand in for a probe."""
+BESIDE_WAIT_S = 30.0
+"""The longest a plan measured beside training waits for them before it probes the cut."""
+
+
+def _measured_beside(
+    connection: Server,
+    raw_request: SessionRequest,
+    probe_set: tuple[list[str], list[int]],
+    graph: ModelGraph,
+    freeze: int,
+    transforms: Transforms,
+    seen: ChunkTally,
+    *,
+    seed: int,
+    batch_size: int,
+    profiles: ProfileCache | None,
+    wire_dtype: str,
+) -> _Measured | None:
+    """The profiles of a job that trains on the freeze cut while they are measured: the
+    RAW probe, the trainer timing itself (its core is mostly idle beside chunks at the
+    freeze cut), and the job's own chunks at the freeze cut in place of a probe there -
+    the server computes no head for the plan. None where the server runs heads unlike
+    the trainer (it profiles itself, `_probe_side_by_side`), or no chunk came in time."""
+    keys, labels = probe_set
+    with _session(connection, raw_request) as raw_info:
+        if not alike(raw_info, graph):
+            return None
+        raw = probe_raw(connection, raw_info.session, keys, labels)
+    trainer = _time_trainer(graph, freeze, raw.blobs, transforms, seed, batch_size, profiles)
+    trainer = dataclasses.replace(trainer, receive_s=raw.cpu_s / raw.nbytes if raw.nbytes else 0.0)
+    chunks = seen.wait(BESIDE_CHUNKS, BESIDE_WAIT_S)
+    if chunks is None:
+        return None
+    server = scaled_by_chunks(
+        graph, freeze, raw=raw, chunks=chunks, trainer=trainer, wire_dtype=wire_dtype
+    )
+    return _Measured(server, trainer, link_of(raw), raw.blobs)
 
 
 @dataclass(frozen=True)
