@@ -108,6 +108,16 @@ def _finish(result: dict, args: argparse.Namespace) -> None:
         write_section("startup", text)
 
 
+def _flags(args: argparse.Namespace) -> str:
+    """The options a run was given beyond the defaults, as its command line's."""
+    defaults = {"rates": "10mbit,100mbit,1gbit", "images": 220, "image_size": 112, "repeats": 2}
+    return "".join(
+        f" --{name.replace('_', '-')} {getattr(args, name)}"
+        for name, default in defaults.items()
+        if getattr(args, name) != default
+    )
+
+
 def _rate(
     stage: Stage,
     files: _FileServer,
@@ -229,7 +239,7 @@ def _report(
     lines = [
         "## What a user waits for: a whole script, planning included",
         "",
-        f"`python benchmarks/startup.py{' --results' if args.results else ''}` on "
+        f"`python benchmarks/startup.py{_flags(args)}{' --results' if args.results else ''}` on "
         f"{machine()}: ResNet-18 at {args.image_size} px frozen to `{args.freeze}`, "
         f"{args.images} photos of {object_bytes / 1e3:.0f} KB, {args.epochs} epochs, server "
         "and trainer pinned to a core each across a `tc tbf` veth; each run a new process, "
