@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from torch import fx, nn
 
+from hapi._fx_lock import TRACING
 from hapi.errors import InvalidCut, InvalidRequest
 from hapi.graph._cuts import Cuts, find_cuts
 from hapi.graph._split import split
@@ -110,7 +111,10 @@ class ExportSource:
             found = self._variants.get(modes)
         if found is None:
             try:
-                found = _variant(self.model, self._export())
+                # Exclusive: torch.export is not thread-safe, and the caller may be a
+                # head running shared beside another part's export (see `hapi._fx_lock`).
+                with TRACING.exclusive():
+                    found = _variant(self.model, self._export())
             except Exception as exc:  # torch.export raises many types
                 raise InvalidRequest(
                     f"cannot export {type(self.model).__name__} in its current train/eval "
