@@ -473,3 +473,38 @@ def test_a_drift_restarts_each_stage_from_what_the_drifting_chunks_measured() ->
         replanner.observe(trained=trained)
     assert len(replanner.changes) == 2 and "trainer measured" in replanner.changes[1].reason
     assert replanner.plan.link.bytes_per_s == pytest.approx(1e6, rel=0.05)
+
+
+@pytest.mark.parametrize("stage", ["server", "trainer"])
+def test_chunks_that_scatter_widely_do_not_move_the_plan(stage: str) -> None:
+    """Each chunk's server or trainer time scatters by up to 40% either way around the
+    profiled rate (a shared core): runs of three slow chunks come by chance, and
+    followed, they moved the plan between neighbouring options and back."""
+    plan = _plan(1e9)
+    replanner = Replanner(plan)
+    rng = random.Random(1)
+    for i in range(300):
+        read, trained = _chunk(replanner.plan, i, 1e9)
+        pace = 1.0 + rng.uniform(-0.4, 0.4)
+        if stage == "server":
+            read = dataclasses.replace(read, server_s=(read.server_s or 0.0) * pace)
+        else:
+            trained = dataclasses.replace(trained, trainer_s=trained.trainer_s * pace)
+        replanner.observe(read, trained)
+    assert not [c for c in replanner.changes if c.changed], [c.reason for c in replanner.changes]
+
+
+def test_a_real_slowdown_among_scattered_chunks_still_moves_the_plan() -> None:
+    """The same scatter, then the trainer slows 2x for good: beyond the chunks' own
+    spread, it is acted on."""
+    plan = _plan(1e9)
+    replanner = Replanner(plan)
+    rng = random.Random(2)
+    for i in range(120):
+        read, trained = _chunk(replanner.plan, i, 1e9)
+        pace = (1.0 if i < 60 else 2.0) * (1.0 + rng.uniform(-0.4, 0.4))
+        replanner.observe(read, dataclasses.replace(trained, trainer_s=trained.trainer_s * pace))
+    changed = [c for c in replanner.changes if c.changed]
+    assert changed and changed[0].chunks >= 60
+    assert "trainer measured" in changed[0].reason
+    assert replanner.plan.share < plan.share

@@ -2,9 +2,9 @@
 
 A plan has drifted when its predicted epoch at the measured rates, or a stage's rate, has
 moved more than `threshold` from what it was made with. A drift must last `min_chunks`
-chunks in a row (or show in one sudden chunk), and a small one must show in the longer
-window too: the hysteresis that keeps a plan from following noise
-(docs/replanning.md, "Drift and hysteresis").
+chunks in a row (or show in one sudden chunk), beyond the scatter of the stage's own
+chunks, and a small one must show in the longer window too: the hysteresis that keeps a
+plan from following noise (docs/replanning.md, "Drift and hysteresis").
 """
 
 from __future__ import annotations
@@ -24,23 +24,33 @@ class DriftWatch:
         min_chunks: chunks in a row that must show a drift before it calls for a re-plan.
     """
 
-    def __init__(self, *, threshold: float, min_chunks: int) -> None:
+    def __init__(self, *, threshold: float, min_chunks: int, significance: float = 0.0) -> None:
         self._threshold = threshold
         self._min_chunks = min_chunks
+        self._significance = significance
         # The chunks (by id) observed in a row since the drift began: a chunk is observed
         # twice, read and trained, and counts once - else a long turn and two chunks'
         # training re-planned before the read that shows what the turn carried.
         self._run: set[object] = set()
 
     def reason(self, plan: Plan, rates: StageRates) -> str | None:
-        """Why `plan` no longer fits the measurements, or None if it does."""
-        limit = self._threshold
+        """Why `plan` no longer fits the measurements, or None if it does.
+
+        A stage's move counts beyond `threshold` and beyond `significance` standard
+        errors of a run of `min_chunks` (`StageRates.noise`); a move within them is noise,
+        and the epoch is predicted with that stage at the rate the plan was made at.
+        """
+        noise = rates.noise(self._min_chunks)
+        limits = {s: max(self._threshold, self._significance * noise[s]) for s in STAGES}
         scales = rates.scales()
         moved = {s: scales[s] / rates.planned[s] for s in STAGES}
-        predicted = rates.predicted_epoch_s(plan)
+        stage_moves = [s for s in STAGES if abs(moved[s] - 1.0) > limits[s]]
+        believed = {
+            s: scales[s] if s in stage_moves or not noise[s] else rates.planned[s] for s in STAGES
+        }
+        predicted = rates.predicted_epoch_s(plan, believed)
         drift = predicted / plan.epoch_s - 1.0
-        stage_moves = [s for s in STAGES if abs(moved[s] - 1.0) > limit]
-        if abs(drift) <= limit and not stage_moves:
+        if abs(drift) <= self._threshold and not stage_moves:
             return None
         parts = [_describe(plan, s, moved[s]) for s in stage_moves]
         parts.append(f"the plan's epoch now predicted {predicted:.2f} s vs {plan.epoch_s:.2f} s")

@@ -8,7 +8,9 @@ would cost now (docs/replanning.md, "Rates").
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
+from math import sqrt
 
 from hapi.plan.cost import STAGES, estimate
 from hapi.plan.plan import Plan
@@ -18,6 +20,17 @@ __all__ = ["Profiles", "StageRates"]
 
 Profiles = tuple[ServerProfile, TrainerProfile, LinkProfile]
 """A server's, a trainer's and a link's profile, in that order."""
+
+MIN_SCATTER_PAIRS = 6
+"""Chunks a stage must have measured before their scatter is believed (`noise`)."""
+PRIOR_SCATTER = 0.2
+"""A chunk's scatter until then, relative: chunks on the 2-core machines the planner's
+sweeps ran on scatter about this much (their runs of a few chunks read 0.7-1.4x)."""
+SCATTER_CHUNKS = 64
+"""The chunks per stage whose scatter `noise` reads."""
+DIFFERENCE_MEDIAN = 0.954
+"""The median of |x1 - x0| for two independent draws of unit standard deviation
+(0.6745 x sqrt 2, normal): it turns the median difference into a standard deviation."""
 
 
 class StageRates:
@@ -55,6 +68,11 @@ class StageRates:
         # `min_chunks` restart the averages, the whole window is what `drift.settled` weighs a
         # change by (no re-plan restarts it).
         self._window: dict[str, deque[list[float]]] = {s: deque(maxlen=window) for s in STAGES}
+        # Per stage, a longer history for `noise`: a spread read from a dozen chunks is
+        # itself too noisy to tell chance from a change by.
+        self._history: dict[str, deque[list[float]]] = {
+            s: deque(maxlen=SCATTER_CHUNKS) for s in STAGES
+        }
         # Per stage, the pairs measured since the plan in force was made: a re-plan
         # restarts from its last few of those only. A stage the drifting chunks did not
         # measure (trainings carry no link time) keeps its average, not pairs from before
@@ -68,6 +86,7 @@ class StageRates:
         for stage, pair in pairs.items():
             if pair[1] > 1e-12:
                 self._window[stage].append(pair)
+                self._history[stage].append(pair)
                 self._fresh[stage] += 1
         decay = 1.0 - self._weight
         for stage, (measured, profiled) in averaged.items():
@@ -114,10 +133,42 @@ class StageRates:
             link.scaled(scales["link"]),
         )
 
-    def predicted_epoch_s(self, plan: Plan) -> float:
-        """`plan`'s epoch time at the measured rates."""
-        server, trainer, link = self.measured_profiles()
+    def predicted_epoch_s(self, plan: Plan, scales: dict[str, float] | None = None) -> float:
+        """`plan`'s epoch time at the measured rates (or at `scales`)."""
+        server, trainer, link = self.profiles(self.scales() if scales is None else scales)
         return estimate(plan.cut, plan.share, server, trainer, link, plan.workload).epoch_s
+
+    def noise(self, run: int) -> dict[str, float]:
+        """Per compute stage, the standard error of a rate read from its last `run`
+        chunks, relative to the rate, from how widely its last `SCATTER_CHUNKS` chunks'
+        own ratios scatter (from medians, as robust as `restart_from_recent`'s).
+
+        Each chunk weighs its profiled time, and so the run counts as fewer chunks where
+        a few dominate it: a hybrid's run of three holds one pushed chunk among raw reads.
+        `PRIOR_SCATTER` until it has measured `MIN_SCATTER_PAIRS` chunks. 0 for the link:
+        a chunk's turn shares the link with the chunks in flight, so one chunk's link time
+        says little alone (`LinkTurns` and `Replanner._sudden` weigh it instead).
+        """
+        noise = dict.fromkeys(STAGES, 0.0)
+        for stage in ("server", "trainer"):
+            pairs = list(self._history[stage])
+            weights = [p for _, p in pairs[-run:]]
+            if not weights:
+                continue
+            chunks = sum(weights) ** 2 / sum(w * w for w in weights)
+            if len(pairs) < MIN_SCATTER_PAIRS:
+                noise[stage] = PRIOR_SCATTER / sqrt(chunks)
+                continue
+            # From successive chunks' differences, each weighing the lighter chunk of the
+            # two: a real change of rate is one large difference among many, where it
+            # would widen a spread around a median as much as the noise it hides in.
+            steps = [
+                [abs(m1 / p1 - m0 / p0) * min(p0, p1), min(p0, p1)]
+                for (m0, p0), (m1, p1) in itertools.pairwise(pairs)
+            ]
+            scatter = _weighted_median(steps) / DIFFERENCE_MEDIAN
+            noise[stage] = scatter / _weighted_median(pairs) / sqrt(chunks)
+        return noise
 
     def window_profiles(self) -> Profiles:
         """The first plan's profiles scaled to the longer window's rates."""

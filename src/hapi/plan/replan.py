@@ -76,7 +76,11 @@ class Replanner:
             link_busy_share=config.link_busy_share,
             window=WINDOW_RUNS * config.min_chunks,
         )
-        self._drift = DriftWatch(threshold=config.threshold, min_chunks=config.min_chunks)
+        self._drift = DriftWatch(
+            threshold=config.threshold,
+            min_chunks=config.min_chunks,
+            significance=config.significance,
+        )
         # Up to 2K chunks in flight (K per route) may have crossed in a turn.
         workload = plan.workload
         self._turns = LinkTurns(

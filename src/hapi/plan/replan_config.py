@@ -39,6 +39,12 @@ class ReplanConfig:
     faster than the plan in force at the measured rates: measured rates are noisy, and a
     change costs the chunks already issued by the old plan."""
 
+    significance: float = 3.0
+    """A server's or trainer's move drifts only beyond this many standard errors of its
+    chunks' own scatter over a run of `min_chunks` (`StageRates.noise`): on a shared
+    core chunks scatter by tens of percent, and runs of a few slow ones come by chance.
+    0 turns it off."""
+
     swing: float = 2.0
     """A drift that moves the plan's predicted epoch by less than this factor must also
     show in a longer window before the plan changes (`drift.settled`): runs of a few chunks
@@ -47,6 +53,8 @@ class ReplanConfig:
     def __post_init__(self) -> None:
         if not self.swing >= 1.0:
             raise ValueError(f"swing must be >= 1, got {self.swing}")
+        if not self.significance >= 0.0:
+            raise ValueError(f"significance must be >= 0, got {self.significance}")
         if not self.threshold > 0.0:
             raise ValueError(f"threshold must be > 0, got {self.threshold}")
         if self.min_chunks < 1:
