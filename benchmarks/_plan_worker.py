@@ -100,13 +100,13 @@ def _trace_chunks(into: list[dict]) -> None:
     and link seconds) and, later, its training (trainer seconds), a row each."""
     import dataclasses
 
-    from hapi.client.pipeline.routing import Router
+    from hapi.client.planning.in_force import PlanInForce
     from hapi.plan import ReadMeasurement
 
-    observe = Router.observe
+    observe = PlanInForce._observe
     started = time.perf_counter()
 
-    def traced(self, measured):  # type: ignore[no-untyped-def]
+    def traced(self, served, measured):  # type: ignore[no-untyped-def]
         row = {
             "t": round(time.perf_counter() - started, 3),
             "stage": "read" if isinstance(measured, ReadMeasurement) else "trained",
@@ -116,12 +116,13 @@ def _trace_chunks(into: list[dict]) -> None:
             if row.get(at) is not None:
                 row[at] = round(row[at] - started, 3)
         into.append(row)
-        observe(self, measured)
-        if self.replanner is not None:
+        observe(self, served, measured)
+        replanner = self._replanner
+        if replanner is not None:
             # What the re-planner believes after it: a misread shows where it came from.
-            row["scales"] = {k: round(v, 3) for k, v in self.replanner.scales().items()}
+            row["scales"] = {k: round(v, 3) for k, v in replanner.scales().items()}
 
-    Router.observe = traced  # type: ignore[method-assign]
+    PlanInForce._observe = traced  # type: ignore[method-assign]
 
     from hapi.client.pipeline.fetch import Fetcher
 

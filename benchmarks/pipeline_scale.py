@@ -370,8 +370,10 @@ def _report(data: dict[str, Any]) -> str:
         n = row["n"]
         first = " / ".join(f"{s:.2f} s" for s in row["first_step_s"])
         epochs = [f"{s / n * 1e6:.0f} ({s:.1f} s)" for s in row["epoch_s"]]
+        runs = len(row.get("runs", ())) or data["repeats"]
+        alone = f" ({runs} run{'s' if runs > 1 else ''})" if runs != data["repeats"] else ""
         lines.append(
-            f"| {row.get('layout', 'folder')} | {n:,} "
+            f"| {row.get('layout', 'folder')} | {n:,}{alone} "
             f"| {row['list_s']:.2f} s ({row['list_s'] / n * 1e6:.1f}) | {first} "
             f"| {row['server_cpu_s'] / n * 1e6:.0f} | {' | '.join(epochs)} "
             f"| {row['trainer_rss_bytes'] / 2**30:.2f} / {row['server_rss_bytes'] / 2**30:.2f} GiB "
