@@ -508,3 +508,23 @@ def test_a_real_slowdown_among_scattered_chunks_still_moves_the_plan() -> None:
     assert changed and changed[0].chunks >= 60
     assert "trainer measured" in changed[0].reason
     assert replanner.plan.share < plan.share
+
+
+def test_a_hybrids_local_and_pushed_chunks_each_set_their_own_trainer_rate() -> None:
+    """Pushed chunks train at 0.8x their profile and local ones at 1.3x: one scale for
+    both priced local chunks at the pushed ones' rate, and drew the share up."""
+    plan = _plan(5e6)
+    assert 0 < plan.share < 1 and plan.cut != RAW
+    replanner = Replanner(plan)
+    for i in range(60):
+        read, trained = _chunk(replanner.plan, i, 5e6)
+        pace = 1.3 if trained.cut == RAW else 0.8
+        replanner.observe(read, dataclasses.replace(trained, trainer_s=trained.trainer_s * pace))
+    trainer = replanner.measured_profiles()[1]
+    feature_cut = replanner.plan.feature_cut
+    assert trainer.local_s(feature_cut) == pytest.approx(
+        1.3 * TRAINER.local_s(feature_cut), rel=0.05
+    )
+    assert trainer.remote_s(replanner.plan.cut) == pytest.approx(
+        0.8 * TRAINER.remote_s(replanner.plan.cut), rel=0.05
+    )

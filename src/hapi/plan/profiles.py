@@ -251,12 +251,15 @@ class TrainerProfile:
             return self.decode_s + self.tail_s[INPUT]
         return self.decode_s + self.head_s[cut] + self.tail_s[cut]
 
-    def scaled(self, factor: float) -> TrainerProfile:
-        """Every time multiplied by `factor` (a trainer measured slower or faster)."""
+    def scaled(self, factor: float, *, front: float | None = None) -> TrainerProfile:
+        """Every time multiplied by `factor` (a trainer measured slower or faster), or
+        decoding and the fronts by `front` (a local chunk's own work,
+        `hapi.plan.trainer_split`) and the tails and receiving by `factor`."""
+        front = factor if front is None else front
         return dataclasses.replace(
             self,
-            decode_s=self.decode_s * factor,
-            head_s=tuple(t * factor for t in self.head_s),
+            decode_s=self.decode_s * front,
+            head_s=tuple(t * front for t in self.head_s),
             tail_s=tuple(t * factor for t in self.tail_s),
             receive_s=self.receive_s * factor,
         )

@@ -15,6 +15,7 @@ from math import sqrt
 from hapi.plan.cost import STAGES, estimate
 from hapi.plan.plan import Plan
 from hapi.plan.profiles import LinkProfile, ServerProfile, TrainerProfile
+from hapi.plan.trainer_split import TrainerSplit
 
 __all__ = ["Profiles", "StageRates"]
 
@@ -59,6 +60,8 @@ class StageRates:
         self.planned = dict.fromkeys(STAGES, 1.0)
         """Per stage, the scale the plan in force was made with."""
         self._weight = weight
+        self.trainer_split = TrainerSplit(weight)
+        """A hybrid trainer's local and pushed chunks, each kind at its own rate."""
         self._min_stage_share = min_stage_share
         self._link_busy_share = link_busy_share
         self._measured = dict.fromkeys(STAGES, 0.0)
@@ -125,11 +128,13 @@ class StageRates:
         return self.profiles(self.scales())
 
     def profiles(self, scales: dict[str, float]) -> Profiles:
-        """The first plan's profiles scaled by `scales`."""
+        """The first plan's profiles scaled by `scales` (the trainer's local work by what
+        its local chunks measured beside its pushed ones: `trainer_split`)."""
         server, trainer, link = self.base
+        front, tail = self.trainer_split.factors(scales["trainer"])
         return (
             server.scaled(scales["server"]),
-            trainer.scaled(scales["trainer"]),
+            trainer.scaled(tail, front=front),
             link.scaled(scales["link"]),
         )
 

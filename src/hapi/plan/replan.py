@@ -240,12 +240,16 @@ class Replanner:
             link_average = (self._turns.trained(trained.issued, now=self.steps), 0.0)
         trainer_pair = [0.0, 0.0]
         if trained is not None:
+            n, split = trained.samples, self._rates.trainer_split
             if trained.cut == RAW:
                 feature_cut = INPUT if trained.feature_cut is None else trained.feature_cut
                 per_sample = trainer.local_s(feature_cut)
+                tail = trainer.tail_s[max(feature_cut, INPUT)]
+                split.add_local(trained.trainer_s, n * (per_sample - tail), n * tail)
             else:
                 per_sample = trainer.remote_s(trained.cut)
-            trainer_pair = [trained.trainer_s, trained.samples * per_sample]
+                split.add_pushed(trained.trainer_s, n * per_sample)
+            trainer_pair = [trained.trainer_s, n * per_sample]
         pairs = {"server": server_pair, "link": link_pair, "trainer": trainer_pair}
         averaged = {s: (pair[0], pair[1]) for s, pair in pairs.items()}
         averaged["link"] = link_average
