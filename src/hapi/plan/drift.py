@@ -22,6 +22,8 @@ class DriftWatch:
     Args:
         threshold: a move of the predicted epoch or of a stage's rate beyond this drifts.
         min_chunks: chunks in a row that must show a drift before it calls for a re-plan.
+        significance: a server's or trainer's move drifts only beyond this many standard
+            errors of a run of `min_chunks` (`StageRates.noise`); 0 for any move.
     """
 
     def __init__(self, *, threshold: float, min_chunks: int, significance: float = 0.0) -> None:
@@ -40,21 +42,36 @@ class DriftWatch:
         errors of a run of `min_chunks` (`StageRates.noise`); a move within them is noise,
         and the epoch is predicted with that stage at the rate the plan was made at.
         """
-        noise = rates.noise(self._min_chunks)
-        limits = {s: max(self._threshold, self._significance * noise[s]) for s in STAGES}
         scales = rates.scales()
         moved = {s: scales[s] / rates.planned[s] for s in STAGES}
+        limits = self._limits(rates)
         stage_moves = [s for s in STAGES if abs(moved[s] - 1.0) > limits[s]]
-        believed = {
-            s: scales[s] if s in stage_moves or not noise[s] else rates.planned[s] for s in STAGES
-        }
-        predicted = rates.predicted_epoch_s(plan, believed)
+        predicted = rates.predicted_epoch_s(plan, self.believed(rates))
         drift = predicted / plan.epoch_s - 1.0
         if abs(drift) <= self._threshold and not stage_moves:
             return None
         parts = [_describe(plan, s, moved[s]) for s in stage_moves]
         parts.append(f"the plan's epoch now predicted {predicted:.2f} s vs {plan.epoch_s:.2f} s")
         return "; ".join(parts)
+
+    def believed(self, rates: StageRates) -> dict[str, float]:
+        """Per stage, the rate a re-plan is made at: the measured one, but for a server or
+        trainer whose move lies within its noise (`reason`), which keeps the rate the plan
+        in force was made at - a move too small to tell from chance must not steer the
+        choice either, once another stage's drift calls for one."""
+        scales, limits = rates.scales(), self._limits(rates)
+        believed = {}
+        for stage in STAGES:
+            planned = rates.planned[stage]
+            noisy = limits[stage] > self._threshold
+            within = abs(scales[stage] / planned - 1.0) <= limits[stage]
+            believed[stage] = planned if noisy and within else scales[stage]
+        return believed
+
+    def _limits(self, rates: StageRates) -> dict[str, float]:
+        """Per stage, the move beyond which it drifted: `threshold`, or its noise's."""
+        noise = rates.noise(self._min_chunks)
+        return {s: max(self._threshold, self._significance * noise[s]) for s in STAGES}
 
     def run(self, chunk: object, *, sudden: bool) -> int | None:
         """Count `chunk` (its id) into the run of drifting chunks; the run's length once it

@@ -199,9 +199,10 @@ class StageRates:
         """Put back the moving averages `averages` took (a restart not acted on)."""
         self._measured, self._profiled = averages
 
-    def rebase(self) -> None:
-        """Measure drift from the rates now: a plan was made or adopted at them."""
-        self.planned = self.scales()
+    def rebase(self, scales: dict[str, float] | None = None) -> None:
+        """Measure drift from the rates now (or from `scales`): a plan was made or adopted
+        at them."""
+        self.planned = self.scales() if scales is None else dict(scales)
         self._fresh = dict.fromkeys(STAGES, 0)
 
     def restart_from_recent(self, count: int) -> None:

@@ -145,7 +145,8 @@ class Replanner:
         A plan not worth it yet, on the last few chunks only, leaves the rates as
         `averages` (as they were before the run restarted them).
         """
-        server, trainer, link = self.measured_profiles()
+        believed = self._drift.believed(self._rates)
+        server, trainer, link = self._rates.profiles(believed)
         previous = self.plan
         plan = choose_plan(
             server,
@@ -181,7 +182,7 @@ class Replanner:
         change = PlanChange(previous=previous, plan=plan, reason=reason, chunks=self.chunks)
         self.plan = plan
         self.changes.append(change)
-        self._rates.rebase()
+        self._rates.rebase(believed)
         return change
 
     def adopt(self, plan: Plan) -> None:
