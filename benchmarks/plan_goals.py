@@ -26,13 +26,11 @@ HERE = Path(__file__).resolve().parent
 SOURCES = (
     "plan-256-r18-slow-v5",
     "plan-256-r18-avgpool-slow-r5",
-    "plan-256-rest-1gbit-v6",
     "plan-256-rest-100mbit-v2",
     "plan-256-r18-fast-v10",
-    "plan-256-vit-1gbit-v7",
     "plan-256-vit-10mbit-v4",
     "plan-256-rest-10mbit",
-    "plan-256-r18-1gbit-v12+plan-256-r18-1gbit-v12b",
+    "plan-256-all-1gbit-v15",
 )
 """The 256-image sweeps, through the 8 KB tc bucket (`_netns.BURST`), a later one
 replacing an earlier one's equal configurations; all with the server's send order, one
@@ -43,14 +41,16 @@ were re-run after it: ResNet-18 at 5 and 10 Mbit/s with the link change
 (`-r18-slow-v5`; its two configurations to `avgpool+flatten` again with 5 repeats,
 `-r18-avgpool-slow-r5`), ResNet-50, DenseNet-121 and VGG-11 at 100 Mbit/s
 (`-rest-100mbit-v2`) and 10 Mbit/s (`-rest-10mbit`), ResNet-18 at 100 Mbit/s and 1 Gbit/s
-(`-r18-fast-v10`) and the ViT at 10 Mbit/s (`-vit-10mbit-v4`). From before it, at 1 Gbit/s
-where the call took about 1 ms: ResNet-50, DenseNet-121 and VGG-11 (`-rest-1gbit-v6`) and
-the ViT (`-vit-1gbit-v7`). `-r18-slow-v5`, `-r18-avgpool-slow-r5`, `-rest-100mbit-v2` and
-`-r18-fast-v10` ran on machines about 1.15-1.25x slower in compute than the others: each
-configuration is compared within its own sweep. All with gRPC's receive window (`connect`'s
-default); the sweeps of ResNet-18 with a held window (`-r18-fast-v11`, `-v12`,
-`-r18-100mbit-r5`, `receive_window="auto"`) are not sources. Those and the sweeps these
-replaced are in git history, not in `out/`."""
+(`-r18-fast-v10`) and the ViT at 10 Mbit/s (`-vit-10mbit-v4`). Every model at 1 Gbit/s,
+cold (`reuse_profiles=False`), after the re-planner's noise gate, its trainer priced at
+two rates and its re-plans at the believed rates (a5b2b92): `-all-1gbit-v15`, which
+replaces `-r18-fast-v10`'s 1 Gbit/s configurations; its two stopped predecessors are kept
+beside it (`-v13-partial`, `-v14-partial`) and not counted. `-r18-slow-v5`,
+`-r18-avgpool-slow-r5`, `-rest-100mbit-v2` and `-r18-fast-v10` ran on machines about
+1.15-1.25x slower in compute than the others: each configuration is compared within its
+own sweep. All with gRPC's receive window (`connect`'s default); the sweeps of ResNet-18
+with a held window (`-r18-fast-v11`, `-v12`, `-r18-100mbit-r5`, `receive_window="auto"`)
+are not sources. Those and the sweeps these replaced are in git history, not in `out/`."""
 RECALLED = ("lc-recall-r18", "lc-recall-r18-b")
 """The link-change runs of the default (gRPC's window, a re-plan that moves the chunks
 in flight recalling them: `Connection.recall`), their repeats pooled: ResNet-18's drop
