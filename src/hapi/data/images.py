@@ -157,7 +157,7 @@ def _turbo(
     a file libjpeg-turbo warns about): PIL then decodes it, or says why it cannot.
 
     Why: the same pixels as PIL's draft (both run libjpeg-turbo's scaled accurate IDCT and
-    smooth upsampling, which `exact=True` relies on; `tests/unit/test_images.py` holds
+    smooth upsampling, which `exact=True` relies on; `tests/unit/test_jpeg_decoder.py` holds
     them equal) in 0.64-0.73x its time on ~100 KB photos (`benchmarks/decoders.py`): PIL
     feeds its decoder through Python-level buffers and copies the image to convert it.
     """
