@@ -163,6 +163,7 @@ def test_action_names_are_the_documented_ones() -> None:
         "profile",
         "has_head",
         "keepalive",
+        "locate",
     ]
     assert all(a.description for a in ActionType)
 

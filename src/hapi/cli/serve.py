@@ -87,6 +87,14 @@ _LOCAL_PREFIX = typer.Option(
     help="A prefix of the store local to this server (its storage node); repeat for "
     "several. Trainers with several servers send it the chunks under it.",
 )
+_BESIDE = typer.Option(
+    None,
+    help="URL of the SeaweedFS volume server on this machine (e.g. http://127.0.0.1:8080): "
+    "trainers send this server the chunks whose bytes lie there. Needs --filer.",
+)
+_FILER = typer.Option(
+    None, help="URL of the SeaweedFS filer, which says on which volumes each object lies."
+)
 
 
 def serve(
@@ -113,6 +121,8 @@ def serve(
     feature_cache: str = _FEATURE_CACHE,
     feature_cache_size: str = _FEATURE_CACHE_SIZE,
     local_prefix: list[str] = _LOCAL_PREFIX,
+    beside: str = _BESIDE,
+    filer: str = _FILER,
     bf16_heads: bool = _BF16_HEADS,
 ) -> None:
     """Serve features computed next to the data over Arrow Flight, until Ctrl-C."""
@@ -185,6 +195,8 @@ def _announce(server: HapiServer, config: ServerConfig) -> None:
     who = f", {len(server.tenants)} tenant(s) from {config.tenants}" if config.tenants else ""
     if config.local_prefixes:
         who += f", local: {', '.join(config.local_prefixes)}"
+    if config.beside:
+        who += f", beside {config.beside}"
     if config.feature_cache:
         who += f", feature cache {config.feature_cache} ({config.feature_cache_size})"
     Console().print(

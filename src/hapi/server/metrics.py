@@ -72,6 +72,11 @@ class Metrics:
         self._session_chunks = Counter(
             "hapi_session_chunks", "Chunks completed, per open session.", session, registry=r
         )
+        self._local_read, self._remote_read = (
+            Counter(f"hapi_{where}_read_bytes", f"Object bytes read from {whose} (--beside).",
+                    registry=r)
+            for where, whose in (("local", "the server's own node"), ("remote", "other nodes"))
+        )  # fmt: skip
         self._per_session = (self._session_bytes, self._session_samples, self._session_chunks)
         self._sessions = Gauge("hapi_sessions_open", "Sessions open.", tenant, registry=r)
         self._latency = Histogram(
@@ -142,6 +147,11 @@ class Metrics:
                 self._session_bytes.labels(tenant, session).inc(nbytes)
                 self._session_samples.labels(tenant, session).inc(samples)
                 self._session_chunks.labels(tenant, session).inc()
+
+    def read_placed(self, local: int, remote: int) -> None:
+        """Count a chunk's object bytes read from the server's own node and from others."""
+        self._local_read.inc(local)
+        self._remote_read.inc(remote)
 
     def chunk_abandoned(self, tenant: str) -> None:
         """Count a chunk stream of `tenant` whose client cancelled or disconnected."""

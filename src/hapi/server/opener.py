@@ -18,6 +18,7 @@ from hapi.graph.precision import head_dtype
 from hapi.server.chunks.session import RAW_BATCH_BYTES, Session
 from hapi.server.chunks.tier import NO_FEATURE_CACHE, FeatureTier
 from hapi.server.head_cache import HeadCache, HeadLease
+from hapi.server.locality import Locality
 from hapi.server.memory.batch_memory import session_memory, session_name, tensor_bytes
 from hapi.server.memory.budget import MemoryModel
 from hapi.server.memory.scheduler import Scheduler
@@ -62,6 +63,7 @@ class SessionOpener:
         scheduler: the server's scheduler, which measures a session's memory model.
         clock: monotonic seconds, a new session's `last_used`.
         features: the server's feature cache, which its sessions' chunks use.
+        locality: where the server is in a storage cluster (`--beside`), if it says.
     """
 
     def __init__(
@@ -73,9 +75,11 @@ class SessionOpener:
         scheduler: Scheduler,
         clock: Callable[[], float],
         features: FeatureTier = NO_FEATURE_CACHE,
+        locality: Locality | None = None,
     ) -> None:
         self.config = config
         self.features = features
+        self.locality = locality
         self.heads = heads
         self.uploads = uploads
         self.scheduler = scheduler
@@ -140,6 +144,7 @@ class SessionOpener:
             tenant=tenant.name,
             weight=tenant.weight,
             features=self.features,
+            locality=self.locality,
         )
         return Opened(session, lease, graph)
 
@@ -170,6 +175,7 @@ class SessionOpener:
             head_bytes=tensor_bytes(head) if head is not None else 0,
             idle_s=self.config.session_idle_s,
             local_prefixes=[p.strip("/") for p in self.config.local_prefixes],
+            beside=self.locality.beside if self.locality is not None else "",
             device=str(self.heads.device),
             threads=torch.get_num_threads(),
         )

@@ -25,6 +25,7 @@ from hapi.server.chunks._order import SendOrder
 from hapi.server.chunks.feature_cache import open_feature_cache
 from hapi.server.chunks.session import Session
 from hapi.server.head_cache import HeadCache
+from hapi.server.locality import Locality
 from hapi.server.memory.batch_memory import device_memory
 from hapi.server.memory.limits import MemoryLimit, tightest_limit
 from hapi.server.memory.scheduler import Scheduler, never
@@ -50,9 +51,9 @@ from hapi.wire import (
     parse,
 )
 from hapi.wire.heads import head_digest_of
-from hapi.wire.messages import HasHeadRequest, KeepaliveRequest, ProfileRequest
+from hapi.wire.messages import HasHeadRequest, KeepaliveRequest, LocateRequest, ProfileRequest
 from hapi.wire.packed import Packer, packed_schema
-from hapi.wire.replies import ChunkReport, HasHeadReply, ProfileReply
+from hapi.wire.replies import ChunkReport, HasHeadReply, LocateReply, ProfileReply
 from hapi.wire.tables import table_to_ipc
 
 if TYPE_CHECKING:
@@ -133,6 +134,10 @@ class HapiServer(flight.FlightServerBase):
         self._clock = clock
         self.features = open_feature_cache(config.feature_cache, size=config.feature_cache_size)
         """Computed features kept beside the data (`--feature-cache`), shared by sessions."""
+        self.locality = Locality.of(
+            config.beside, config.filer, config.store, on_read=self.metrics.read_placed
+        )
+        """Where the server is in a SeaweedFS cluster (`--beside`); None: it does not say."""
         self.opener = SessionOpener(
             config,
             heads=self.heads,
@@ -140,6 +145,7 @@ class HapiServer(flight.FlightServerBase):
             scheduler=self.scheduler,
             clock=clock,
             features=self.features,
+            locality=self.locality,
         )
         self.profiler = Profiler(
             self.heads, self.scheduler, self.store, read_bytes=self.opener.read_bytes
@@ -280,6 +286,17 @@ class HapiServer(flight.FlightServerBase):
         self._sessions.get(parse(KeepaliveRequest, body).session, tenant)  # renews its lease
         return b"{}"
 
+    def _on_locate(self, body: bytes, tenant: Tenant, _: flight.ServerCallContext) -> bytes:
+        keys = parse(LocateRequest, body).keys
+        if self.locality is None:
+            raise InvalidRequest(
+                "this server does not know where objects lie: start it with --beside and "
+                "--filer beside a SeaweedFS volume server"
+            )
+        check_keys(self.store, tenant, keys)  # where an object lies is read access too
+        local, total = self.locality.locate(keys)
+        return LocateReply(local=local, total=total).to_bytes()
+
     _ACTIONS: ClassVar[Mapping[str, _Handler]] = {
         ActionType.OPEN_SESSION: _on_open_session,
         ActionType.CLOSE_SESSION: _on_close_session,
@@ -288,6 +305,7 @@ class HapiServer(flight.FlightServerBase):
         ActionType.PROFILE: _on_profile,
         ActionType.HAS_HEAD: _on_has_head,
         ActionType.KEEPALIVE: _on_keepalive,
+        ActionType.LOCATE: _on_locate,
     }
     """The handler of each action, by name."""
 

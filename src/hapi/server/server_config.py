@@ -77,6 +77,13 @@ class ServerConfig:
     local_prefixes: tuple[str, ...] = ()
     """Prefixes of the store local to this server (on its storage node): trainers with
     several servers send it the chunks whose keys lie there. Empty: it says nothing."""
+    beside: str | None = None
+    """URL of the SeaweedFS volume server on this server's machine (`--beside`): the server
+    answers which objects lie there, and trainers send it the chunks whose bytes do
+    (docs/locality.md). Needs `filer`. None: the server says nothing of where it is."""
+    filer: str | None = None
+    """URL of the SeaweedFS filer that says on which volumes each object lies (its path,
+    if any, is the buckets folder; `/buckets` by default)."""
     compute_slots: int | None = None
     """Batches computed at once; None: the cores this process may run on (a 1-core server
     runs one batch at a time, so the first chunk's bytes leave first)."""
@@ -136,6 +143,7 @@ class ServerConfig:
                 f"local_prefixes must be a tuple of non-empty prefixes such as "
                 f"('datasets/shard-0',), got {shorten(repr(self.local_prefixes))}"
             )
+        self._check_locality()
         if self.egress_limit is not None:
             from hapi.server.shaping import parse_rate
 
@@ -145,6 +153,18 @@ class ServerConfig:
             raise InvalidRequest(
                 f"device must be cpu, cuda or cuda:N, got {shorten(repr(self.device))}"
             )
+
+    def _check_locality(self) -> None:
+        if self.beside is None and self.filer is None:
+            return
+        from hapi.server.locality import Locality
+
+        if self.beside is None:
+            raise InvalidRequest(
+                "filer is given without beside: name the volume server on this machine "
+                "with --beside, or leave both out"
+            )
+        Locality.of(self.beside, self.filer, self.store)  # refuse bad URLs before serving
 
     def _check_security(self) -> None:
         if self.token and self.tenants:

@@ -17,6 +17,7 @@ class ActionType(StrEnum):
     PROFILE = "profile"
     HAS_HEAD = "has_head"
     KEEPALIVE = "keepalive"
+    LOCATE = "locate"
 
     @property
     def description(self) -> str:
@@ -35,4 +36,6 @@ _DESCRIPTIONS = {
     "Heads are uploaded with do_put to the descriptor path ['hapi-head', <digest>].",
     ActionType.KEEPALIVE: "Renew an open session's lease (KeepaliveRequest) so it is not closed "
     "as abandoned; returns {}, or SessionNotFound when the server does not hold it.",
+    ActionType.LOCATE: "Which bytes of some objects lie on the server's own storage node "
+    "(LocateRequest); returns LocateReply. Only a server started with --beside answers.",
 }

@@ -237,6 +237,16 @@ class ProfileRequest(_Request):
     )
 
 
+MAX_LOCATE_KEYS = 10_000
+"""The most keys one `locate` asks about (a million keys take a hundred requests)."""
+
+
+class LocateRequest(_Request):
+    """`locate`: which bytes of these objects lie on the server's own storage node."""
+
+    keys: list[Key] = Field(min_length=1, max_length=MAX_LOCATE_KEYS)
+
+
 class ManifestRequest(_Request):
     """`manifest`: list a dataset (ImageFolder layout) under a prefix of the server's store."""
 

@@ -74,6 +74,12 @@ class SessionInfo(_Reply):
         description="Prefixes of the store local to this server (its storage node): a "
         "trainer with several servers sends it the chunks whose keys lie there.",
     )
+    beside: str = Field(
+        default="",
+        description="The storage node's volume server this server shares a machine with "
+        "(`hapi serve --beside`): it answers `locate`, and a trainer sends it the chunks "
+        "whose bytes lie there. Empty: it says nothing of where it is.",
+    )
     device: str = Field(
         default="",
         description="Where the server runs heads (cpu, cuda:0); empty from an older server.",
@@ -86,6 +92,13 @@ class SessionInfo(_Reply):
         description="The dtype the session's head computes in (float32, bfloat16: "
         "`hapi.graph.precision`); empty from an older server.",
     )
+
+
+class LocateReply(_Reply):
+    """The reply to `locate`: each key's bytes on the server's node, and in all."""
+
+    local: list[int]
+    total: list[int]
 
 
 class HasHeadReply(_Reply):
@@ -229,6 +242,13 @@ class ChunkReport(_Reply):
     )
     cached: int = Field(
         default=0, ge=0, description="Keys whose features came from the server's feature cache."
+    )
+    read_bytes: int = Field(default=0, ge=0, description="Bytes the chunk read from the store.")
+    local_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="Of `read_bytes`, those read from the server's own storage node; None "
+        "from a server that does not know where it is (no `--beside`).",
     )
     sent_bytes: int | None = Field(
         default=None,

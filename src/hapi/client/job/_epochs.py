@@ -103,6 +103,9 @@ class EpochAccounts:
             fallbacks=stats.fallbacks,
             cached=stats.cached,
             server_cached=stats.server_cached,
+            read_bytes=stats.read_bytes,
+            placed_bytes=stats.placed_bytes,
+            local_bytes=stats.local_bytes,
             cache_write_failures=self._write_failures - failures,
         )
         return figures if self._totals is None else self._totals(figures)

@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from hapi.client.pipeline._merge import ChunkMerge
@@ -65,6 +66,14 @@ class Flow:
     finished = False
     observed = False
     samples_read = 0
+    read_bytes = 0
+    """Object bytes servers read for it."""
+    placed_bytes = 0
+    """Of those, the bytes of servers that know where they are (`hapi serve --beside`)."""
+    local_bytes = 0
+    """Of `placed_bytes`, the bytes read from the reading server's own node."""
+    where: np.ndarray | None = None
+    """Its places in the manifest, for the servers' `Placement`."""
 
     def __init__(
         self,

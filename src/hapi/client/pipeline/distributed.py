@@ -179,6 +179,9 @@ class DataParallel:
             "cached",
             "server_cached",
             "cache_write_failures",
+            "read_bytes",
+            "placed_bytes",
+            "local_bytes",
         )
         summed = self.sum([getattr(figures, n) for n in names])
         totals: dict[str, Any] = {n: int(v) for n, v in zip(names, summed, strict=True)}

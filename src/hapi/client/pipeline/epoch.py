@@ -74,6 +74,9 @@ class LoaderStats:
     """Samples the trainer's feature cache gave (no server, no link)."""
     server_cached: int = 0
     """Samples a server's feature cache gave (no read, no head)."""
+    read_bytes: int = 0
+    placed_bytes: int = 0
+    local_bytes: int = 0
     skipped: list[SkippedKey] = field(default_factory=list)
     records: list[ChunkRecord] = field(default_factory=list)
     """Every chunk, delivered and trained, in order."""
@@ -288,11 +291,13 @@ class EpochRun:
 
     def _issue(self, index: int, route: Route) -> None:
         keys, labels = self.chunks[index]
-        member = self.context.fetch.servers.pick(keys)
+        where = self.chunks.indices(index)
+        member = self.context.fetch.servers.pick(keys, where=where)
         # Each server's link serves its chunks in order: this one's stream is read after
         # the last one issued to the same server.
         previous = _last_on(member, self.flows) or _last_on(member, self.before)
         flow = Flow(index, keys, labels, route, previous, member, self.versions)
+        flow.where = where
         cache = self.context.fetch.cache
         if (
             self.before
@@ -333,6 +338,9 @@ class EpochRun:
         stats.skipped += flow.skipped
         stats.cached += flow.hits
         stats.server_cached += flow.server_cached
+        stats.read_bytes += flow.read_bytes
+        stats.placed_bytes += flow.placed_bytes
+        stats.local_bytes += flow.local_bytes
         stats.postprocess_s += flow.local_s
         stats.transfer_s += flow.transfer_s
         if flow.server_s is not None:

@@ -272,6 +272,10 @@ class Fetcher:
             flow.remaining.pop(skipped.key, None)
             flow.skipped.append(skipped)
         flow.server_cached += report.cached
+        flow.read_bytes += report.read_bytes
+        if report.local_bytes is not None:
+            flow.placed_bytes += report.read_bytes
+            flow.local_bytes += report.local_bytes
         if report.server_s > 0:
             flow.server_s = (flow.server_s or 0.0) + report.server_s
         flow.queue_s += report.queue_s
@@ -296,7 +300,7 @@ class Fetcher:
         servers = self.context.servers
         old = flow.member
         servers.release(old, flow.held)
-        new = servers.pick(list(flow.remaining), avoid=old)
+        new = servers.pick(list(flow.remaining), avoid=old, where=flow.where)
         flow.held = len(flow.remaining)
         if new is old:
             return

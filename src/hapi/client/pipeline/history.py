@@ -110,6 +110,19 @@ class EpochStats:
     """Features the trainer's cache could not keep: its directory refused the writes (a
     full or read-only disk), so it stopped writing and the job went on without it."""
 
+    read_bytes: int = 0
+    """Object bytes the servers read from the store for this epoch's chunks."""
+    placed_bytes: int = 0
+    """Of those, the bytes read by servers that know where they are (`--beside`)."""
+    local_bytes: int = 0
+    """Of `placed_bytes`, the bytes read from the reading server's own storage node."""
+
+    @property
+    def local_fraction(self) -> float | None:
+        """Bytes read from the reading server's own node over all bytes its servers read
+        (docs/locality.md); None where no server knows where it is."""
+        return self.local_bytes / self.placed_bytes if self.placed_bytes else None
+
     @property
     def computed(self) -> int:
         """Samples whose features were computed this epoch (on either tier)."""
@@ -138,6 +151,14 @@ class History:
     losses: list[float] = field(default_factory=list)
     epochs: list[EpochStats] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
+
+    @property
+    def local_fraction(self) -> float | None:
+        """Over every epoch, bytes read from the reading server's own storage node over
+        all bytes its servers read (`EpochStats.local_fraction` per epoch); None where
+        no server knows where it is (`hapi serve --beside`)."""
+        placed = sum(e.placed_bytes for e in self.epochs)
+        return sum(e.local_bytes for e in self.epochs) / placed if placed else None
 
     def of_kind(self, kind: EventKind) -> list[Event]:
         """The events of one kind, in order."""

@@ -16,6 +16,7 @@ from typing import overload
 
 import numpy as np
 
+from hapi.client.pipeline._home_order import home_order
 from hapi.client.pipeline.distributed import Shard
 from hapi.data import DatasetManifest
 from hapi.data.columns import Versions
@@ -60,6 +61,11 @@ class Chunks(Sequence[tuple[list[str], list[int]]]):
         at = self.order[self.bounds[j] : self.bounds[j + 1]]
         return self.manifest.keys.take(at), self.manifest.labels.take(at)
 
+    def indices(self, j: int) -> np.ndarray:
+        """Chunk `j`'s places in the manifest."""
+        j %= len(self)
+        return self.order[self.bounds[j] : self.bounds[j + 1]]
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence):
             return NotImplemented
@@ -85,6 +91,9 @@ class EpochKeys:
             first epoch's, without listing again (`CacheConfig.listing_fresh_s`); None:
             the first epoch lists.
         listing_s: how long a listing takes, where known (else guessed from the size).
+        homes: each manifest key's home server, where servers say where keys lie
+            (`Servers.place`; None: they cannot): a shuffled epoch's chunks are then each
+            one server's keys where the shuffle allows (`home_order`).
     """
 
     def __init__(
@@ -99,8 +108,10 @@ class EpochKeys:
         relist: Callable[[], DatasetManifest] | None = None,
         fresh_until: float | None = None,
         listing_s: float = 0.0,
+        homes: Callable[[], np.ndarray | None] | None = None,
     ) -> None:
         self.manifest, self.seed, self.shuffle = manifest, seed, shuffle
+        self.homes = homes
         self.chunk_size, self.batch_size = chunk_size, batch_size
         self.shard, self.relist = shard, relist
         self._lock = threading.Lock()
@@ -148,6 +159,8 @@ class EpochKeys:
 
     def _order(self, epoch: int) -> np.ndarray:
         n = len(self.manifest)
+        # Found for every order: chunks go to the servers they lie beside in any order.
+        homes = self.homes() if self.homes is not None else None
         if not self.shuffle:
             order = np.arange(n)
         else:
@@ -159,11 +172,14 @@ class EpochKeys:
                 ranks=self.shard.world if self.shard is not None else 1,
                 batch=self.batch_size,
             )
-            order = (
-                sharded
-                if sharded is not None
-                else np.random.default_rng([self.seed, epoch]).permutation(n)
-            )
+            if sharded is not None:
+                order = sharded  # a shard's members lie together already
+            else:
+                order = np.random.default_rng([self.seed, epoch]).permutation(n)
+                if homes is not None:
+                    order = home_order(
+                        order, homes, block=self.chunk_size, seed=self.seed, epoch=epoch
+                    )
         return order if self.shard is None else self.shard.take(order, self.batch_size)
 
     def chunks(self, epoch: int, *, start: int = 0) -> Chunks:

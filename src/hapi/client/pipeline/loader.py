@@ -183,7 +183,13 @@ class FeatureLoader:
             relist=self.relist,
             fresh_until=fresh_until,
             listing_s=listing_s,
+            homes=self._homes,
         )
+
+    def _homes(self) -> np.ndarray | None:
+        """Each manifest key's home server, where the servers can say (found once)."""
+        placement = self.servers.place(self.manifest.keys)
+        return placement.homes if placement is not None else None
 
     @property
     def sessions(self) -> Sessions:

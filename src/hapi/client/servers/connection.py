@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -24,6 +24,8 @@ from hapi.wire import (
     ChunkTicket,
     CloseSessionRequest,
     FeatureBatch,
+    LocateReply,
+    LocateRequest,
     ManifestRequest,
     ProfileReply,
     ProfileRequest,
@@ -332,6 +334,11 @@ class Connection:
         """
         reply = self.action(ActionType.PROFILE, request.to_bytes())
         return ProfileReply.model_validate_json(reply)
+
+    def locate(self, keys: Sequence[str]) -> LocateReply:
+        """Each key's bytes on the server's own storage node, and in all (`Server.locate`)."""
+        body = LocateRequest(keys=list(keys)).to_bytes()
+        return LocateReply.model_validate_json(self.action(ActionType.LOCATE, body))
 
     def has_head(self, digest: str) -> HasHeadReply:
         """Whether the server holds the uploaded head with `digest`, and its size limit."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -33,6 +33,7 @@ from hapi.wire import (
     ChunkReport,
     ChunkTicket,
     FeatureBatch,
+    LocateReply,
     ProfileReply,
     ProfileRequest,
     ServerStats,
@@ -112,6 +113,8 @@ class MemorySource:
     """Keys it reports skipped (a corrupt object under `on_error="skip"`)."""
     heads: dict[str, HeadArtifact] = field(default_factory=dict)
     """The heads given to it (`put_head`), by digest."""
+    local_keys: frozenset[str] | None = None
+    """Keys whose (one) byte lies on its node, for `locate`; None: it does not say."""
     _faults: list[_Fault] = field(default_factory=list)
     _sessions: set[str] = field(default_factory=set)
     _streams: list[_MemoryStream] = field(default_factory=list)
@@ -206,6 +209,11 @@ class MemorySource:
         """Refused, as by a server older than the `profile` action: a planner then scales
         the trainer's own heads."""
         raise InvalidRequest(f"{self.address} does not know the action 'profile'")
+
+    def locate(self, keys: Sequence[str]) -> LocateReply:
+        if self.local_keys is None:
+            raise InvalidRequest(f"{self.address} does not know where objects lie")
+        return LocateReply(local=[int(k in self.local_keys) for k in keys], total=[1] * len(keys))
 
     def put_head(self, artifact: HeadArtifact) -> None:
         with self._lock:

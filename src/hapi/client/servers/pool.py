@@ -1,7 +1,8 @@
 """`Servers`: the servers a loop spreads its chunks over, and which one takes each chunk.
 
-Any server can read any object; one that says some prefixes are local to it
-(`hapi serve --local-prefix`) is preferred for chunks whose keys lie there. A chunk goes
+Any server can read any object; one beside the storage node that holds a chunk's bytes
+(`hapi serve --beside`, `Placement`) or that says the chunk's prefix is local to it
+(`--local-prefix`) is preferred for it. A chunk goes
 to the server expected to finish it first, by its samples in flight and measured rate; a
 server that fails is set aside for a cool-down that doubles with each failure in a row,
 up to `MAX_COOLDOWN_S`. The reasons: `docs/loader.md`, "Several servers".
@@ -10,23 +11,34 @@ up to `MAX_COOLDOWN_S`. The reasons: `docs/loader.md`, "Several servers".
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
+import numpy as np
+
+from hapi.client.servers.placement import Placement
 from hapi.client.servers.sessions import Sessions
 from hapi.client.servers.source import Server
 from hapi.data.store.keys import key_under
-from hapi.errors import InvalidRequest
+from hapi.errors import HapiError, InvalidRequest
 
-__all__ = ["LOCAL_GAIN", "MAX_COOLDOWN_S", "Member", "Servers"]
+__all__ = ["LOCAL_GAIN", "LOCATED_GAIN", "MAX_COOLDOWN_S", "Member", "Servers"]
 
 LOCAL_GAIN = 0.5
 """How much sooner a server is expected to finish a chunk whose keys are all local to it:
 its expected time is multiplied by `1 - LOCAL_GAIN x (the local share of the keys)`."""
 
+LOCATED_GAIN = 0.8
+"""`LOCAL_GAIN` for a chunk whose bytes the servers located (`Placement`): a read from
+another node crosses the storage network, the cost pushdown exists to remove, so a
+server takes another's chunk only with five times its work waiting."""
+
 MAX_COOLDOWN_S = 8.0
 """Longest time a failed server is set aside before a chunk tries it again."""
+
+log = logging.getLogger("hapi.client")
 
 _FIRST_COOLDOWN_S = 0.5
 _DECAY = 0.7
@@ -106,6 +118,10 @@ class Servers:
         self.members = [Member(i, s) for i, s in enumerate(sessions)]
         self._clock = clock
         self._lock = threading.Lock()
+        self.placement: Placement | None = None
+        """Where each of the manifest's keys lies (`place`), if the servers can say."""
+        self._placed = threading.Lock()
+        self._placed_keys: object = None
 
     def __len__(self) -> int:
         return len(self.members)
@@ -113,13 +129,31 @@ class Servers:
     def __iter__(self) -> Iterator[Member]:
         return iter(self.members)
 
-    def pick(self, keys: Sequence[str], *, avoid: Member | None = None) -> Member:
+    def place(self, keys: Sequence[str]) -> Placement | None:
+        """Where `keys` (the manifest's, once per loop) lie beside the servers, found on
+        the first call; None where the servers cannot say (a store that cannot, one
+        server, a failure: chunks then go by rate alone)."""
+        with self._placed:
+            if self._placed_keys is not keys:
+                self._placed_keys = keys
+                try:
+                    found = Placement.find([m.connection for m in self.members], keys)
+                except HapiError as exc:
+                    log.warning("where the keys lie is unknown, chunks go by rate: %s", exc)
+                    found = None
+                self.placement = found
+            return self.placement
+
+    def pick(
+        self, keys: Sequence[str], *, avoid: Member | None = None, where: np.ndarray | None = None
+    ) -> Member:
         """The server for a chunk of `keys`, which are counted as in flight there.
 
         Args:
             keys: the chunk's keys not yet delivered.
             avoid: the server the chunk failed on; chosen again only if every other
                 server is set aside for longer.
+            where: the chunk's places in the manifest, for `placement`.
         """
         with self._lock:
             now = self._clock()
@@ -131,12 +165,12 @@ class Servers:
             else:
                 rates = [m.rate for m in up if m.rate is not None]
                 default = sum(rates) / len(rates) if rates else 1.0
-                local = {m.index: m.local_share(keys) for m in up}
+                local, gain = self._local(keys, up, where)
                 # On a tie, the server the keys are local to.
                 chosen = min(
                     up,
                     key=lambda m: (
-                        self._finish_s(m, keys, default, local[m.index]),
+                        self._finish_s(m, keys, default, gain * local[m.index]),
                         -local[m.index],
                     ),
                 )
@@ -180,10 +214,19 @@ class Servers:
         with self._lock:
             member.inflight = max(0, member.inflight - samples)
 
-    def _finish_s(self, member: Member, keys: Sequence[str], default: float, local: float) -> float:
-        """When `member` would finish a chunk of `keys`, `local` of them local to it."""
+    def _local(
+        self, keys: Sequence[str], up: Sequence[Member], where: np.ndarray | None
+    ) -> tuple[dict[int, float], float]:
+        """Each server's share of the chunk local to it, and what that share is worth."""
+        if self.placement is not None and where is not None:
+            shares = self.placement.shares(where)
+            return {m.index: shares[m.index] for m in up}, LOCATED_GAIN
+        return {m.index: m.local_share(keys) for m in up}, LOCAL_GAIN
+
+    def _finish_s(self, member: Member, keys: Sequence[str], default: float, gain: float) -> float:
+        """When `member` would finish a chunk of `keys`, `gain` sooner for what is local."""
         rate = member.rate if member.rate is not None else default
-        return (member.inflight + len(keys)) / rate * (1.0 - LOCAL_GAIN * local)
+        return (member.inflight + len(keys)) / rate * (1.0 - gain)
 
     def __enter__(self) -> Servers:
         with contextlib.ExitStack() as stack:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from hapi.graph import HeadArtifact
     from hapi.wire import (
         ChunkTicket,
+        LocateReply,
         ProfileReply,
         ProfileRequest,
         ServerStats,
@@ -87,6 +88,14 @@ class Server(Protocol):
 
     def put_head(self, artifact: HeadArtifact) -> None:
         """Give the server a head it does not have (the job's own model), once."""
+        ...
+
+    def locate(self, keys: Sequence[str]) -> LocateReply:
+        """Each key's bytes on the server's own storage node, and in all.
+
+        Raises:
+            InvalidRequest: a server that does not know where it is (no `--beside`).
+        """
         ...
 
 

@@ -30,6 +30,7 @@ from hapi.server.chunks._batches import WIRE_BATCH_BYTES, Sent, Wire, encode, sa
 from hapi.server.chunks._counters import SessionCounters, TimedReads
 from hapi.server.chunks._outbox import Outbox
 from hapi.server.chunks.tier import NO_FEATURE_CACHE, FeatureTier
+from hapi.server.locality import Locality
 from hapi.server.memory.batch_memory import decoding, object_decode_bytes
 from hapi.server.memory.budget import MemoryModel
 from hapi.server.memory.scheduler import Demand, Grant, Place, Scheduler
@@ -91,6 +92,8 @@ class Session:
     """The server's feature cache: chunks send its hits and offer it their misses."""
     head_dtype: torch.dtype = torch.float32
     """What the head computes in (`hapi.graph.precision`)."""
+    locality: Locality | None = None
+    """Where the server is in a storage cluster: its chunks count their local bytes."""
 
     def run_chunk(self, ticket: ChunkTicket, store: ObjectStore) -> Outbox[Wire]:
         """Start reading, decoding, transforming and running the head over a chunk, now;
@@ -165,6 +168,11 @@ class Session:
                     self.stats.add(read_s=reads.waited, bytes_read=reads.nbytes)
             if out.closed:
                 return  # the client left: the chunk is not done, and nobody reads a report
+            local = (
+                self.locality.count(lookup.to_read, reads.nbytes)
+                if self.locality is not None
+                else None
+            )
             report = ChunkReport(
                 chunk=ticket.chunk,
                 skipped=skipped,
@@ -172,6 +180,8 @@ class Session:
                 queue_s=clock.queue_s,
                 free_share=self.scheduler.free_share(running_self=0),
                 cached=lookup.cached,
+                read_bytes=reads.nbytes,
+                local_bytes=local,
             ).to_bytes()
             self.stats.add(chunks=1, skipped=len(skipped))
             out.put((pa.RecordBatch.from_pylist([], schema=self.schema), report))

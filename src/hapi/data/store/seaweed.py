@@ -1,0 +1,174 @@
+"""Where a SeaweedFS store's objects live: the volumes that hold each object's bytes, and
+the volumes a volume server holds - what lets a job send each chunk to the server beside
+its data (docs/locality.md).
+
+The filer answers both halves of "where is this key" that S3 cannot: an entry lists its
+chunks' file ids (`<volume>,<needle>`), and a volume server's `/status` lists its volumes.
+Replicas are the same volume on several servers, so an object is local to every server
+holding one of its volumes. An object the filer keeps inline has no volume: it is local
+nowhere, and any server reads it as well as another.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from hapi.data.shards.members import split_member
+from hapi.errors import InvalidRequest, ObjectNotFound, StoreUnavailable, shorten
+
+__all__ = ["Placement", "SeaweedLocator", "volume_ids"]
+
+Placement = Mapping[int, int]
+"""An object's bytes by the volume that holds them (empty: inline, local nowhere)."""
+
+LISTED_AT = 32
+"""Keys of one directory from which the directory is listed (its entries carry their
+chunks, a thousand a request) rather than each key looked up."""
+_PAGE = 1000
+_WORKERS = 8
+
+
+def _get_json(url: str, timeout: float) -> Any:
+    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
+            return json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            raise ObjectNotFound(f"SeaweedFS has no entry {shorten(url)}") from None
+        raise StoreUnavailable(f"SeaweedFS answered {exc.code} to {shorten(url)}") from None
+    except (OSError, ValueError) as exc:
+        raise StoreUnavailable(
+            f"SeaweedFS at {shorten(url)} cannot be reached ({exc}): check the filer's or "
+            "volume server's URL (hapi serve --filer, --beside) and that it runs"
+        ) from None
+
+
+def check_http_url(url: str, what: str) -> str:
+    """`url` without a trailing slash, if it is an http(s) URL with a host.
+
+    Raises:
+        InvalidRequest: it is not.
+    """
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise InvalidRequest(
+            f"{what} must be an http(s) URL such as http://127.0.0.1:8080, got {shorten(url)!r}"
+        )
+    return url.rstrip("/")
+
+
+def volume_ids(volume_server: str, *, timeout: float = 10.0) -> frozenset[int]:
+    """The volumes a SeaweedFS volume server holds now (its `/status`).
+
+    Raises:
+        StoreUnavailable: it cannot be reached or answers no status.
+    """
+    status = _get_json(f"{check_http_url(volume_server, 'a volume server')}/status", timeout)
+    return frozenset(int(v["Id"]) for v in status.get("Volumes") or [])
+
+
+def _placement(entry: Mapping[str, Any]) -> dict[int, int]:
+    placed: dict[int, int] = {}
+    for chunk in entry.get("chunks") or []:
+        volume = (chunk.get("fid") or {}).get("volume_id")
+        if volume is None:  # older filers: only the "3,01637037d6" form
+            volume = str(chunk.get("file_id", "")).partition(",")[0] or None
+        if volume is not None:
+            placed[int(volume)] = placed.get(int(volume), 0) + int(chunk.get("size", 0))
+    return placed
+
+
+class SeaweedLocator:
+    """Each key's placement in a SeaweedFS bucket, from its filer; kept for `ttl_s`
+    (volumes move, rarely), so a job's keys are looked up once.
+
+    Args:
+        filer: the filer's URL; its path, if any, is the buckets folder (`/buckets` when
+            none is given, SeaweedFS's default).
+        bucket: the S3 bucket.
+        prefix: the store's prefix in the bucket (`s3://bucket/prefix`).
+        ttl_s: how long a placement is trusted.
+        timeout: seconds for each request to the filer.
+    """
+
+    def __init__(
+        self,
+        filer: str,
+        bucket: str,
+        prefix: str = "",
+        *,
+        ttl_s: float = 300.0,
+        timeout: float = 10.0,
+    ) -> None:
+        base = urllib.parse.urlparse(check_http_url(filer, "the filer"))
+        folder = base.path.rstrip("/") or "/buckets"
+        self.filer = base._replace(path="").geturl()
+        self.root = "/".join(p for p in (folder, bucket, prefix.strip("/")) if p.strip("/"))
+        self.ttl_s, self.timeout = ttl_s, timeout
+        self._known: dict[str, tuple[float, dict[int, int]]] = {}
+        self._lock = threading.Lock()
+
+    def locate(self, keys: Sequence[str]) -> list[dict[int, int]]:
+        """Each key's placement, in order. A shard member's is its shard's; a key the
+        filer does not have is placed nowhere (its read will say it is missing).
+
+        Raises:
+            StoreUnavailable: the filer cannot be reached.
+        """
+        objects = [(split_member(k) or (k, ""))[0] for k in keys]
+        now = time.monotonic()
+        with self._lock:
+            known = {o: p for o, (t, p) in self._known.items() if now - t < self.ttl_s}
+        wanted = sorted(set(objects) - known.keys())
+        by_dir: dict[str, list[str]] = {}
+        for name in wanted:
+            by_dir.setdefault(name.rpartition("/")[0], []).append(name)
+        found: dict[str, dict[int, int]] = {}
+        with ThreadPoolExecutor(_WORKERS, thread_name_prefix="hapi-locate") as pool:
+            singles = [n for d, names in by_dir.items() if len(names) < LISTED_AT for n in names]
+            listed = [d for d, names in by_dir.items() if len(names) >= LISTED_AT]
+            for entries in pool.map(self._listing, listed):
+                found.update(entries)
+            found.update(zip(singles, pool.map(self._entry, singles), strict=True))
+        with self._lock:
+            for name in wanted:
+                self._known[name] = (now, found.get(name, {}))
+            known.update((n, found.get(n, {})) for n in wanted)
+        return [known[o] for o in objects]
+
+    def _path(self, name: str) -> str:
+        return urllib.parse.quote("/".join(p for p in (self.root, name) if p))
+
+    def _entry(self, name: str) -> dict[int, int]:
+        url = f"{self.filer}{self._path(name)}?metadata=true&resolveManifest=true"
+        try:
+            return _placement(_get_json(url, self.timeout))
+        except ObjectNotFound:
+            return {}
+
+    def _listing(self, directory: str) -> dict[str, dict[int, int]]:
+        """Every entry of one directory, a page at a time, by its key."""
+        base = f"{self.filer}{self._path(directory)}/"
+        strip = f"{self.root}/".lstrip("/")
+        out: dict[str, dict[int, int]] = {}
+        last = ""
+        while True:
+            query = urllib.parse.urlencode({"limit": _PAGE, "lastFileName": last})
+            try:
+                page = _get_json(f"{base}?{query}", self.timeout)
+            except ObjectNotFound:
+                return out
+            entries = page.get("Entries") or []
+            for entry in entries:
+                out[str(entry["FullPath"]).lstrip("/").removeprefix(strip)] = _placement(entry)
+            last = str(page.get("LastFileName") or "")
+            if not page.get("ShouldDisplayLoadMore") or not entries or not last:
+                return out
