@@ -60,6 +60,10 @@ def test_a_rate_is_samples_over_the_time_between_finishes_while_busy() -> None:
     clock = _Clock()
     servers = _servers(1, clock)
     (member,) = servers.members
+    servers.pick(_keys(0))
+    clock.now += 5.0
+    servers.finished(member, 8, 8, measured=True)
+    assert member.rate is None  # the first chunk opened the session: not the server's rate
     for _ in range(2):
         servers.pick(_keys(0))  # busy from now
     clock.now += 2.0

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from urllib.parse import urlparse
 
 from hapi.data.store.seaweed import SeaweedLocator, check_http_url, volume_ids
@@ -54,6 +54,7 @@ class Locality:
         self._volumes_at = -VOLUMES_TTL_S
         self._lock = threading.Lock()
         self._warned = False
+        self._later = threading.Lock()
 
     @classmethod
     def of(
@@ -113,19 +114,41 @@ class Locality:
 
     def count(self, keys: Sequence[str], nbytes: int) -> int | None:
         """Of `nbytes` read for `keys`, the bytes read from this server's node (shard
-        members count their shard's share); None when the filer cannot say."""
+        members count their shard's share), counted in the metrics.
+
+        Known where the keys' placements are (a trainer asked this server to locate
+        them, as a job over several servers does); else None at once, and the filer is
+        asked in the background so that the metrics count them. A chunk's report never
+        waits for the filer."""
         if nbytes <= 0 or not keys:
             return 0
-        try:
-            local, total = self.locate(keys)
-        except HapiError as exc:
-            self._warn(exc)
+        placements = self.locator.cached(keys)
+        if placements is None:
+            self._count_later(list(keys), nbytes)
             return None
-        share = sum(local) / sum(total) if sum(total) else 0.0
-        mine = round(nbytes * share)
+        return self._counted(placements, nbytes)
+
+    def _counted(self, placements: Sequence[Mapping[int, int]], nbytes: int) -> int:
+        mine = self.volumes()
+        local = sum(n for p in placements for v, n in p.items() if v in mine)
+        total = sum(n for p in placements for n in p.values())
+        read_here = round(nbytes * local / total) if total else 0
         if self._on_read is not None:
-            self._on_read(mine, nbytes - mine)
-        return mine
+            self._on_read(read_here, nbytes - read_here)
+        return read_here
+
+    def _count_later(self, keys: list[str], nbytes: int) -> None:
+        def run() -> None:
+            try:
+                self._counted(self.locator.locate(keys), nbytes)
+            except HapiError as exc:
+                self._warn(exc)
+            finally:
+                self._later.release()
+
+        # One lookup at a time: a server whose chunks outrun the filer counts fewer.
+        if self._later.acquire(blocking=False):
+            threading.Thread(target=run, name="hapi-locate-count", daemon=True).start()
 
     def _warn(self, exc: HapiError) -> None:
         if not self._warned:

@@ -31,6 +31,8 @@ Placement = Mapping[int, int]
 LISTED_AT = 32
 """Keys of one directory from which the directory is listed (its entries carry their
 chunks, a thousand a request) rather than each key looked up."""
+MAX_KNOWN = 2_000_000
+"""Placements kept at most (about 200 bytes each)."""
 _PAGE = 1000
 _WORKERS = 8
 
@@ -75,6 +77,12 @@ def volume_ids(volume_server: str, *, timeout: float = 10.0) -> frozenset[int]:
     return frozenset(int(v["Id"]) for v in status.get("Volumes") or [])
 
 
+def _object_of(key: str) -> str:
+    """The object a key reads: a shard member's shard, else the key."""
+    member = split_member(key)
+    return member[0] if member else key
+
+
 def _placement(entry: Mapping[str, Any]) -> dict[int, int]:
     placed: dict[int, int] = {}
     for chunk in entry.get("chunks") or []:
@@ -97,6 +105,7 @@ class SeaweedLocator:
         prefix: the store's prefix in the bucket (`s3://bucket/prefix`).
         ttl_s: how long a placement is trusted.
         timeout: seconds for each request to the filer.
+        listed_at: keys of one directory from which it is listed (`LISTED_AT`).
     """
 
     def __init__(
@@ -107,12 +116,13 @@ class SeaweedLocator:
         *,
         ttl_s: float = 300.0,
         timeout: float = 10.0,
+        listed_at: int = LISTED_AT,
     ) -> None:
         base = urllib.parse.urlparse(check_http_url(filer, "the filer"))
         folder = base.path.rstrip("/") or "/buckets"
         self.filer = base._replace(path="").geturl()
         self.root = "/".join(p for p in (folder, bucket, prefix.strip("/")) if p.strip("/"))
-        self.ttl_s, self.timeout = ttl_s, timeout
+        self.ttl_s, self.timeout, self.listed_at = ttl_s, timeout, listed_at
         self._known: dict[str, tuple[float, dict[int, int]]] = {}
         self._lock = threading.Lock()
 
@@ -123,26 +133,48 @@ class SeaweedLocator:
         Raises:
             StoreUnavailable: the filer cannot be reached.
         """
-        objects = [(split_member(k) or (k, ""))[0] for k in keys]
-        now = time.monotonic()
-        with self._lock:
-            known = {o: p for o, (t, p) in self._known.items() if now - t < self.ttl_s}
+        objects = [_object_of(k) for k in keys]
+        known = self._known_now(objects)
         wanted = sorted(set(objects) - known.keys())
         by_dir: dict[str, list[str]] = {}
         for name in wanted:
             by_dir.setdefault(name.rpartition("/")[0], []).append(name)
         found: dict[str, dict[int, int]] = {}
         with ThreadPoolExecutor(_WORKERS, thread_name_prefix="hapi-locate") as pool:
-            singles = [n for d, names in by_dir.items() if len(names) < LISTED_AT for n in names]
-            listed = [d for d, names in by_dir.items() if len(names) >= LISTED_AT]
+            many = self.listed_at
+            singles = [n for d, names in by_dir.items() if len(names) < many for n in names]
+            listed = [d for d, names in by_dir.items() if len(names) >= many]
             for entries in pool.map(self._listing, listed):
-                found.update(entries)
+                found.update(entries)  # a directory's every entry: asked for next
             found.update(zip(singles, pool.map(self._entry, singles), strict=True))
-        with self._lock:
-            for name in wanted:
-                self._known[name] = (now, found.get(name, {}))
-            known.update((n, found.get(n, {})) for n in wanted)
+        found.update((n, {}) for n in wanted if n not in found)
+        self._keep(found)
+        known.update(found)
         return [known[o] for o in objects]
+
+    def cached(self, keys: Sequence[str]) -> list[dict[int, int]] | None:
+        """`locate`'s answer if every key's placement is known and fresh; else None,
+        without asking the filer."""
+        objects = [_object_of(k) for k in keys]
+        known = self._known_now(objects)
+        return [known[o] for o in objects] if len(known) == len(set(objects)) else None
+
+    def _known_now(self, objects: Sequence[str]) -> dict[str, dict[int, int]]:
+        now = time.monotonic()
+        with self._lock:
+            kept = ((o, self._known.get(o)) for o in objects)
+            return {o: k[1] for o, k in kept if k is not None and now - k[0] < self.ttl_s}
+
+    def _keep(self, found: Mapping[str, dict[int, int]]) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if len(self._known) + len(found) > MAX_KNOWN:
+                # The oldest half goes (a dict keeps insertion order, and so age).
+                for name in list(self._known)[: len(self._known) // 2]:
+                    del self._known[name]
+            for name, placed in found.items():
+                self._known.pop(name, None)
+                self._known[name] = (now, placed)
 
     def _path(self, name: str) -> str:
         return urllib.parse.quote("/".join(p for p in (self.root, name) if p))

@@ -1,0 +1,339 @@
+"""Beside the data on every storage node: location-aware routing against today's.
+
+A SeaweedFS cluster of three storage nodes, each in its own network namespace with a
+volume server, a filer with its S3 gateway, and a `hapi serve` reading through its own
+node's gateway; a trainer in a fourth namespace (`_cluster_net.ClusterNet`). The nodes'
+links to each other are shaped with `tc tbf` at `--between`, their links to the trainer
+at `--trainer`. Every hapi server is started with `--beside` and `--filer`, so each
+chunk's report says how many of its bytes were read on the server's own node; the two
+options differ in the trainer alone:
+
+- `today`: the trainer does not ask where keys lie (`Placement.find` returns None, as
+  with servers that cannot say): chunks of the shuffled order go by measured rate;
+- `located`: the trainer asks, groups each epoch by home and sends each chunk home.
+
+The hapi servers and every SeaweedFS process share core 1, one torch thread each; the
+trainer runs on core 0. ResNet-18 frozen to `layer4`, 64 px, fresh augmentation each epoch
+(so every epoch reads every object), ~90 KB photo-like JPEGs.
+
+    python benchmarks/locality.py                # writes benchmarks/out/locality.{json,png}
+    python benchmarks/locality.py --results      # ... and its section of benchmarks/RESULTS.md
+
+Goals (issue 54): local fraction >= 0.95; epoch time located / today <= 0.6x where the
+links between storage nodes bind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from _cluster_net import ClusterNet
+from _host import end, machine, serving, taskset
+from _results import write_section
+
+HERE = Path(__file__).resolve().parent
+NODES = 3
+MODES = ("today", "located")
+GOAL_LOCAL, GOAL_RATIO = 0.95, 0.6
+KEY, SECRET = "hapi-bench", "hapi-bench-secret"
+PORTS = {"master": 9333, "volume": 8080, "filer": 8888, "s3": 8333, "hapi": 8815}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--between", default="20mbit,100mbit", help="rates between nodes")
+    parser.add_argument("--trainer", default="1gbit", help="each node's rate to the trainer")
+    parser.add_argument("--images", type=int, default=600)
+    parser.add_argument("--stored-size", type=int, default=420, help="side of the stored JPEGs")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=HERE / "out")
+    parser.add_argument("--results", action="store_true", help="write benchmarks/RESULTS.md")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: the trainer's job
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(_job(json.loads(args.worker))))
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    with (
+        tempfile.TemporaryDirectory(prefix="hapi-locality-") as root,
+        ClusterNet(NODES, between="10gbit", trainer=args.trainer) as net,
+        ExitStack() as stack,
+    ):
+        _address_bridges(net)
+        _start_cluster(net, Path(root), stack)
+        object_bytes = _upload(net, args)
+        rows = _sweep(net, args, object_bytes)
+    out = {"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows,
+           "object_bytes": object_bytes, "machine": machine(),
+           "wall_s": time.time() - started}  # fmt: skip
+    (args.out / "locality.json").write_text(json.dumps(out, indent=1))
+    _plot(rows, args.out / "locality.png")
+    text = _section(out)
+    print(text)
+    if args.results:
+        write_section("locality", text)
+
+
+def _address_bridges(net: ClusterNet) -> None:
+    """Give this (root) namespace an address on both networks: it uploads the data and
+    waits for the servers. Nothing it sends is timed."""
+    for bridge, addr in zip(net.bridges, ("10.78.1.1/24", "10.78.2.1/24"), strict=True):
+        subprocess.run(["ip", "addr", "add", addr, "dev", bridge], check=True)
+
+
+def _weed(net: ClusterNet, i: int, args: list[str], where: Path, stack: ExitStack) -> None:
+    where.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET,
+           "TMPDIR": str(where)}  # fmt: skip
+    weed = str(Path(sys.executable).parent / "weed")
+    cmd = net.node_cmd(i, [*taskset(1), weed, "-logtostderr", f"-config_dir={where}", *args])
+    log = stack.enter_context(open(where / "weed.log", "ab"))  # noqa: SIM115 - the stack closes it
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    stack.callback(end, proc)
+
+
+def _start_cluster(net: ClusterNet, root: Path, stack: ExitStack) -> None:
+    """A master on node 0; a volume server and a filer with its S3 gateway on every node.
+    Each node's filer keeps the whole namespace (filers follow each other's changes)."""
+    master = f"{net.storage_ips[0]}:{PORTS['master']}"
+    _weed(net, 0, ["master", f"-ip={net.storage_ips[0]}", f"-port={PORTS['master']}",
+                   f"-mdir={root / 'master'}", "-peers=none", "-telemetry=false",
+                   "-defaultReplication=000", "-volumeSizeLimitMB=64"],
+          root / "master", stack)  # fmt: skip
+    _wait(f"http://{master}/cluster/status")
+    for i, ip in enumerate(net.storage_ips):
+        _weed(net, i, ["volume", f"-ip={ip}", f"-port={PORTS['volume']}", "-max=100",
+                       f"-dir={root / f'volume{i}'}", f"-master={master}", "-preStopSeconds=0"],
+              root / f"volume{i}", stack)  # fmt: skip
+    for i, ip in enumerate(net.storage_ips):
+        _wait(f"http://{ip}:{PORTS['volume']}/status")
+        _weed(net, i, ["filer", f"-ip={ip}", f"-port={PORTS['filer']}", f"-master={master}",
+                       "-s3", f"-s3.port={PORTS['s3']}", "-s3.port.iceberg=0",
+                       "-s3.port.lance=0", f"-defaultStoreDir={root / f'filer{i}'}",
+                       f"-localSocket={root / f'filer{i}' / 'f.sock'}",
+                       f"-s3.localSocket={root / f'filer{i}' / 's.sock'}"],
+              root / f"filer{i}", stack)  # fmt: skip
+    for ip in net.storage_ips:
+        _wait(f"http://{ip}:{PORTS['filer']}/")
+
+
+def _wait(url: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError as exc:
+            if getattr(exc, "code", None) is not None:
+                return  # it answers (an error status is an answer)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{url} did not answer") from None
+            time.sleep(0.3)
+
+
+def _options(ip: str) -> Any:
+    from hapi.data import StoreOptions
+
+    return StoreOptions(endpoint=f"http://{ip}:{PORTS['s3']}", access_key_id=KEY,
+                        secret_access_key=SECRET)  # fmt: skip
+
+
+def _upload(net: ClusterNet, args: argparse.Namespace) -> float:
+    """Write the photos through node 0's gateway (links not yet shaped) and wait until
+    every node's filer lists them; their mean size."""
+    from hapi.data import open_store, synth_dataset
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            store = open_store("s3://photos", _options(net.storage_ips[0]))
+            store.put(".ready", b"")
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    manifest = synth_dataset(store, "train", classes=4, per_class=args.images // 4,
+                             size=args.stored_size, seed=0, quality=90)  # fmt: skip
+    for ip in net.storage_ips:
+        while len(list(open_store("s3://photos", _options(ip)).list("train"))) < len(manifest):
+            time.sleep(0.5)
+    sizes = [store.size(k) for k in list(manifest.keys)[:50]]
+    return statistics.mean(sizes)
+
+
+def _sweep(net: ClusterNet, args: argparse.Namespace, object_bytes: float) -> list[dict[str, Any]]:
+    """Every rate between nodes; in each repeat both options, in a rotated order."""
+    rows = []
+    for between in args.between.split(","):
+        net.shape(between=between)
+        for repeat in range(args.repeats):
+            modes = MODES if repeat % 2 == 0 else MODES[::-1]
+            for mode in modes:
+                row = _run(net, args, mode)
+                rows.append({"between": between, "repeat": repeat, "mode": mode, **row})
+                print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def _run(net: ClusterNet, args: argparse.Namespace, mode: str) -> dict[str, Any]:
+    """One job over servers just started (nothing loaded, nothing cached)."""
+    procs = []
+    try:
+        for i, (ip, front) in enumerate(zip(net.storage_ips, net.front_ips, strict=True)):
+            env = {**os.environ, "AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET,
+                   "OMP_NUM_THREADS": "1"}  # fmt: skip
+            cmd = [*taskset(1), sys.executable, "-m", "hapi", "serve", "--store", "s3://photos",
+                   "--endpoint", f"http://{ip}:{PORTS['s3']}", "--host", front,
+                   "--port", str(PORTS["hapi"]), "--threads", "1",
+                   "--beside", f"http://{ip}:{PORTS['volume']}",
+                   "--filer", f"http://{ip}:{PORTS['filer']}"]  # fmt: skip
+            quiet = subprocess.DEVNULL
+            procs.append(
+                subprocess.Popen(net.node_cmd(i, cmd), env=env, stdout=quiet, stderr=quiet)
+            )
+        addresses = [f"grpc://{front}:{PORTS['hapi']}" for front in net.front_ips]
+        for proc, address in zip(procs, addresses, strict=True):
+            serving(proc, address)
+        spec = {"addresses": addresses, "mode": mode, "epochs": args.epochs}
+        with tempfile.TemporaryDirectory(prefix="hapi-locality-cache-") as cache:
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "HAPI_CACHE_DIR": cache}
+            cmd = [*taskset(0), sys.executable, __file__, "--worker", json.dumps(spec)]
+            done = subprocess.run(net.trainer_cmd(cmd), env=env, capture_output=True,
+                                  text=True, check=False, timeout=1800)  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"the job failed: {done.stderr[-2000:]}")
+        return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    finally:
+        for proc in procs:
+            end(proc)
+
+
+def _job(spec: dict[str, Any]) -> dict[str, Any]:
+    """The trainer's script: build the job, train, report what the user waited for."""
+    started = time.perf_counter()
+    import torch
+
+    torch.set_num_threads(1)
+    from hapi.client import TransferJob
+    from hapi.client.servers import placement
+
+    if spec["mode"] == "today":
+        # Today's routing: the servers could say where keys lie; the trainer does not ask.
+        placement.Placement.find = classmethod(lambda cls, servers, keys: None)  # type: ignore[assignment,method-assign]
+    job = TransferJob({"name": "resnet18", "num_classes": 4}, "train", spec["addresses"],
+                      freeze="layer4", cut=None, image_size=64, batch_size=32, chunk_size=32,
+                      prefetch=4, seed=0)  # fmt: skip
+    history = job.fit(spec["epochs"], lr=0.01)
+    return {
+        "whole_s": time.perf_counter() - started,
+        "epoch_s": [e.seconds for e in history.epochs],
+        "samples": [e.samples for e in history.epochs],
+        "local_fraction": [e.local_fraction for e in history.epochs],
+        "read_bytes": [e.read_bytes for e in history.epochs],
+        "failovers": sum(e.failovers for e in history.epochs),
+    }
+
+
+def _summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per rate between nodes: each option's medians, and located / today per repeat."""
+    out = []
+    for between in dict.fromkeys(r["between"] for r in rows):
+        at = [r for r in rows if r["between"] == between]
+        by = {m: [r for r in at if r["mode"] == m] for m in MODES}
+        pairs = [
+            (t, loc)
+            for t in by["today"]
+            for loc in by["located"]
+            if t["repeat"] == loc["repeat"]
+        ]  # fmt: skip
+        out.append({
+            "between": between,
+            **{f"{m}_epoch_s": statistics.median(r["epoch_s"][-1] for r in by[m]) for m in MODES},
+            **{f"{m}_whole_s": statistics.median(r["whole_s"] for r in by[m]) for m in MODES},
+            **{f"{m}_local": statistics.median(r["local_fraction"][-1] or 0.0 for r in by[m])
+               for m in MODES},
+            "epoch_ratio": statistics.median(
+                loc["epoch_s"][-1] / t["epoch_s"][-1] for t, loc in pairs),
+            "whole_ratio": statistics.median(loc["whole_s"] / t["whole_s"] for t, loc in pairs),
+        })  # fmt: skip
+    return out
+
+
+def _section(out: dict[str, Any]) -> str:
+    args, rows = out["args"], out["rows"]
+    lines = [
+        "## Locality: chunks read beside their bytes on a storage cluster",
+        "",
+        f"{NODES} SeaweedFS storage nodes in their own network namespaces (volume server, "
+        f"filer + S3 gateway, `hapi serve --beside --filer` each; all on core 1), the trainer "
+        f"in a fourth (core 0); links between nodes shaped at each rate below, "
+        f"{args['trainer']} to the trainer. ResNet-18 to `layer4` at 64 px, fresh "
+        f"augmentation, {args['images']} photo-like JPEGs of {out['object_bytes'] / 1e3:.0f} KB, "
+        f"{args['epochs']} epochs, {args['repeats']} repeats, both options in each "
+        f"(medians; ratios per repeat). `today`: the trainer does not ask where keys lie; "
+        f"`located`: it does (issue 54). {out['machine']}.",
+        "",
+        "| between nodes | local fraction today / located | last epoch today / located (s) "
+        "| located / today | whole run today / located (s) | located / today |",
+        "|---|---|---|---|---|---|",
+    ]
+    for s in _summary(rows):
+        lines.append(
+            f"| {s['between']} | {s['today_local']:.2f} / **{s['located_local']:.2f}** | "
+            f"{s['today_epoch_s']:.1f} / {s['located_epoch_s']:.1f} | "
+            f"**{s['epoch_ratio']:.2f}x** | "
+            f"{s['today_whole_s']:.1f} / {s['located_whole_s']:.1f} | {s['whole_ratio']:.2f}x |"
+        )
+    lines += [
+        "",
+        f"Goals: local fraction >= {GOAL_LOCAL}, epoch time located / today <= {GOAL_RATIO}x "
+        "where the links between nodes bind. Every run trained every sample once "
+        f"(samples per epoch: {sorted({n for r in rows for n in r['samples']})}).",
+        "",
+        "    python benchmarks/locality.py --results",
+        "",
+        "![locality](out/locality.png)",
+    ]
+    return "\n".join(lines)
+
+
+def _plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = _summary(rows)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4))
+    xs = range(len(summary))
+    for k, (mode, color) in enumerate(zip(MODES, ("tab:gray", "tab:green"), strict=True)):
+        at = [x + (k - 0.5) * 0.38 for x in xs]
+        left.bar(at, [s[f"{mode}_epoch_s"] for s in summary], 0.38, label=mode, color=color)
+        right.bar(at, [s[f"{mode}_local"] for s in summary], 0.38, label=mode, color=color)
+    for ax, label in ((left, "last epoch, s (median)"), (right, "bytes read on own node")):
+        ax.set_xticks(list(xs), [f"{s['between']} between nodes" for s in summary], fontsize=8)
+        ax.set_ylabel(label)
+        ax.legend(fontsize=7)
+    right.axhline(GOAL_LOCAL, color="k", lw=0.8, ls="--")
+    fig.suptitle("3 storage nodes: chunks routed by measured rate (today) or beside their bytes",
+                 fontsize=9)  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""Where keys lie beside servers (`Placement`), epochs grouped by home (`home_order`), and
+chunks sent to the server beside their bytes (`Servers.pick`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hapi.client.pipeline._home_order import WINDOW_CHUNKS, home_order
+from hapi.client.servers.memory import MemorySource
+from hapi.client.servers.placement import NO_HOME, Placement
+from hapi.client.servers.pool import Servers
+from hapi.client.servers.sessions import Sessions
+
+
+def _homes(n: int, servers: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, servers, n)
+
+
+def test_home_order_keeps_every_key_once_and_makes_chunks_of_one_home() -> None:
+    n, block, servers = 10_000, 64, 3
+    homes = _homes(n, servers)
+    shuffled = np.random.default_rng(1).permutation(n)
+    order = home_order(shuffled, homes, block=block, seed=1, epoch=0)
+    assert sorted(order.tolist()) == list(range(n))
+    chunks = [order[i : i + block] for i in range(0, n, block)]
+    pure = sum(len(set(homes[c].tolist())) == 1 for c in chunks)
+    # Where two homes meet in a window one chunk is mixed: at most 2 of each 48 here.
+    assert pure / len(chunks) >= 1 - (servers - 1) / (servers * WINDOW_CHUNKS) - 0.02
+    # Still a shuffle: the chunks' homes alternate, and each window keeps its own keys.
+    assert len({int(homes[c[0]]) for c in chunks[:12]}) == servers
+    window = block * servers * WINDOW_CHUNKS
+    assert set(order[:window].tolist()) == set(shuffled[:window].tolist())
+
+
+def test_home_order_is_the_same_for_the_same_epoch_and_differs_between_epochs() -> None:
+    homes = _homes(1000, 2)
+    shuffled = np.random.default_rng(2).permutation(1000)
+    one = home_order(shuffled, homes, block=10, seed=4, epoch=1)
+    assert np.array_equal(one, home_order(shuffled, homes, block=10, seed=4, epoch=1))
+    assert not np.array_equal(one, home_order(shuffled, homes, block=10, seed=4, epoch=2))
+
+
+def test_home_order_keeps_the_short_last_chunk_last() -> None:
+    # Chunks are cut at multiples of the block from the start: a short block anywhere
+    # but last would put every chunk after it astride two blocks.
+    homes = _homes(1005, 3)
+    shuffled = np.random.default_rng(3).permutation(1005)
+    order = home_order(shuffled, homes, block=10, seed=0, epoch=0)
+    chunks = [order[i : i + 10] for i in range(0, 1005, 10)]
+    assert len(chunks[-1]) == 5
+    assert sum(len(set(homes[c].tolist())) == 1 for c in chunks[:-1]) >= 0.9 * 100
+
+
+def test_one_home_leaves_the_order_as_it_is() -> None:
+    shuffled = np.random.default_rng(3).permutation(100)
+    homes = np.zeros(100, dtype=np.int64)
+    assert home_order(shuffled, homes, block=10, seed=0, epoch=0) is shuffled
+
+
+def test_replicas_spread_their_keys_over_the_servers_that_hold_them() -> None:
+    # Every key on servers 0 and 1 (a replicated volume), some also on 2 in part.
+    local = np.array([[5, 5, 0]] * 100 + [[0, 0, 0]] * 3 + [[2, 0, 7]] * 10)
+    placement = Placement(local, local.max(axis=1) + 1)
+    homes = placement.homes
+    counts = np.bincount(homes[:100], minlength=3)
+    assert counts[0] == counts[1] == 50 and counts[2] == 0
+    assert (homes[100:103] == NO_HOME).all() and (homes[103:] == 2).all()
+    shares = placement.shares(np.arange(100))
+    assert shares[0] == shares[1] == pytest.approx(5 / 6) and shares[2] == 0
+
+
+def _pool(local_keys: list[set[str] | None]) -> Servers:
+    sources = [
+        MemorySource(address=f"memory://{i}", local_keys=frozenset(k) if k is not None else None)
+        for i, k in enumerate(local_keys)
+    ]
+    return Servers([Sessions(s, None) for s in sources])
+
+
+def test_chunks_go_to_the_server_their_bytes_lie_beside() -> None:
+    keys = [f"k{i}" for i in range(12)]
+    servers = _pool([set(keys[:6]), set(keys[6:])])
+    placement = servers.place(keys)
+    assert placement is not None and placement.homes.tolist() == [0] * 6 + [1] * 6
+    for start in (0, 6, 3, 9):
+        where = np.arange(start, start + 3)
+        member = servers.pick(keys[start : start + 3], where=where)
+        assert member.index == (start >= 6)
+    # Piled up at its home (ten times the other's work), a chunk goes to the other.
+    servers.members[0].inflight = 100
+    assert servers.pick(keys[:3], where=np.arange(3)).index == 1
+
+
+def test_without_two_servers_that_know_where_they_are_there_is_no_placement() -> None:
+    keys = ["a", "b"]
+    assert _pool([{"a"}, None]).place(keys) is None  # one server says, the other cannot
+    assert _pool([{"a"}]).place(keys) is None  # one server takes every chunk anyway
+    assert _pool([set(), set()]).place(keys) is None  # no byte lies beside any
