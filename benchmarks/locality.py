@@ -8,8 +8,9 @@ at `--trainer`. Every hapi server is started with `--beside` and `--filer`, so e
 chunk's report says how many of its bytes were read on the server's own node; the two
 options differ in the trainer alone:
 
-- `today`: the trainer does not ask where keys lie (`Placement.find` returns None, as
-  with servers that cannot say): chunks of the shuffled order go by measured rate;
+- `today`: the trainer does not use where keys lie (the servers are asked, so their
+  reports count the bytes read on their own node): chunks of the shuffled order go by
+  measured rate, as with servers that cannot say;
 - `located`: the trainer asks, groups each epoch by home and sends each chunk home.
 
 The hapi servers and every SeaweedFS process share core 1, one torch thread each; the
@@ -75,7 +76,7 @@ def main() -> None:
         _address_bridges(net)
         _start_cluster(net, Path(root), stack)
         object_bytes = _upload(net, args)
-        rows = _sweep(net, args, object_bytes)
+        rows = _sweep(net, args, Path(root))
     out = {"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows,
            "object_bytes": object_bytes, "machine": machine(),
            "wall_s": time.time() - started}  # fmt: skip
@@ -118,15 +119,17 @@ def _start_cluster(net: ClusterNet, root: Path, stack: ExitStack) -> None:
         _weed(net, i, ["volume", f"-ip={ip}", f"-port={PORTS['volume']}", "-max=100",
                        f"-dir={root / f'volume{i}'}", f"-master={master}", "-preStopSeconds=0"],
               root / f"volume{i}", stack)  # fmt: skip
-    for i, ip in enumerate(net.storage_ips):
+    for ip in net.storage_ips:
         _wait(f"http://{ip}:{PORTS['volume']}/status")
+    for i, ip in enumerate(net.storage_ips):
         _weed(net, i, ["filer", f"-ip={ip}", f"-port={PORTS['filer']}", f"-master={master}",
                        "-s3", f"-s3.port={PORTS['s3']}", "-s3.port.iceberg=0",
                        "-s3.port.lance=0", f"-defaultStoreDir={root / f'filer{i}'}",
                        f"-localSocket={root / f'filer{i}' / 'f.sock'}",
                        f"-s3.localSocket={root / f'filer{i}' / 's.sock'}"],
               root / f"filer{i}", stack)  # fmt: skip
-    for ip in net.storage_ips:
+        # One at a time: a new filer copies the others' metadata, and quits if one it
+        # was told of does not answer yet.
         _wait(f"http://{ip}:{PORTS['filer']}/")
 
 
@@ -175,7 +178,7 @@ def _upload(net: ClusterNet, args: argparse.Namespace) -> float:
     return statistics.mean(sizes)
 
 
-def _sweep(net: ClusterNet, args: argparse.Namespace, object_bytes: float) -> list[dict[str, Any]]:
+def _sweep(net: ClusterNet, args: argparse.Namespace, logs: Path) -> list[dict[str, Any]]:
     """Every rate between nodes; in each repeat both options, in a rotated order."""
     rows = []
     for between in args.between.split(","):
@@ -183,22 +186,24 @@ def _sweep(net: ClusterNet, args: argparse.Namespace, object_bytes: float) -> li
         for repeat in range(args.repeats):
             modes = MODES if repeat % 2 == 0 else MODES[::-1]
             for mode in modes:
-                row = _run(net, args, mode)
+                row = _run(net, args, mode, logs)
                 rows.append({"between": between, "repeat": repeat, "mode": mode, **row})
                 print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
-def _run(net: ClusterNet, args: argparse.Namespace, mode: str) -> dict[str, Any]:
+def _run(net: ClusterNet, args: argparse.Namespace, mode: str, logs: Path) -> dict[str, Any]:
     """One job over servers just started (nothing loaded, nothing cached)."""
     procs = []
+    log_files = [open(logs / f"serve{i}.log", "ab") for i in range(NODES)]  # noqa: SIM115
     try:
         for i, (ip, front) in enumerate(zip(net.storage_ips, net.front_ips, strict=True)):
             env = {**os.environ, "AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET,
                    "OMP_NUM_THREADS": "1"}  # fmt: skip
-            cmd = [*taskset(1), sys.executable, "-m", "hapi", "serve", "--store", "s3://photos",
+            cmd = [*taskset(1), sys.executable, "-m", "hapi.cli", "serve", "--store", "s3://photos",
                    "--endpoint", f"http://{ip}:{PORTS['s3']}", "--host", front,
                    "--port", str(PORTS["hapi"]), "--threads", "1",
+                   "--insecure",  # the namespaces are the benchmark's own
                    "--beside", f"http://{ip}:{PORTS['volume']}",
                    "--filer", f"http://{ip}:{PORTS['filer']}"]  # fmt: skip
             quiet = subprocess.DEVNULL
@@ -206,8 +211,11 @@ def _run(net: ClusterNet, args: argparse.Namespace, mode: str) -> dict[str, Any]
                 subprocess.Popen(net.node_cmd(i, cmd), env=env, stdout=quiet, stderr=quiet)
             )
         addresses = [f"grpc://{front}:{PORTS['hapi']}" for front in net.front_ips]
-        for proc, address in zip(procs, addresses, strict=True):
-            serving(proc, address)
+        for i, (proc, address) in enumerate(zip(procs, addresses, strict=True)):
+            try:
+                serving(proc, address)
+            except RuntimeError:
+                raise RuntimeError((logs / f"serve{i}.log").read_text()[-3000:]) from None
         spec = {"addresses": addresses, "mode": mode, "epochs": args.epochs}
         with tempfile.TemporaryDirectory(prefix="hapi-locality-cache-") as cache:
             env = {**os.environ, "OMP_NUM_THREADS": "1", "HAPI_CACHE_DIR": cache}
@@ -220,6 +228,8 @@ def _run(net: ClusterNet, args: argparse.Namespace, mode: str) -> dict[str, Any]
     finally:
         for proc in procs:
             end(proc)
+        for file in log_files:
+            file.close()
 
 
 def _job(spec: dict[str, Any]) -> dict[str, Any]:
@@ -229,11 +239,18 @@ def _job(spec: dict[str, Any]) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     from hapi.client import TransferJob
-    from hapi.client.servers import placement
+    from hapi.client.servers.pool import Servers
 
     if spec["mode"] == "today":
-        # Today's routing: the servers could say where keys lie; the trainer does not ask.
-        placement.Placement.find = classmethod(lambda cls, servers, keys: None)  # type: ignore[assignment,method-assign]
+        # Today's routing: the servers find where the keys lie (so their reports count
+        # the bytes read on their own node) and the trainer does not use it.
+        locate = Servers.place
+
+        def today(self: Servers, keys: Any) -> None:
+            locate(self, keys)
+            self.placement = None
+
+        Servers.place = today  # type: ignore[method-assign,assignment]
     job = TransferJob({"name": "resnet18", "num_classes": 4}, "train", spec["addresses"],
                       freeze="layer4", cut=None, image_size=64, batch_size=32, chunk_size=32,
                       prefetch=4, seed=0)  # fmt: skip

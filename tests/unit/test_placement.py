@@ -24,13 +24,16 @@ def test_home_order_keeps_every_key_once_and_makes_chunks_of_one_home() -> None:
     order = home_order(shuffled, homes, block=block, seed=1, epoch=0)
     assert sorted(order.tolist()) == list(range(n))
     chunks = [order[i : i + block] for i in range(0, n, block)]
-    pure = sum(len(set(homes[c].tolist())) == 1 for c in chunks)
-    # Where two homes meet in a window one chunk is mixed: at most 2 of each 48 here.
-    assert pure / len(chunks) >= 1 - (servers - 1) / (servers * WINDOW_CHUNKS) - 0.02
+    mixed = [j for j, c in enumerate(chunks) if len(set(homes[c].tolist())) > 1]
+    # Only the homes' remainders at the epoch's end mix: fewer chunks than homes.
+    assert len(mixed) <= servers and all(j >= len(chunks) - servers for j in mixed)
     # Still a shuffle: the chunks' homes alternate, and each window keeps its own keys.
     assert len({int(homes[c[0]]) for c in chunks[:12]}) == servers
+    # A key moves about a window at most (its home's remainder waits for the next).
     window = block * servers * WINDOW_CHUNKS
-    assert set(order[:window].tolist()) == set(shuffled[:window].tolist())
+    first = set(order[:window].tolist())
+    assert len(first & set(shuffled[:window].tolist())) >= window - servers * block
+    assert first <= set(shuffled[: 2 * window].tolist())
 
 
 def test_home_order_is_the_same_for_the_same_epoch_and_differs_between_epochs() -> None:
@@ -48,8 +51,8 @@ def test_home_order_keeps_the_short_last_chunk_last() -> None:
     shuffled = np.random.default_rng(3).permutation(1005)
     order = home_order(shuffled, homes, block=10, seed=0, epoch=0)
     chunks = [order[i : i + 10] for i in range(0, 1005, 10)]
-    assert len(chunks[-1]) == 5
-    assert sum(len(set(homes[c].tolist())) == 1 for c in chunks[:-1]) >= 0.9 * 100
+    assert len(chunks[-1]) == 5 and sorted(order.tolist()) == list(range(1005))
+    assert all(len(set(homes[c].tolist())) == 1 for c in chunks[:-3])
 
 
 def test_one_home_leaves_the_order_as_it_is() -> None:

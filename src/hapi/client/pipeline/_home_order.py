@@ -1,11 +1,12 @@
 """`home_order`: an epoch's shuffled order regrouped so that each chunk's keys lie beside
 one server (`hapi.client.servers.placement`), as WebDataset shuffles within shards.
 
-The permutation is made first, as without placement; then each window of a few dozen
-chunks is sorted by home - stably, so each home's keys keep their shuffled order - and
-cut into chunks, whose order is shuffled within the window so every server has work at
-once. A window is a whole number of chunks, so chunk boundaries stay where they were;
-where a home's run ends inside a chunk, that one chunk is mixed.
+The permutation is made first, as without placement. Each window of it (a few dozen
+chunks) is then split by home - each home's keys keep their shuffled order - into whole
+chunks, whose order is shuffled within the window so every server has work at once. A
+home's keys short of a whole chunk wait for the next window; what is left at the epoch's
+end makes its last chunks, the only ones that mix homes. Every chunk but the last is
+whole, so chunk boundaries stay at multiples of the chunk size.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import numpy as np
 __all__ = ["WINDOW_CHUNKS", "home_order"]
 
 WINDOW_CHUNKS = 16
-"""Chunks per home in a window: the mixed chunks where homes meet are one in this many,
-and a sample moves at most this many chunks per home from its shuffled place."""
+"""Chunks per home in a window: how far (in chunks per home) a sample moves from its
+shuffled place, about."""
 
 
 def home_order(
@@ -26,24 +27,27 @@ def home_order(
 
     Args:
         order: the epoch's shuffled order.
-        homes: each manifest place's home (`NO_HOME` where none).
+        homes: each manifest place's home (`NO_HOME` where none: a home of its own).
         block: keys per chunk.
         seed: the job seed.
         epoch: the epoch (with `seed`, seeds the chunks' shuffle within windows).
     """
-    count = len(np.unique(homes))
-    if count < 2 or len(order) <= block:
+    kinds = np.unique(homes[order])
+    if len(kinds) < 2 or len(order) <= block:
         return order
     rng = np.random.default_rng([seed, epoch, 0x10CA1])
-    window = block * count * WINDOW_CHUNKS
+    window = block * len(kinds) * WINDOW_CHUNKS
+    carried = {int(h): order[:0] for h in kinds}
     out: list[np.ndarray] = []
     for start in range(0, len(order), window):
         part = order[start : start + window]
-        part = part[np.argsort(homes[part], kind="stable")]
-        blocks = [part[i : i + block] for i in range(0, len(part), block)]
-        # The epoch's one short chunk stays last, so no chunk boundary moves.
-        last = blocks.pop() if len(blocks[-1]) < block else None
+        blocks = []
+        for home in np.unique(homes[part]).tolist():
+            mine = np.concatenate([carried[home], part[homes[part] == home]])
+            whole = len(mine) - len(mine) % block
+            blocks += np.split(mine[:whole], whole // block) if whole else []
+            carried[home] = mine[whole:]
         out += [blocks[i] for i in rng.permutation(len(blocks))]
-        if last is not None:
-            out.append(last)
+    # The epoch's end: the homes' remainders, mixed, the one short chunk last.
+    out.append(np.concatenate(list(carried.values())))
     return np.concatenate(out)
