@@ -27,6 +27,7 @@ links between storage nodes bind.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -35,6 +36,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -61,6 +63,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=HERE / "out")
     parser.add_argument("--results", action="store_true", help="write benchmarks/RESULTS.md")
+    parser.add_argument("--scale-nodes", default="1,2,3", help="cluster sizes ('' for none)")
+    parser.add_argument("--scale-trainer", default="10mbit", help="each node's rate, scaling")
+    parser.add_argument("--scale-images", type=int, default=300)
+    parser.add_argument("--scale-cut", default="layer1", help="the cut, scaling")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: the trainer's job
     args = parser.parse_args()
     if args.worker:
@@ -68,24 +74,48 @@ def main() -> None:
         return
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    with (
-        tempfile.TemporaryDirectory(prefix="hapi-locality-") as root,
-        ClusterNet(NODES, between="10gbit", trainer=args.trainer) as net,
-        ExitStack() as stack,
-    ):
-        _address_bridges(net)
-        _start_cluster(net, Path(root), stack)
-        object_bytes = _upload(net, args)
-        rows = _sweep(net, args, Path(root))
-    out = {"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows,
+    with _cluster(NODES, args.trainer, args, args.images) as (net, root, object_bytes):
+        rows = _sweep(net, args, root)
+    scale = _scale(args)
+    out = {"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows, "scale": scale,
            "object_bytes": object_bytes, "machine": machine(),
            "wall_s": time.time() - started}  # fmt: skip
     (args.out / "locality.json").write_text(json.dumps(out, indent=1))
-    _plot(rows, args.out / "locality.png")
+    _plot(rows, scale, args.out / "locality.png")
     text = _section(out)
     print(text)
     if args.results:
         write_section("locality", text)
+
+
+@contextlib.contextmanager
+def _cluster(
+    nodes: int, trainer: str, args: argparse.Namespace, images: int
+) -> Iterator[tuple[ClusterNet, Path, float]]:
+    """`nodes` storage nodes with `images` photos written, links to the trainer at
+    `trainer`, between nodes unshaped until `ClusterNet.shape`; the photos' mean size."""
+    with (
+        tempfile.TemporaryDirectory(prefix="hapi-locality-") as root,
+        ClusterNet(nodes, between="10gbit", trainer=trainer) as net,
+        ExitStack() as stack,
+    ):
+        _address_bridges(net)
+        _start_cluster(net, Path(root), stack)
+        yield net, Path(root), _upload(net, args, images)
+
+
+def _scale(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Throughput with 1, 2, 3 storage nodes, each node's link to the trainer binding
+    (`--scale-trainer`) and the links between them not: a cluster of each size."""
+    rows: list[dict[str, Any]] = []
+    for nodes in (int(n) for n in args.scale_nodes.split(",") if n):
+        with _cluster(nodes, args.scale_trainer, args, args.scale_images) as (net, root, _):
+            net.shape(between="1gbit")
+            for repeat in range(args.repeats):
+                row = _run(net, args, "located", root, cut=args.scale_cut)
+                rows.append({"nodes": nodes, "repeat": repeat, **row})
+                print(json.dumps(rows[-1]), flush=True)
+    return rows
 
 
 def _address_bridges(net: ClusterNet) -> None:
@@ -154,7 +184,7 @@ def _options(ip: str) -> Any:
                         secret_access_key=SECRET)  # fmt: skip
 
 
-def _upload(net: ClusterNet, args: argparse.Namespace) -> float:
+def _upload(net: ClusterNet, args: argparse.Namespace, images: int) -> float:
     """Write the photos through node 0's gateway (links not yet shaped) and wait until
     every node's filer lists them; their mean size."""
     from hapi.data import open_store, synth_dataset
@@ -169,7 +199,7 @@ def _upload(net: ClusterNet, args: argparse.Namespace) -> float:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
-    manifest = synth_dataset(store, "train", classes=4, per_class=args.images // 4,
+    manifest = synth_dataset(store, "train", classes=4, per_class=images // 4,
                              size=args.stored_size, seed=0, quality=90)  # fmt: skip
     for ip in net.storage_ips:
         while len(list(open_store("s3://photos", _options(ip)).list("train"))) < len(manifest):
@@ -192,10 +222,12 @@ def _sweep(net: ClusterNet, args: argparse.Namespace, logs: Path) -> list[dict[s
     return rows
 
 
-def _run(net: ClusterNet, args: argparse.Namespace, mode: str, logs: Path) -> dict[str, Any]:
+def _run(
+    net: ClusterNet, args: argparse.Namespace, mode: str, logs: Path, cut: str | None = None
+) -> dict[str, Any]:
     """One job over servers just started (nothing loaded, nothing cached)."""
     procs = []
-    log_files = [open(logs / f"serve{i}.log", "ab") for i in range(NODES)]  # noqa: SIM115
+    log_files = [open(logs / f"serve{i}.log", "ab") for i in range(len(net.nodes))]  # noqa: SIM115
     try:
         for i, (ip, front) in enumerate(zip(net.storage_ips, net.front_ips, strict=True)):
             env = {**os.environ, "AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET,
@@ -216,7 +248,7 @@ def _run(net: ClusterNet, args: argparse.Namespace, mode: str, logs: Path) -> di
                 serving(proc, address)
             except RuntimeError:
                 raise RuntimeError((logs / f"serve{i}.log").read_text()[-3000:]) from None
-        spec = {"addresses": addresses, "mode": mode, "epochs": args.epochs}
+        spec = {"addresses": addresses, "mode": mode, "epochs": args.epochs, "cut": cut}
         with tempfile.TemporaryDirectory(prefix="hapi-locality-cache-") as cache:
             env = {**os.environ, "OMP_NUM_THREADS": "1", "HAPI_CACHE_DIR": cache}
             cmd = [*taskset(0), sys.executable, __file__, "--worker", json.dumps(spec)]
@@ -252,13 +284,14 @@ def _job(spec: dict[str, Any]) -> dict[str, Any]:
 
         Servers.place = today  # type: ignore[method-assign,assignment]
     job = TransferJob({"name": "resnet18", "num_classes": 4}, "train", spec["addresses"],
-                      freeze="layer4", cut=None, image_size=64, batch_size=32, chunk_size=32,
+                      freeze="layer4", cut=spec["cut"], image_size=64, batch_size=32, chunk_size=32,
                       prefetch=4, seed=0)  # fmt: skip
     history = job.fit(spec["epochs"], lr=0.01)
     return {
         "whole_s": time.perf_counter() - started,
         "epoch_s": [e.seconds for e in history.epochs],
         "samples": [e.samples for e in history.epochs],
+        "samples_per_s": [e.samples / e.seconds for e in history.epochs],
         "local_fraction": [e.local_fraction for e in history.epochs],
         "read_bytes": [e.read_bytes for e in history.epochs],
         "failovers": sum(e.failovers for e in history.epochs),
@@ -315,6 +348,7 @@ def _section(out: dict[str, Any]) -> str:
             f"**{s['epoch_ratio']:.2f}x** | "
             f"{s['today_whole_s']:.1f} / {s['located_whole_s']:.1f} | {s['whole_ratio']:.2f}x |"
         )
+    lines += _scale_lines(out.get("scale") or [], args)
     lines += [
         "",
         f"Goals: local fraction >= {GOAL_LOCAL}, epoch time located / today <= {GOAL_RATIO}x "
@@ -328,14 +362,41 @@ def _section(out: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _plot(rows: list[dict[str, Any]], path: Path) -> None:
+def _scale_summary(scale: list[dict[str, Any]]) -> list[tuple[int, float, float]]:
+    """(nodes, median samples/s of the last epoch, that over nodes x one node's)."""
+    rates = {
+        n: statistics.median(r["samples_per_s"][-1] for r in scale if r["nodes"] == n)
+        for n in dict.fromkeys(r["nodes"] for r in scale)
+    }
+    one = rates.get(1)
+    return [(n, v, v / (n * one) if one else float("nan")) for n, v in rates.items()]
+
+
+def _scale_lines(scale: list[dict[str, Any]], args: dict[str, str]) -> list[str]:
+    if not scale:
+        return []
+    lines = [
+        "",
+        f"Throughput with 1-3 storage nodes (a cluster of each size, {args['scale_images']} "
+        f"photos, cut `{args['scale_cut']}`, each node's link to the trainer "
+        f"{args['scale_trainer']} - binding - and 1gbit between nodes; `located`):",
+        "",
+        "| storage nodes | last epoch, samples/s | / (nodes x one node's) |",
+        "|---|---|---|",
+    ]
+    for nodes, rate, ratio in _scale_summary(scale):
+        lines.append(f"| {nodes} | {rate:.0f} | **{ratio:.2f}** |")
+    return lines
+
+
+def _plot(rows: list[dict[str, Any]], scale: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     summary = _summary(rows)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4))
+    fig, (left, right, third) = plt.subplots(1, 3, figsize=(12, 3.4))
     xs = range(len(summary))
     for k, (mode, color) in enumerate(zip(MODES, ("tab:gray", "tab:green"), strict=True)):
         at = [x + (k - 0.5) * 0.38 for x in xs]
@@ -346,6 +407,15 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
         ax.set_ylabel(label)
         ax.legend(fontsize=7)
     right.axhline(GOAL_LOCAL, color="k", lw=0.8, ls="--")
+    scaled = _scale_summary(scale) if scale else []
+    if scaled:
+        nodes = [n for n, _, _ in scaled]
+        third.plot(nodes, [r for _, r, _ in scaled], "o-", color="tab:green", label="located")
+        third.plot(nodes, [n * scaled[0][1] for n in nodes], ":", color="k", label="N x one node")
+        third.set_xticks(nodes)
+        third.set_xlabel("storage nodes")
+        third.set_ylabel("samples/s (last epoch)")
+        third.legend(fontsize=7)
     fig.suptitle("3 storage nodes: chunks routed by measured rate (today) or beside their bytes",
                  fontsize=9)  # fmt: skip
     fig.tight_layout()

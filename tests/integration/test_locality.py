@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from hapi.client import TransferJob, connect
 from hapi.data import open_store, synth_dataset
@@ -23,7 +24,7 @@ from ..seaweed_cluster import SeaweedCluster
 
 pytestmark = pytest.mark.s3
 
-PER_CLASS = 16
+PER_CLASS = 24
 SAMPLES = 3 * PER_CLASS
 
 
@@ -114,7 +115,7 @@ def test_a_job_reads_its_chunks_beside_their_bytes_and_each_key_once(
     assert job.history.local_fraction is not None and job.history.local_fraction >= 0.85
     local = sum(_read_bytes(s, "local") - b[0] for s, b in zip(servers, before, strict=True))
     remote = sum(_read_bytes(s, "remote") - b[1] for s, b in zip(servers, before, strict=True))
-    assert local + remote == epoch.read_bytes and local == epoch.local_bytes
+    assert (local + remote, local) == (epoch.read_bytes, epoch.local_bytes), (local, remote)
     served = [connect(s.address).stats() for s in servers]
     samples = [
         sum(x.samples for x in [*st.sessions.values(), *st.closed_sessions.values()])
@@ -192,3 +193,26 @@ def test_the_filer_places_keys_alike_listed_or_one_by_one(
     assert one_by_one.locate(["shards/s-000.tar#k1.jpg", "shards/s-000.tar#k2.cls"]) == shard * 2
     under = SeaweedLocator(f"{cluster.filer_url}/buckets", bucket, "train")
     assert under.locate([keys[0].removeprefix("train/")]) == placements[:1]
+
+
+def test_a_resumed_job_orders_its_epochs_by_the_homes_it_saved(
+    placed: tuple[SeaweedCluster, str, list[HapiServer]],
+) -> None:
+    _, _, servers = placed
+    # Exact features and a small step: the same batches train alike wherever computed.
+    first = _job(servers, exact=True)
+    first.fit(1, lr=0.001)
+    state = first.state_dict()
+    assert state["homes"] is not None and len(state["homes"]) == SAMPLES
+    # The servers listed the other way round number the homes otherwise: without the
+    # saved homes the next epoch's chunks would be other keys, and train otherwise.
+    same = _job(servers, exact=True)
+    same.fit(1, lr=0.001, resume_from=state)
+    reversed_ = _job(servers[::-1], exact=True)
+    reversed_.fit(1, lr=0.001, resume_from=state)
+    unsaved = _job(servers[::-1], exact=True)
+    unsaved.fit(1, lr=0.001, resume_from={**state, "homes": None})
+    steps = SAMPLES // 4
+    losses = [torch.tensor(j.history.losses[-steps:]) for j in (same, reversed_, unsaved)]
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(losses[2], losses[0], rtol=1e-3, atol=1e-3)

@@ -93,6 +93,12 @@ def test_a_state_taken_between_epochs_resumes_at_the_next_one(server: HapiServer
     resumed = _job(server)
     resumed.fit(1, lr=0.05, resume_from=state)
     assert resumed.history.losses == reference.history.losses
+    # The state in memory is a snapshot: the job it came from trains on, and one resumed
+    # from it updates the optimizer's momentum, and neither changes it.
+    first.fit(1, lr=0.05)
+    again = _job(server)
+    again.fit(1, lr=0.05, resume_from=state)
+    assert again.history.losses == reference.history.losses
 
 
 def test_a_state_of_another_job_is_refused(server: HapiServer) -> None:

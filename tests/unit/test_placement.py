@@ -6,11 +6,23 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hapi.client import FeatureLoader
 from hapi.client.pipeline._home_order import WINDOW_CHUNKS, home_order
 from hapi.client.servers.memory import MemorySource
 from hapi.client.servers.placement import NO_HOME, Placement
 from hapi.client.servers.pool import Servers
 from hapi.client.servers.sessions import Sessions
+from hapi.data import DatasetManifest
+from hapi.wire import SessionRequest
+
+KEYS = tuple(f"d/c{i % 2}/{i:02d}.jpg" for i in range(40))
+MANIFEST = DatasetManifest("d", KEYS, tuple(i % 2 for i in range(40)), ("c0", "c1"), ())
+
+
+def _request(cut: int) -> SessionRequest:
+    return SessionRequest(
+        model={"name": "resnet18"}, cut=cut, transforms={"ops": []}, image_size=64
+    )
 
 
 def _homes(n: int, servers: int, seed: int = 0) -> np.ndarray:
@@ -100,3 +112,40 @@ def test_without_two_servers_that_know_where_they_are_there_is_no_placement() ->
     assert _pool([{"a"}, None]).place(keys) is None  # one server says, the other cannot
     assert _pool([{"a"}]).place(keys) is None  # one server takes every chunk anyway
     assert _pool([set(), set()]).place(keys) is None  # no byte lies beside any
+
+
+def _located_loader(local: list[set[str]], **options: object) -> FeatureLoader:
+    sources = [
+        MemorySource(address=f"memory://{i}", local_keys=frozenset(keys))
+        for i, keys in enumerate(local)
+    ]
+    sessions = [Sessions(s, _request, keepalive_s=None) for s in sources]
+    return FeatureLoader(
+        sources[0], sessions, MANIFEST, batch_size=4, chunk_size=4, prefetch=2, cut=1, **options
+    )  # type: ignore[arg-type]
+
+
+def test_a_loader_groups_its_epochs_by_home_and_trains_each_key_once() -> None:
+    half = set(KEYS[:20])
+    loader = _located_loader([half, set(KEYS) - half])
+    homes = loader.homes()
+    assert homes is not None and homes.tolist() == [0] * 20 + [1] * 20
+    order = loader.order(0)
+    chunks = [order[i : i + 4] for i in range(0, len(order), 4)]
+    assert all(len({int(homes[j]) for j in c}) == 1 for c in chunks)
+    keys = [k for batch in loader.batches(0) for k in batch.keys]
+    assert sorted(keys) == sorted(KEYS)
+    placed = {m.index: m for m in loader.servers}
+    served = [{k for t in placed[i].connection.tickets for k in t.keys} for i in (0, 1)]  # type: ignore[attr-defined]
+    assert served[0] == half and served[1] == set(KEYS) - half
+
+
+def test_a_later_loop_given_the_homes_orders_as_the_first_whatever_the_servers_say() -> None:
+    # The servers listed the other way round: the same keys, other home numbers.
+    half = set(KEYS[:20])
+    first = _located_loader([half, set(KEYS) - half])
+    homes = first.homes()
+    swapped = _located_loader([set(KEYS) - half, half])
+    assert not np.array_equal(swapped.order(1), first.order(1))
+    again = _located_loader([set(KEYS) - half, half], homes=homes)
+    assert np.array_equal(again.order(1), first.order(1))

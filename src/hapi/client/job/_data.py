@@ -9,6 +9,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
+
 from hapi.cache import Cacheability, FeatureCache, cacheability
 from hapi.client.config.job import JobConfig
 from hapi.client.job._model import JobModel
@@ -209,6 +211,7 @@ class JobData:
         router: Router,
         codec: Codec,
         shard: Shard | None = None,
+        homes: np.ndarray | None = None,
     ) -> Iterator[FeatureLoader]:
         """The loader of one loop over `prefix`, its sessions closed when it ends.
 
@@ -217,6 +220,7 @@ class JobData:
             router: the loop's routes (the plan in force).
             codec: taken once per loop: its sessions, local chunks and cache agree on it.
             shard: the part of each epoch to fetch; None: the data-parallel rank's, or all.
+            homes: the keys' homes an earlier loop found (`FeatureLoader.homes`).
         """
         config, model = self.config, self.model
         fetch, seed, exact = config.fetch, config.training.seed, config.wire.exact
@@ -251,6 +255,7 @@ class JobData:
             record=self.record,
             shard=shard if shard is not None else model.dp.shard if model.dp is not None else None,
             fallback=self.fallback,
+            homes=homes,
         )
         with loader.servers:
             try:

@@ -6,6 +6,7 @@ down into them; nothing here calls back up into `TransferJob`."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import math
 import os
@@ -14,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -63,6 +65,9 @@ class Progress:
     optimizer: torch.optim.Optimizer | None = None
     resumed: Mapping[str, Any] | None = None
     """A loaded state whose optimizer and random states the next `fit` takes up."""
+    homes: np.ndarray | None = None
+    """The training keys' home servers the first `fit` found (`FeatureLoader.homes`):
+    every later epoch is grouped by these, so a resumed one has the order it had."""
 
 
 class JobLoops:
@@ -110,9 +115,11 @@ class JobLoops:
             with plans.running(train=train, replan=replan, recall=self.data.recall) as router:
                 wire = config.wire
                 codec = loop_codec(wire.dtype, wire.compression, plans.current)
+                homes = self.progress.homes if train and prefix == config.dataset else None
                 with self.data.loader(
-                    prefix, transforms, train=train, router=router, codec=codec, shard=shard
-                ) as loader:
+                    prefix, transforms, train=train, router=router, codec=codec, shard=shard,
+                    homes=homes,
+                ) as loader:  # fmt: skip
                     yield loader
         finally:
             self.progress.epoch = None
@@ -143,7 +150,9 @@ class JobLoops:
         elif state.resumed is None:
             state.position = state.step = 0  # an epoch a failure cut short starts again
         if state.resumed is not None and state.resumed["optimizer"] is not None:
-            optimizer.load_state_dict(state.resumed["optimizer"])
+            # A copy: torch keeps the given momentum tensors as its own and updates them in
+            # place, so a state resumed twice in one process began from another the 2nd time.
+            optimizer.load_state_dict(copy.deepcopy(state.resumed["optimizer"]))
         return self._fit(epochs, optimizer, progress)
 
     def _fit(
@@ -162,6 +171,7 @@ class JobLoops:
             # The loader owns the position from here; `state` keeps a copy, step by step,
             # for a `state_dict` taken between steps or after `fit` raised.
             loader.load_state_dict({"epoch": start, "position": state.position})
+            state.homes = loader.homes()
             for epoch in range(start, start + epochs):
                 state.epoch = epoch
                 self._train_mode(True)
@@ -307,11 +317,18 @@ class JobLoops:
             "epoch": state.next_epoch,
             "position": state.position,
             "step": state.step,
-            "model": model.parts.tail(model.freeze).state_dict(),
-            "optimizer": state.optimizer.state_dict() if state.optimizer else pending,
+            # Copies, not torch's views of the live tensors: a state kept in memory stays
+            # what it was when taken while this job trains on.
+            "model": copy.deepcopy(model.parts.tail(model.freeze).state_dict()),
+            "optimizer": copy.deepcopy(
+                state.optimizer.state_dict() if state.optimizer else pending
+            ),
             "plan": {"cut": cut, "share": share},
             "losses": list(self.history.losses),
             "rng": capture_rng(),
+            "homes": torch.from_numpy(state.homes.astype(np.int16))
+            if state.homes is not None
+            else None,
         }
 
     def load_state(self, state: Mapping[str, Any]) -> None:
@@ -332,6 +349,8 @@ class JobLoops:
         self.history.losses[:] = state["losses"]
         progress = self.progress
         progress.next_epoch, progress.position = state["epoch"], state["position"]
+        homes = state.get("homes")  # None in a state from before locality
+        progress.homes = homes.numpy().astype(np.int64) if homes is not None else None
         batch_size = self.config.training.batch_size
         progress.step = state.get("step", progress.position // batch_size)
         progress.optimizer = None

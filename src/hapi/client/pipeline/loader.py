@@ -86,6 +86,8 @@ class FeatureLoader:
             versions instead of listing again; None: it lists.
         listing_s: how long a listing takes, where known: the next epoch's listing
             begins that much before this one ends (`EpochKeys.list_ahead`).
+        homes: each manifest key's home server as an earlier loop of the job found them
+            (`homes()`): its shuffled epochs are grouped by these, not found again.
 
     Raises:
         InvalidRequest: a size below 1, negative retries or budget.
@@ -116,6 +118,7 @@ class FeatureLoader:
         relist: Callable[[], DatasetManifest] | None = None,
         fresh_until: float | None = None,
         listing_s: float = 0.0,
+        homes: np.ndarray | None = None,
     ) -> None:
         _check_sizes(batch_size=batch_size, chunk_size=chunk_size, prefetch=prefetch)
         self.retry = RetryPolicy(budget_s=retry_budget_s, retries=retries)
@@ -136,6 +139,7 @@ class FeatureLoader:
         self.fallback = fallback
         self.cache = cache
         self.relist = relist
+        self._given_homes = homes if homes is not None and len(homes) == len(manifest) else None
         self.stats = LoaderStats()
         self.context = self._fetch_context()
         """What fetching needs of this loader, fixed for its life."""
@@ -183,12 +187,17 @@ class FeatureLoader:
             relist=self.relist,
             fresh_until=fresh_until,
             listing_s=listing_s,
-            homes=self._homes,
+            homes=self.homes,
         )
 
-    def _homes(self) -> np.ndarray | None:
-        """Each manifest key's home server, where the servers can say (found once)."""
-        placement = self.servers.place(self.manifest.keys)
+    def homes(self) -> np.ndarray | None:
+        """Each manifest key's home server, by which shuffled epochs are grouped: those
+        an earlier loop of the job found (`homes=`), else where the servers say now
+        (found once); None where they cannot. A job keeps them, so that an epoch resumed
+        later - servers down, volumes moved - has the order it was interrupted in."""
+        placement = self.servers.place(self.manifest.keys)  # for routing, either way
+        if self._given_homes is not None:
+            return self._given_homes
         return placement.homes if placement is not None else None
 
     @property
