@@ -34,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -67,6 +68,7 @@ def main() -> None:
     parser.add_argument("--scale-trainer", default="10mbit", help="each node's rate, scaling")
     parser.add_argument("--scale-images", type=int, default=300)
     parser.add_argument("--scale-cut", default="layer1", help="the cut, scaling")
+    parser.add_argument("--kill-after-s", type=float, default=6.0, help="into the killed run")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: the trainer's job
     args = parser.parse_args()
     if args.worker:
@@ -74,10 +76,12 @@ def main() -> None:
         return
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    with _cluster(NODES, args.trainer, args, args.images) as (net, root, object_bytes):
+    with _cluster(NODES, args.trainer, args, args.images) as (net, root, object_bytes, _):
         rows = _sweep(net, args, root)
     scale = _scale(args)
+    killed = _killed(args)
     out = {"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows, "scale": scale,
+           "killed": killed,
            "object_bytes": object_bytes, "machine": machine(),
            "wall_s": time.time() - started}  # fmt: skip
     (args.out / "locality.json").write_text(json.dumps(out, indent=1))
@@ -90,18 +94,19 @@ def main() -> None:
 
 @contextlib.contextmanager
 def _cluster(
-    nodes: int, trainer: str, args: argparse.Namespace, images: int
-) -> Iterator[tuple[ClusterNet, Path, float]]:
+    nodes: int, trainer: str, args: argparse.Namespace, images: int, replication: str = "000"
+) -> Iterator[tuple[ClusterNet, Path, float, list[subprocess.Popen[bytes]]]]:
     """`nodes` storage nodes with `images` photos written, links to the trainer at
-    `trainer`, between nodes unshaped until `ClusterNet.shape`; the photos' mean size."""
+    `trainer`, between nodes unshaped until `ClusterNet.shape`; the photos' mean size and
+    the volume servers."""
     with (
         tempfile.TemporaryDirectory(prefix="hapi-locality-") as root,
         ClusterNet(nodes, between="10gbit", trainer=trainer) as net,
         ExitStack() as stack,
     ):
         _address_bridges(net)
-        _start_cluster(net, Path(root), stack)
-        yield net, Path(root), _upload(net, args, images)
+        volumes = _start_cluster(net, Path(root), stack, replication)
+        yield net, Path(root), _upload(net, args, images), volumes
 
 
 def _scale(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -109,13 +114,26 @@ def _scale(args: argparse.Namespace) -> list[dict[str, Any]]:
     (`--scale-trainer`) and the links between them not: a cluster of each size."""
     rows: list[dict[str, Any]] = []
     for nodes in (int(n) for n in args.scale_nodes.split(",") if n):
-        with _cluster(nodes, args.scale_trainer, args, args.scale_images) as (net, root, _):
+        with _cluster(nodes, args.scale_trainer, args, args.scale_images) as (net, root, _, _):
             net.shape(between="1gbit")
             for repeat in range(args.repeats):
                 row = _run(net, args, "located", root, cut=args.scale_cut)
                 rows.append({"nodes": nodes, "repeat": repeat, **row})
                 print(json.dumps(rows[-1]), flush=True)
     return rows
+
+
+def _killed(args: argparse.Namespace) -> dict[str, Any]:
+    """Replicated volumes (`001`: each on two nodes); node 1's volume server killed by its
+    pid a few seconds into the job, while its chunks are read."""
+    with _cluster(NODES, args.trainer, args, args.images, "001") as (net, root, _, volumes):
+        net.shape(between=args.between.split(",")[0])
+        timer = threading.Timer(args.kill_after_s, lambda: end(volumes[1]))
+        timer.start()
+        try:
+            return {"after_s": args.kill_after_s, **_run(net, args, "located", root)}
+        finally:
+            timer.cancel()
 
 
 def _address_bridges(net: ClusterNet) -> None:
@@ -125,7 +143,9 @@ def _address_bridges(net: ClusterNet) -> None:
         subprocess.run(["ip", "addr", "add", addr, "dev", bridge], check=True)
 
 
-def _weed(net: ClusterNet, i: int, args: list[str], where: Path, stack: ExitStack) -> None:
+def _weed(
+    net: ClusterNet, i: int, args: list[str], where: Path, stack: ExitStack
+) -> subprocess.Popen[bytes]:
     where.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET,
            "TMPDIR": str(where)}  # fmt: skip
@@ -134,21 +154,27 @@ def _weed(net: ClusterNet, i: int, args: list[str], where: Path, stack: ExitStac
     log = stack.enter_context(open(where / "weed.log", "ab"))  # noqa: SIM115 - the stack closes it
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     stack.callback(end, proc)
+    return proc
 
 
-def _start_cluster(net: ClusterNet, root: Path, stack: ExitStack) -> None:
-    """A master on node 0; a volume server and a filer with its S3 gateway on every node.
-    Each node's filer keeps the whole namespace (filers follow each other's changes)."""
+def _start_cluster(
+    net: ClusterNet, root: Path, stack: ExitStack, replication: str = "000"
+) -> list[subprocess.Popen[bytes]]:
+    """A master on node 0; a volume server and a filer with its S3 gateway on every node
+    (the volume servers returned). Each node's filer keeps the whole namespace (filers
+    follow each other's changes)."""
     master = f"{net.storage_ips[0]}:{PORTS['master']}"
     _weed(net, 0, ["master", f"-ip={net.storage_ips[0]}", f"-port={PORTS['master']}",
                    f"-mdir={root / 'master'}", "-peers=none", "-telemetry=false",
-                   "-defaultReplication=000", "-volumeSizeLimitMB=64"],
+                   f"-defaultReplication={replication}", "-volumeSizeLimitMB=64"],
           root / "master", stack)  # fmt: skip
     _wait(f"http://{master}/cluster/status")
+    volumes = []
     for i, ip in enumerate(net.storage_ips):
-        _weed(net, i, ["volume", f"-ip={ip}", f"-port={PORTS['volume']}", "-max=100",
-                       f"-dir={root / f'volume{i}'}", f"-master={master}", "-preStopSeconds=0"],
-              root / f"volume{i}", stack)  # fmt: skip
+        args = ["volume", f"-ip={ip}", f"-port={PORTS['volume']}", "-max=100",
+                f"-dir={root / f'volume{i}'}", f"-master={master}",
+                "-preStopSeconds=0"]  # fmt: skip
+        volumes.append(_weed(net, i, args, root / f"volume{i}", stack))
     for ip in net.storage_ips:
         _wait(f"http://{ip}:{PORTS['volume']}/status")
     for i, ip in enumerate(net.storage_ips):
@@ -161,6 +187,7 @@ def _start_cluster(net: ClusterNet, root: Path, stack: ExitStack) -> None:
         # One at a time: a new filer copies the others' metadata, and quits if one it
         # was told of does not answer yet.
         _wait(f"http://{ip}:{PORTS['filer']}/")
+    return volumes
 
 
 def _wait(url: str, timeout_s: float = 60.0) -> None:
@@ -349,6 +376,17 @@ def _section(out: dict[str, Any]) -> str:
             f"{s['today_whole_s']:.1f} / {s['located_whole_s']:.1f} | {s['whole_ratio']:.2f}x |"
         )
     lines += _scale_lines(out.get("scale") or [], args)
+    killed = out.get("killed")
+    if killed:
+        lines += [
+            "",
+            f"A volume server killed by its pid {killed['after_s']:.0f} s into a job on "
+            f"replicated volumes (`001`, {args['between'].split(',')[0]} between nodes): "
+            f"the epochs trained {' and '.join(map(str, killed['samples']))} of "
+            f"{args['images']} samples, each once; local fraction "
+            f"{' and '.join(f'{x:.2f}' for x in killed['local_fraction'])}, "
+            f"epochs {' and '.join(f'{x:.1f}' for x in killed['epoch_s'])} s.",
+        ]
     lines += [
         "",
         f"Goals: local fraction >= {GOAL_LOCAL}, epoch time located / today <= {GOAL_RATIO}x "

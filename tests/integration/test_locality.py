@@ -111,8 +111,10 @@ def test_a_job_reads_its_chunks_beside_their_bytes_and_each_key_once(
     (epoch,) = job.fit(1, lr=0.05).epochs
     assert epoch.samples == SAMPLES and not epoch.skipped
     assert epoch.read_bytes > 0 and epoch.placed_bytes == epoch.read_bytes
-    # Chunks of random keys over 3 nodes would read about 40% locally.
-    assert job.history.local_fraction is not None and job.history.local_fraction >= 0.85
+    # Chunks of random keys over 3 nodes read about 35% locally. On loopback another
+    # node's bytes come as fast as a server's own, so the servers take some of the node
+    # holding most keys' chunks once they measure that (the routing's unit tests).
+    assert job.history.local_fraction is not None and job.history.local_fraction >= 0.6
     local = sum(_read_bytes(s, "local") - b[0] for s, b in zip(servers, before, strict=True))
     remote = sum(_read_bytes(s, "remote") - b[1] for s, b in zip(servers, before, strict=True))
     assert (local + remote, local) == (epoch.read_bytes, epoch.local_bytes), (local, remote)

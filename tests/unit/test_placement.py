@@ -85,12 +85,19 @@ def test_replicas_spread_their_keys_over_the_servers_that_hold_them() -> None:
     assert shares[0] == shares[1] == pytest.approx(5 / 6) and shares[2] == 0
 
 
-def _pool(local_keys: list[set[str] | None]) -> Servers:
+class _Clock:
+    now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _pool(local_keys: list[set[str] | None], clock: _Clock | None = None) -> Servers:
     sources = [
         MemorySource(address=f"memory://{i}", local_keys=frozenset(k) if k is not None else None)
         for i, k in enumerate(local_keys)
     ]
-    return Servers([Sessions(s, None) for s in sources])
+    return Servers([Sessions(s, None) for s in sources], clock=clock or _Clock())
 
 
 def test_chunks_go_to_the_server_their_bytes_lie_beside() -> None:
@@ -102,9 +109,41 @@ def test_chunks_go_to_the_server_their_bytes_lie_beside() -> None:
         where = np.arange(start, start + 3)
         member = servers.pick(keys[start : start + 3], where=where)
         assert member.index == (start >= 6)
-    # Piled up at its home (ten times the other's work), a chunk goes to the other.
+    # Piled up at its home, a chunk goes to the other.
     servers.members[0].inflight = 100
     assert servers.pick(keys[:3], where=np.arange(3)).index == 1
+
+
+def _rate(servers: Servers, clock: _Clock, index: int, where: np.ndarray, seconds: float) -> None:
+    """`index` finishes a chunk of 3 keys at `where` in `seconds` (after a first one)."""
+    member = servers.members[index]
+    for _ in range(2):  # the first chunk holds the session's opening: not a rate
+        servers.pick(["k"] * 3, where=where)
+        member.inflight = 3
+        clock.now += seconds
+        servers.finished(member, 3, 3, measured=True, where=where)
+
+
+def test_a_server_takes_another_nodes_chunks_as_fast_as_it_reads_them() -> None:
+    keys = [f"k{i}" for i in range(12)]
+    for remote_s, taken in ((1.0, True), (10.0, False)):
+        clock = _Clock()
+        servers = _pool([set(keys[:6]), set(keys[6:])], clock)
+        assert servers.place(keys) is not None
+        home, other = np.arange(3), np.arange(6, 9)
+        _rate(servers, clock, 0, home, 1.0)  # 3 samples/s on its own node's chunks
+        _rate(servers, clock, 1, other, 1.0)
+        assert servers.members[1].remote_rate is None
+        servers.members[0].inflight, servers.members[1].inflight = 9, 0
+        # Unmeasured, another node's chunk is priced 5x slower: it waits at home.
+        assert servers.pick(keys[:3], where=home).index == 0
+        servers.members[0].inflight = 9
+        _rate(servers, clock, 1, home, remote_s)
+        assert servers.members[1].remote_rate == pytest.approx(3 / remote_s)
+        servers.members[0].inflight, servers.members[1].inflight = 9, 0
+        # Read as fast as its own (fast links between nodes): it takes the chunk; read
+        # 10x slower (the links bind): the chunk waits at home.
+        assert (servers.pick(keys[:3], where=home).index == 1) is taken
 
 
 def test_without_two_servers_that_know_where_they_are_there_is_no_placement() -> None:

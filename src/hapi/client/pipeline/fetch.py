@@ -128,6 +128,7 @@ class Fetcher:
                     flow.held,
                     flow.samples_read,
                     measured=not (flow.failed or flow.rerouted or flow.recalled),
+                    where=flow.where,
                 )
             flow.held = 0
             if flow.its_routes_cost:

@@ -24,17 +24,18 @@ from hapi.client.servers.source import Server
 from hapi.data.store.keys import key_under
 from hapi.errors import HapiError, InvalidRequest
 
-__all__ = ["LOCAL_GAIN", "LOCATED_GAIN", "MAX_COOLDOWN_S", "Member", "Servers"]
+__all__ = ["LOCAL_GAIN", "MAX_COOLDOWN_S", "REMOTE_PRIOR", "Member", "Servers"]
 
 LOCAL_GAIN = 0.5
 """How much sooner a server is expected to finish a chunk whose keys are all local to it:
 its expected time is multiplied by `1 - LOCAL_GAIN x (the local share of the keys)`."""
 
-LOCATED_GAIN = 0.9
-"""`LOCAL_GAIN` for a chunk whose bytes the servers located (`Placement`): a read from
-another node crosses the storage network, the cost pushdown exists to remove, so a
-server takes another's chunk only when that would end it ten times sooner (a node far
-behind the others). Rates measured over a few chunks differ 5x by chance."""
+REMOTE_PRIOR = 0.2
+"""A server's rate on chunks whose bytes lie on other nodes (`Placement`), as a share of
+its rate on its own, until it has read one: such a read crosses the storage network,
+the cost pushdown exists to remove. Measured after that, per server: where the links
+between nodes are fast and a node holds more than its share, the others take its chunks
+as fast as their own; where those links bind, they take few."""
 
 MAX_COOLDOWN_S = 8.0
 """Longest time a failed server is set aside before a chunk tries it again."""
@@ -46,16 +47,29 @@ _DECAY = 0.7
 """Weight of the past in a server's rate, at each chunk it finishes."""
 
 
+class _Rate:
+    """Samples per second while busy: decayed sums of samples and of busy seconds."""
+
+    def __init__(self) -> None:
+        self.samples = self.seconds = 0.0
+        self.value: float | None = None
+
+    def add(self, samples: int, seconds: float) -> None:
+        self.samples = _DECAY * self.samples + samples
+        self.seconds = _DECAY * self.seconds + max(0.0, seconds)
+        if self.seconds > 0:
+            self.value = self.samples / self.seconds
+
+
 class Member:
     """One server of the loop: its sessions and what the loop knows of it."""
 
     def __init__(self, index: int, sessions: Sessions) -> None:
         self.index = index
         self.sessions = sessions
-        self.rate: float | None = None
-        """Samples per second while it has work (decayed sums); None before its first."""
-        self._samples = 0.0
-        self._seconds = 0.0
+        self._rates = {False: _Rate(), True: _Rate()}
+        """Its rate on chunks read on its own node (or anywhere, without a placement),
+        and on chunks read mostly from other nodes."""
         self._since = 0.0
         """When its last chunk finished, or it got work after none."""
         self.inflight = 0
@@ -71,18 +85,26 @@ class Member:
         if self.inflight == 0:
             self._since = now
 
-    def _finished(self, now: float, samples: int, measured: bool) -> None:
-        """A chunk of `samples` finished at `now`; `measured`: it counts toward the rate.
+    @property
+    def rate(self) -> float | None:
+        """Samples per second while it has work (decayed sums); None before its first."""
+        return self._rates[False].value
+
+    @property
+    def remote_rate(self) -> float | None:
+        """Its rate on chunks whose bytes lie mostly on other nodes; None before one."""
+        return self._rates[True].value
+
+    def _finished(self, now: float, samples: int, measured: bool, remote: bool) -> None:
+        """A chunk of `samples` finished at `now`; `measured`: it counts toward the rate
+        (`remote`: the one of chunks read mostly on other nodes).
 
         A server's first chunk does not count: its time holds the session's opening (the
         head loaded, traced) - seconds that made a server seem a tenth as fast as it is,
         and chunks went to the others, away from the node their bytes lie on."""
         first, self._first = self._first, False
         if measured and samples > 0 and not first:
-            self._samples = _DECAY * self._samples + samples
-            self._seconds = _DECAY * self._seconds + max(0.0, now - self._since)
-            if self._seconds > 0:
-                self.rate = self._samples / self._seconds
+            self._rates[remote].add(samples, now - self._since)
         self._since = now
 
     @property
@@ -172,12 +194,12 @@ class Servers:
             else:
                 rates = [m.rate for m in up if m.rate is not None]
                 default = sum(rates) / len(rates) if rates else 1.0
-                local, gain = self._local(keys, up, where)
+                local = self._local(keys, up, where)
                 # On a tie, the server the keys are local to.
                 chosen = min(
                     up,
                     key=lambda m: (
-                        self._finish_s(m, keys, default, gain * local[m.index]),
+                        self._finish_s(m, keys, default, local[m.index]),
                         -local[m.index],
                     ),
                 )
@@ -194,7 +216,15 @@ class Servers:
         now = self._clock()
         return any(m.down_until <= now for m in self.members if m is not member)
 
-    def finished(self, member: Member, held: int, samples: int, *, measured: bool) -> None:
+    def finished(
+        self,
+        member: Member,
+        held: int,
+        samples: int,
+        *,
+        measured: bool,
+        where: np.ndarray | None = None,
+    ) -> None:
         """A chunk finished on `member`.
 
         Args:
@@ -202,11 +232,19 @@ class Servers:
             samples: the samples it brought.
             measured: whether it counts toward the rate (not after a failure: its time
                 was the failure's).
+            where: the chunk's places in the manifest (whether its bytes were local).
         """
+        remote = self._remote(member, where)
         with self._lock:
             member.inflight = max(0, member.inflight - held)
             member.failures = 0
-            member._finished(self._clock(), samples, measured)
+            member._finished(self._clock(), samples, measured, remote)
+
+    def _remote(self, member: Member, where: np.ndarray | None) -> bool:
+        """Whether a chunk at `where` lies mostly on other nodes than `member`'s."""
+        if self.placement is None or where is None:
+            return False
+        return self.placement.shares(where)[member.index] < 0.5
 
     def failed(self, member: Member) -> float:
         """Set `member` aside after a failure; returns its cool-down in seconds."""
@@ -223,17 +261,25 @@ class Servers:
 
     def _local(
         self, keys: Sequence[str], up: Sequence[Member], where: np.ndarray | None
-    ) -> tuple[dict[int, float], float]:
-        """Each server's share of the chunk local to it, and what that share is worth."""
+    ) -> dict[int, float]:
+        """Each server's share of the chunk local to it."""
         if self.placement is not None and where is not None:
             shares = self.placement.shares(where)
-            return {m.index: shares[m.index] for m in up}, LOCATED_GAIN
-        return {m.index: m.local_share(keys) for m in up}, LOCAL_GAIN
+            return {m.index: shares[m.index] for m in up}
+        return {m.index: m.local_share(keys) for m in up}
 
-    def _finish_s(self, member: Member, keys: Sequence[str], default: float, gain: float) -> float:
-        """When `member` would finish a chunk of `keys`, `gain` sooner for what is local."""
+    def _finish_s(self, member: Member, keys: Sequence[str], default: float, local: float) -> float:
+        """When `member` would finish a chunk of `keys`, `local` of them local to it: with
+        a placement, its work in flight and then the chunk at its rate on chunks like it
+        (its own node's, or others'); else sooner by `LOCAL_GAIN` for the local share of
+        a `--local-prefix`."""
         rate = member.rate if member.rate is not None else default
-        return (member.inflight + len(keys)) / rate * (1.0 - gain)
+        if self.placement is None:
+            return (member.inflight + len(keys)) / rate * (1.0 - LOCAL_GAIN * local)
+        if local >= 0.5:
+            return (member.inflight + len(keys)) / rate
+        remote = member.remote_rate if member.remote_rate is not None else rate * REMOTE_PRIOR
+        return member.inflight / rate + len(keys) / remote
 
     def __enter__(self) -> Servers:
         with contextlib.ExitStack() as stack:
