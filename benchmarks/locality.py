@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -75,6 +76,8 @@ def main() -> None:
         print(json.dumps(_job(json.loads(args.worker))))
         return
     args.out.mkdir(parents=True, exist_ok=True)
+    # SIGTERM (a timeout) unwinds like Ctrl-C: the processes, namespaces and bridges go.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started = time.time()
     with _cluster(NODES, args.trainer, args, args.images) as (net, root, object_bytes, _):
         rows = _sweep(net, args, root)

@@ -135,14 +135,15 @@ def test_a_server_takes_another_nodes_chunks_as_fast_as_it_reads_them() -> None:
         _rate(servers, clock, 1, other, 1.0)
         assert servers.members[1].remote_rate is None
         servers.members[0].inflight, servers.members[1].inflight = 9, 0
-        # Unmeasured, another node's chunk is priced 5x slower: it waits at home.
+        # Unmeasured, another node's chunk is priced at half the server's own rate, and
+        # must end twice as soon as at home (`REMOTE_MARGIN`): it waits at home.
         assert servers.pick(keys[:3], where=home).index == 0
         servers.members[0].inflight = 9
         _rate(servers, clock, 1, home, remote_s)
         assert servers.members[1].remote_rate == pytest.approx(3 / remote_s)
         servers.members[0].inflight, servers.members[1].inflight = 9, 0
-        # Read as fast as its own (fast links between nodes): it takes the chunk; read
-        # 10x slower (the links bind): the chunk waits at home.
+        # Read as fast as its own (fast links between nodes): it takes the chunk, 2 s
+        # against 4 s at home; read 10x slower (the links bind): the chunk waits at home.
         assert (servers.pick(keys[:3], where=home).index == 1) is taken
 
 

@@ -24,18 +24,23 @@ from hapi.client.servers.source import Server
 from hapi.data.store.keys import key_under
 from hapi.errors import HapiError, InvalidRequest
 
-__all__ = ["LOCAL_GAIN", "MAX_COOLDOWN_S", "REMOTE_PRIOR", "Member", "Servers"]
+__all__ = ["LOCAL_GAIN", "MAX_COOLDOWN_S", "REMOTE_MARGIN", "REMOTE_PRIOR", "Member", "Servers"]
 
 LOCAL_GAIN = 0.5
 """How much sooner a server is expected to finish a chunk whose keys are all local to it:
 its expected time is multiplied by `1 - LOCAL_GAIN x (the local share of the keys)`."""
 
-REMOTE_PRIOR = 0.2
+REMOTE_PRIOR = 0.5
 """A server's rate on chunks whose bytes lie on other nodes (`Placement`), as a share of
-its rate on its own, until it has read one: such a read crosses the storage network,
-the cost pushdown exists to remove. Measured after that, per server: where the links
-between nodes are fast and a node holds more than its share, the others take its chunks
-as fast as their own; where those links bind, they take few."""
+its rate on its own, until it has read one. Measured after that, per server."""
+
+REMOTE_MARGIN = 2.0
+"""How much sooner a server must be expected to finish another node's chunk than the
+chunk's home server: such a read crosses the storage network - the cost pushdown exists
+to remove - and loads the home node's link and disks besides, which the reader's rate
+does not see. So where the links between nodes are fast and a node holds more than its
+share, the others take its chunks; where those links bind, they take few
+(`benchmarks/locality.py`)."""
 
 MAX_COOLDOWN_S = 8.0
 """Longest time a failed server is set aside before a chunk tries it again."""
@@ -279,7 +284,7 @@ class Servers:
         if local >= 0.5:
             return (member.inflight + len(keys)) / rate
         remote = member.remote_rate if member.remote_rate is not None else rate * REMOTE_PRIOR
-        return member.inflight / rate + len(keys) / remote
+        return REMOTE_MARGIN * (member.inflight / rate + len(keys) / remote)
 
     def __enter__(self) -> Servers:
         with contextlib.ExitStack() as stack:
