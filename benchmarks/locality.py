@@ -420,7 +420,7 @@ def _scale_lines(scale: list[dict[str, Any]], args: dict[str, str]) -> list[str]
         "",
         f"Throughput with 1-3 storage nodes (a cluster of each size, {args['scale_images']} "
         f"photos, cut `{args['scale_cut']}`, each node's link to the trainer "
-        f"{args['scale_trainer']} - binding - and 1gbit between nodes; `located`):",
+        f"{args['scale_trainer']} and 1gbit between nodes; `located`):",
         "",
         "| storage nodes | last epoch, samples/s | / (nodes x one node's) |",
         "|---|---|---|",
