@@ -177,7 +177,10 @@ def test_a_loader_groups_its_epochs_by_home_and_trains_each_key_once() -> None:
     assert sorted(keys) == sorted(KEYS)
     placed = {m.index: m for m in loader.servers}
     served = [{k for t in placed[i].connection.tickets for k in t.keys} for i in (0, 1)]  # type: ignore[attr-defined]
-    assert served[0] == half and served[1] == set(KEYS) - half
+    # Each server read its own keys; one may also take the other's chunks, at the rate
+    # it measures doing so (timing here: the deterministic cases are `pick`'s tests).
+    assert served[0] | served[1] == set(KEYS)
+    assert served[0] & half and served[1] - half
 
 
 def test_a_later_loop_given_the_homes_orders_as_the_first_whatever_the_servers_say() -> None:
