@@ -18,20 +18,9 @@ import os
 import subprocess
 from collections.abc import Sequence
 
-from _netns import BURST
+from _netns import BURST, _ip, _mac
 
 __all__ = ["ClusterNet"]
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
-
-
-def _mac(ns: str, dev: str) -> str:
-    shown = subprocess.run(
-        ["ip", "-n", ns, "-o", "link", "show", dev], check=True, capture_output=True, text=True
-    ).stdout.split()
-    return shown[shown.index("link/ether") + 1]
 
 
 class ClusterNet:

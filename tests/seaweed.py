@@ -20,10 +20,21 @@ from hapi.data import StoreOptions, open_store
 
 from .launcher import Launched, free_port
 
-__all__ = ["ACCESS_KEY", "SECRET_KEY", "SeaweedS3", "free_port", "weed_binary"]
+__all__ = ["ACCESS_KEY", "SECRET_KEY", "SeaweedS3", "free_port", "new_bucket", "weed_binary"]
 
 ACCESS_KEY = "hapi-test-key"
 SECRET_KEY = "hapi-test-secret"
+
+
+def new_bucket(options: StoreOptions, prefix: str = "hapi") -> str:
+    """Create a fresh, empty bucket on the store `options` reach; its URI."""
+    uri = f"s3://{prefix}-{uuid.uuid4().hex[:12]}"
+    # S3 CreateBucket is not in obstore; SeaweedFS creates a bucket on the first write
+    # by an admin identity, and the bucket outlives the marker object.
+    store = open_store(uri, options)
+    store.put(".hapi-bucket", b"")
+    store.delete(".hapi-bucket")
+    return uri
 
 
 def weed_binary() -> str:
@@ -78,13 +89,7 @@ class SeaweedS3(Launched):
 
     def new_bucket(self, prefix: str = "hapi") -> str:
         """Create a fresh, empty bucket and return its URI (`s3://<prefix>-<random>`)."""
-        uri = f"s3://{prefix}-{uuid.uuid4().hex[:12]}"
-        # S3 CreateBucket is not in obstore; SeaweedFS creates a bucket on the first write
-        # by an admin identity, and the bucket outlives the marker object.
-        store = open_store(uri, self.options)
-        store.put(".hapi-bucket", b"")
-        store.delete(".hapi-bucket")
-        return uri
+        return new_bucket(self.options, prefix)
 
     def new_bucket_uri(self, prefix: str = "hapi") -> str:
         """Same as `new_bucket` (the name older callers use)."""

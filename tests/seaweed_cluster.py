@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import json
 import urllib.request
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
-from hapi.data import StoreOptions, open_store
+from hapi.data import StoreOptions
 
 from .launcher import Launched, free_port
-from .seaweed import ACCESS_KEY, SECRET_KEY, weed_binary
+from .seaweed import ACCESS_KEY, SECRET_KEY, new_bucket, weed_binary
 
 __all__ = ["SeaweedCluster"]
 
@@ -84,11 +83,7 @@ class SeaweedCluster:
 
     def new_bucket(self, prefix: str = "hapi") -> str:
         """A fresh, empty bucket's URI (an admin's first write creates it)."""
-        uri = f"s3://{prefix}-{uuid.uuid4().hex[:12]}"
-        store = open_store(uri, self.options)
-        store.put(".hapi-bucket", b"")
-        store.delete(".hapi-bucket")
-        return uri
+        return new_bucket(self.options, prefix)
 
     def start(self, timeout: float = 60.0) -> Self:
         """Start the master, then the volume servers, then the filer and its gateway.
