@@ -37,6 +37,28 @@ def test_entries_round_trip_bit_for_bit(tmp_path: Path, dtype: torch.dtype) -> N
         assert torch.equal(want, have)
 
 
+def test_a_batch_across_segments_shapes_and_dtypes_comes_back_in_its_order(
+    tmp_path: Path,
+) -> None:
+    # Small segments, so 60 entries lie in several; three shapes and two dtypes, so the
+    # records are of several lengths and headers; read back shuffled, in one batch.
+    writer = FeatureCache(tmp_path, max_bytes=16 * 512, memory_bytes=0)
+    names = _names(60)
+    shapes = [(8,), (3, 5), (16,)]
+    tensors = [
+        torch.randn(shapes[i % 3]).to(torch.float16 if i % 2 else torch.float32) for i in range(60)
+    ]
+    for start in range(0, 60, 7):
+        writer.put_many(SPACE, names[start : start + 7], tensors[start : start + 7])
+    reader = FeatureCache(tmp_path, max_bytes=1 << 30, memory_bytes=0)
+    order = torch.randperm(60, generator=torch.Generator().manual_seed(1)).tolist()
+    held = [i for i in order if reader.contains(SPACE, names[i])]
+    assert len(held) > 20  # the bound kept several segments' entries
+    got = reader.get_many(SPACE, [names[i] for i in held])
+    for i, have in zip(held, got, strict=True):
+        assert have is not None and torch.equal(have, tensors[i])
+
+
 def test_contains_all_looks_entries_up_together(tmp_path: Path) -> None:
     FeatureCache(tmp_path).put_many(SPACE, _names(3), [torch.ones(2)] * 3)
     for cache in (FeatureCache(tmp_path), FeatureCache(tmp_path, memory_bytes=0)):

@@ -206,7 +206,8 @@ class SpaceIndex:
         self._names, self._cols = names[keep], cols[keep]
         self._prefix = _prefix(self._names)
         self._recent = {}
-        self._gone -= {n.ljust(16, b"\0") for n in batch["name"].tolist()}
+        if self._gone:  # a name written again is found again (a set of a million costs)
+            self._gone -= {n.ljust(16, b"\0") for n in batch["name"].tolist()}
 
     def _find(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         # A batch at a time: one search of the sorted columns, then the few names held

@@ -150,6 +150,15 @@ class FeatureCache:
         if rows is not None:
             for i, row in zip(found, rows.unbind(0), strict=True):
                 out[i] = row
+        if len(found) < len(names):  # entries of another shape than the batch's
+            rest = [i for i, t in enumerate(out) if t is None]
+            read, _ = self._space(space.id).read([names[i] for i in rest])
+            for i, tensor in zip(rest, read, strict=True):
+                out[i] = tensor
+            if any(t is not None for t in read):
+                with self._lock:
+                    self.stats.hits += sum(t is not None for t in read)
+                    self.stats.misses -= sum(t is not None for t in read)
         return out
 
     def get_batch(
