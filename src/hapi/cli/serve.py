@@ -29,7 +29,9 @@ _PORT = typer.Option(8815, help="Port to listen on (0: any free port).")
 _EGRESS_LIMIT = typer.Option(
     None, help="Cap on what the server sends, e.g. 50mbit (emulates a storage link)."
 )
-_BATCH_SIZE = typer.Option(32, help="Largest feature-extraction batch.")
+_BATCH_SIZE = typer.Option(
+    256, help="Largest feature-extraction batch (each session's is chosen by measured speed)."
+)
 _DEVICE = typer.Option("cpu", help="Where heads run: cpu, cuda, cuda:N.")
 _THREADS = typer.Option(None, help="torch threads for heads.")
 _MEMORY_BUDGET = typer.Option(

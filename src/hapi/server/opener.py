@@ -15,6 +15,7 @@ from hapi.data import StoreOptions, Transforms
 from hapi.errors import InvalidCut, InvalidRequest, shorten
 from hapi.graph import INPUT, RAW, ModelGraph, load_head
 from hapi.graph.precision import head_dtype
+from hapi.server.chunks._batch_tuner import BatchTuners
 from hapi.server.chunks.session import RAW_BATCH_BYTES, Session
 from hapi.server.chunks.tier import NO_FEATURE_CACHE, FeatureTier
 from hapi.server.head_cache import HeadCache, HeadLease
@@ -85,6 +86,7 @@ class SessionOpener:
         self.scheduler = scheduler
         self._clock = clock
         self.read_ahead = (config.store_options or StoreOptions()).concurrency
+        self.tuners = BatchTuners(config.batch_size)
         """Objects a chunk reads ahead of the one it decodes."""
         self.read_bytes = self.read_ahead * READ_AHEAD_OBJECT
         """Bytes a chunk's read-ahead holds, in its memory model."""
@@ -145,6 +147,11 @@ class SessionOpener:
             weight=tenant.weight,
             features=self.features,
             locality=self.locality,
+            tuner=(
+                self.tuners.get((lease.key, request.image_size, str(dtype)))
+                if lease is not None
+                else None
+            ),
         )
         return Opened(session, lease, graph)
 

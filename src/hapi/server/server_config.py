@@ -30,8 +30,10 @@ class ServerConfig:
     """Port to listen on; 0 picks a free one (see `HapiServer.port`)."""
     egress_limit: str | float | None = None
     """Cap on bytes sent per second over all streams (`50mbit`, `1gbit`); None: no cap."""
-    batch_size: int = 32
-    """Largest feature-extraction batch the server runs at once (independent of training)."""
+    batch_size: int = 256
+    """Largest feature-extraction batch the server runs at once (independent of training).
+    Within it, each session's batch is chosen by the head's measured time a sample
+    (`hapi.server.chunks._batch_tuner`), starting at 32."""
     device: str = "cpu"
     """Where heads run: `cpu`, `cuda` or `cuda:N`."""
     threads: int | None = None

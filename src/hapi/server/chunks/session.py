@@ -26,6 +26,7 @@ from hapi.data.shards.blob import Blob
 from hapi.errors import InvalidRequest, OverBudget, shorten
 from hapi.graph import RAW
 from hapi.graph.precision import running_in
+from hapi.server.chunks._batch_tuner import START, BatchTuner
 from hapi.server.chunks._batches import WIRE_BATCH_BYTES, Sent, Wire, encode, samples_per_batch
 from hapi.server.chunks._counters import SessionCounters, TimedReads
 from hapi.server.chunks._outbox import Outbox
@@ -94,6 +95,18 @@ class Session:
     """What the head computes in (`hapi.graph.precision`)."""
     locality: Locality | None = None
     """Where the server is in a storage cluster: its chunks count their local bytes."""
+    tuner: BatchTuner | None = None
+    """Chooses the batch size asked for, up to `batch_size`, by the head's measured time
+    a sample (shared by the sessions of one head: `BatchTuners`); None: one of its own."""
+
+    def __post_init__(self) -> None:
+        if self.tuner is None:
+            self.tuner = BatchTuner(self.batch_size)
+
+    @property
+    def _tuner(self) -> BatchTuner:
+        assert self.tuner is not None  # set in __post_init__
+        return self.tuner
 
     def run_chunk(self, ticket: ChunkTicket, store: ObjectStore) -> Outbox[Wire]:
         """Start reading, decoding, transforming and running the head over a chunk, now;
@@ -263,6 +276,7 @@ class Session:
     ) -> None:
         items = iter(zip(ticket.keys, ticket.labels, reads, strict=True))
         left = len(ticket.keys)
+        self._tuner.chunk(left)
         held: _Item | None = None  # an object whose decoding needed more than a batch had
         place: Place | None = None  # the next batch's place, queued before this one ended
         try:
@@ -315,7 +329,9 @@ class Session:
         """What the chunk's next batch asks for: room to decode `held` too, if there is one."""
         decode = max(self.memory.decode, held.decode if held is not None else 0)
         wire = samples_per_batch(self.info.bytes_per_sample)
-        most = min(self.batch_size, left, wire)
+        # Exact sessions run the head a sample at a time: no size to choose.
+        size = min(self.batch_size, START) if self.request.exact else self._tuner.size
+        most = min(size, left, wire)
         return Demand(model=decoding(self.memory, decode), max_batch=most)
 
     def _load(self, item: _Item, epoch: int) -> Sample | Skipped:
@@ -365,7 +381,11 @@ class Session:
                     # computes local features per sample too (`TransferJob(exact=True)`).
                     x = torch.cat([self.head(x[i : i + 1]) for i in range(len(x))])
                 else:
+                    t_head = time.perf_counter()
                     x = self.head(x)
+                    if self.device.type == "cuda":
+                        torch.cuda.synchronize(self.device)
+                    self._tuner.record(len(x), time.perf_counter() - t_head)
             x = x.float()  # the wire's codecs take fp32 (a no-op unless the head ran bf16)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
