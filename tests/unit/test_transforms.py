@@ -15,6 +15,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from PIL import Image
 from torchvision.transforms import v2
 
 from hapi.data import (
@@ -126,6 +127,30 @@ def test_eval_pipeline_matches_torchvision_bit_for_bit() -> None:
         v2.ToDtype(torch.float32, scale=True), v2.Normalize(*IMAGENET),
     ])(image)  # fmt: skip
     assert torch.equal(ours, theirs.as_subclass(torch.Tensor))
+
+
+@pytest.mark.parametrize(
+    ("mode", "stats"),
+    [("RGB", IMAGENET), ("L", ([0.5], [0.25])), ("RGB", ([0.5], [0.25])), ("I;16", ([0.5], [2.0]))],
+)
+def test_to_tensor_and_normalize_match_torchvision_bit_for_bit(
+    mode: str, stats: tuple[list[float], list[float]]
+) -> None:
+    # hapi converts 8-bit images itself (torchvision's dispatch costs more than the work
+    # on a small image): the values must stay torchvision's, or caches and exact=True
+    # features would change under users.
+    if mode == "I;16":  # 16-bit: torchvision's own path
+        pixels = np.random.default_rng(0).integers(0, 65535, (40, 48), dtype=np.uint16)
+        image = Image.fromarray(pixels)
+    else:
+        image = decode_image(jpeg(48, 40), "k").convert(mode)
+    ours = Transforms((RandomResizedCrop(24), Normalize(*stats)))(image, seed=3)
+    rrc = RandomResizedCrop(24)(image, random.Random(3))
+    theirs = v2.Compose(
+        [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(*stats)]
+    )(rrc)
+    assert torch.equal(ours, theirs.as_subclass(torch.Tensor))
+    assert ours.is_contiguous() and ours.dtype == torch.float32
 
 
 def test_normalize_numerics() -> None:

@@ -15,6 +15,7 @@ import random
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+import numpy as np
 import torch
 from PIL import Image
 from torchvision.transforms.v2 import functional as F
@@ -216,7 +217,15 @@ def _scale(full: tuple[int, int], decoded: tuple[int, int]) -> int:
 
 
 def _to_tensor(image: Image.Image) -> torch.Tensor:
-    return F.to_dtype(F.to_image(image), torch.float32, scale=True)
+    """An 8-bit image as a float32 CHW tensor in [0, 1]: torchvision's `to_image` then
+    `to_dtype(scale=True)` - the same copy, layout and `* (1 / 255)` - without its
+    dispatch and wrappers, which cost more than the work on a small image. Other modes
+    take torchvision's path."""
+    array = np.array(image)  # a copy: PIL's buffer is read-only
+    if array.dtype != np.uint8:
+        return F.to_dtype(F.to_image(image), torch.float32, scale=True)
+    chw = torch.from_numpy(array).view(image.height, image.width, -1).permute(2, 0, 1)
+    return chw.to(torch.float32).mul_(1.0 / 255)
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
