@@ -250,7 +250,7 @@ def test_batches_stream_before_their_chunk_is_complete(server: HapiServer) -> No
             # that waited for the whole chunk would never yield one, and this would fail.
             held.append(first_batch.wait(timeout=60))
 
-    # One chunk of all 24 keys, which the server computes in batches of 7.
+    # One chunk of all 24 keys, which the server computes in batches of at most 7.
     loader = FeatureLoader(
         conn, session, conn.manifest("train"), batch_size=4, chunk_size=24, on_part=on_part
     )
@@ -260,7 +260,8 @@ def test_batches_stream_before_their_chunk_is_complete(server: HapiServer) -> No
         first_batch.set()
     conn.close_session(session)
     assert held == [True]
-    assert parts == [7, 7, 7, 3] and sizes == [4] * 6
+    # Sizes the server's tuner chose for this head (other tests ran it before).
+    assert len(parts) > 1 and max(parts) <= 7 and sum(parts) == 24 and sizes == [4] * 6
 
 
 def test_a_freeze_that_trains_nothing_is_refused_when_the_job_is_built(

@@ -14,9 +14,9 @@ def _run(tuner: BatchTuner, per_sample: Callable[[int], float], chunk: int = 256
     asked for, in order."""
     asked = []
     for _ in range(100):
+        tuner.chunk(chunk)
         if tuner.settled:
             break
-        tuner.chunk(chunk)
         size = min(tuner.size, chunk)
         asked.append(tuner.size)
         tuner.record(size, per_sample(size) * size)
@@ -64,6 +64,16 @@ def test_a_short_first_chunk_does_not_stand_for_the_size() -> None:
     cost = {8: 5.0, 16: 2.0, 32: 1.0, 64: 1.2, 128: 1.3, 256: 1.4}
     _run(tuner, cost.__getitem__)
     assert tuner.size == 32 and tuner.seconds_per_sample()[32] == pytest.approx(1.0)
+
+
+def test_longer_chunks_after_short_ones_let_the_walk_go_on() -> None:
+    # A planner's probe chunks (8 keys) come first; the job's chunks of 256 after them.
+    cost = {8: 3.0, 16: 2.0, 32: 1.4, 64: 1.1, 128: 1.0, 256: 1.2}
+    tuner = BatchTuner(most=256)
+    _run(tuner, cost.__getitem__, chunk=8)
+    assert tuner.size == 8
+    _run(tuner, cost.__getitem__, chunk=256)
+    assert tuner.size == 128
 
 
 def test_batches_that_are_not_full_say_nothing() -> None:

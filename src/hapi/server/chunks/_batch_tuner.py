@@ -47,9 +47,17 @@ class BatchTuner:
         self._lock = threading.Lock()
 
     def chunk(self, keys: int) -> None:
-        """A chunk of `keys` keys starts."""
+        """A chunk of `keys` keys starts. One longer than any before lets the walk go on
+        where the best size was a whole chunk (a planner's probe chunks are short; the
+        job's own come after)."""
         with self._lock:
-            self._longest = max(self._longest, keys)
+            if keys <= self._longest:
+                return
+            capped = self._best is not None and self._best >= self._longest
+            self._longest = keys
+            if capped and self.settled:
+                self.settled = False
+                self._next(self._best)
 
     def record(self, size: int, seconds: float) -> None:
         """A batch of `size` samples spent `seconds` in the head. Only full batches count
@@ -76,6 +84,10 @@ class BatchTuner:
         best = self._best
         if best is None or here < statistics.median(self._per_sample[best]) * (1 - BETTER):
             self._best = best = measured
+        self._next(best)
+
+    def _next(self, best: int) -> None:
+        """Try the best's untried neighbour, larger first; else settle on the best."""
         larger = min(best * 2, self.most, self._longest)  # no larger than a chunk is
         for there in (larger, best // 2):
             if there != best and there >= LOWEST and there not in self._per_sample:
