@@ -15,7 +15,7 @@ from hapi.data import StoreOptions, Transforms
 from hapi.errors import InvalidCut, InvalidRequest, shorten
 from hapi.graph import INPUT, RAW, ModelGraph, load_head
 from hapi.graph.precision import head_dtype
-from hapi.server.chunks._batch_tuner import BatchTuners
+from hapi.server.chunks._batch_tuner import BatchTuner, BatchTuners
 from hapi.server.chunks.session import RAW_BATCH_BYTES, Session
 from hapi.server.chunks.tier import NO_FEATURE_CACHE, FeatureTier
 from hapi.server.head_cache import HeadCache, HeadLease
@@ -147,13 +147,18 @@ class SessionOpener:
             weight=tenant.weight,
             features=self.features,
             locality=self.locality,
-            tuner=(
-                self.tuners.get((lease.key, request.image_size, str(dtype)))
-                if lease is not None
-                else None
-            ),
+            tuner=self._tuner(lease, request, dtype),
         )
         return Opened(session, lease, graph)
+
+    def _tuner(
+        self, lease: HeadLease | None, request: SessionRequest, dtype: torch.dtype
+    ) -> BatchTuner | None:
+        """The batch tuner of the head as this session runs it (None: no head, no batch
+        to choose)."""
+        if lease is None:
+            return None
+        return self.tuners.get((lease.key, request.image_size, str(dtype)))
 
     def _info(
         self,

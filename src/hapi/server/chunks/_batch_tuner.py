@@ -53,11 +53,11 @@ class BatchTuner:
         with self._lock:
             if keys <= self._longest:
                 return
-            capped = self._best is not None and self._best >= self._longest
+            best, shorter = self._best, self._longest
             self._longest = keys
-            if capped and self.settled:
+            if self.settled and best is not None and best >= shorter:
                 self.settled = False
-                self._next(self._best)
+                self._next(best)
 
     def record(self, size: int, seconds: float) -> None:
         """A batch of `size` samples spent `seconds` in the head. Only full batches count
