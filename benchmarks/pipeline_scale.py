@@ -392,7 +392,8 @@ def _report(data: dict[str, Any]) -> str:
             "",
             "Memory a key (each layout's peak RSS at its largest N less at its smallest, over "
             f"the keys between): {'; '.join(memory)} (the trainer's includes its cache's "
-            f"memory tier, {WIDTH * 2} B a feature).",
+            f"features: {WIDTH * 2} B a feature in its memory tier and, in job B, as much "
+            "again of the segment files it maps - page cache, which RSS counts).",
         ]
     return "\n".join(lines)
 
