@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hapi.data import open_store
-from hapi.errors import Forbidden
+from hapi.errors import Forbidden, ObjectNotFound
 
 
 @pytest.fixture
@@ -79,3 +79,19 @@ def test_a_root_reached_through_a_symlink_is_its_target(linked: Path, tmp_path: 
     assert store.get("ds/a/ok.txt") == b"ok"
     with pytest.raises(Forbidden):
         store.get("ds/a/leak.txt")
+
+
+def test_plain_reads_of_a_local_store_give_every_byte_and_name_what_is_missing(
+    tmp_path: Path,
+) -> None:
+    # Plain files are read without obstore (`read_plain`); the rest takes the checked path.
+    store = open_store(tmp_path)
+    blobs = {"a/b/c.bin": os.urandom(200_000), "top.bin": b"x", "empty.bin": b""}
+    for key, data in blobs.items():
+        store.put(key, data)
+    for key, data in blobs.items():
+        assert store.get(key) == data
+    with pytest.raises(ObjectNotFound, match="a/b/nope.bin"):
+        store.get("a/b/nope.bin")
+    with pytest.raises(ObjectNotFound):
+        store.get("a/nope/c.bin")
