@@ -16,7 +16,7 @@ import torch
 
 from hapi.client import TransferJob, connect
 from hapi.data import open_store, synth_dataset
-from hapi.data.store.seaweed import SeaweedLocator, volume_ids
+from hapi.data.store.seaweed import AUTO, SeaweedLocator, find_beside, volume_ids
 from hapi.errors import InvalidRequest
 from hapi.server import HapiServer, ServerConfig, serve
 
@@ -135,6 +135,26 @@ def test_a_server_not_beside_a_volume_server_refuses_to_locate(
         pytest.raises(InvalidRequest, match="--beside"),
     ):
         connect(plain.address).locate(["train/class_0/00000.jpg"])
+
+
+def test_beside_auto_finds_the_one_volume_server_running_here(
+    placed: tuple[SeaweedCluster, str, list[HapiServer]],
+) -> None:
+    cluster, uri, _ = placed
+    pid = {name: weed.proc.pid for name, weed in cluster.procs.items() if weed.proc}
+    volumes = [pid[f"volume{i}"] for i in range(cluster.volumes)]
+    # On a storage node one volume server runs: its real command line names its port.
+    assert find_beside(AUTO, pids=[pid["master"], volumes[1]]) == cluster.volume_urls[1]
+    assert find_beside(cluster.volume_urls[2]) == cluster.volume_urls[2]  # named: as is
+    with pytest.raises(InvalidRequest, match="found no SeaweedFS volume server"):
+        find_beside(AUTO, pids=[pid["master"], pid["filer"]])
+    with pytest.raises(InvalidRequest, match="found 3 SeaweedFS volume servers") as refused:
+        find_beside(AUTO, pids=volumes)
+    assert all(url in str(refused.value) for url in cluster.volume_urls)
+    # This machine runs the cluster's three (and perhaps the tests' single SeaweedFS):
+    # a server told `auto` refuses to guess, before it serves.
+    with pytest.raises(InvalidRequest, match="--beside URL"):
+        ServerConfig(store=uri, store_options=cluster.options, beside=AUTO, filer=cluster.filer_url)
 
 
 def test_beside_needs_a_filer_and_an_s3_store(tmp_path: Path) -> None:

@@ -91,8 +91,9 @@ _LOCAL_PREFIX = typer.Option(
 )
 _BESIDE = typer.Option(
     None,
-    help="URL of the SeaweedFS volume server on this machine (e.g. http://127.0.0.1:8080): "
-    "trainers send this server the chunks whose bytes lie there. Needs --filer.",
+    help="URL of the SeaweedFS volume server on this machine (e.g. http://127.0.0.1:8080), "
+    "or 'auto' to find the one running here: trainers send this server the chunks whose "
+    "bytes lie there. Needs --filer.",
 )
 _FILER = typer.Option(
     None, help="URL of the SeaweedFS filer, which says on which volumes each object lies."
@@ -197,8 +198,8 @@ def _announce(server: HapiServer, config: ServerConfig) -> None:
     who = f", {len(server.tenants)} tenant(s) from {config.tenants}" if config.tenants else ""
     if config.local_prefixes:
         who += f", local: {', '.join(config.local_prefixes)}"
-    if config.beside:
-        who += f", beside {config.beside}"
+    if server.locality is not None:
+        who += f", beside {server.locality.beside}"
     if config.feature_cache:
         who += f", feature cache {config.feature_cache} ({config.feature_cache_size})"
     Console().print(

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from urllib.parse import urlparse
 
-from hapi.data.store.seaweed import SeaweedLocator, check_http_url, volume_ids
+from hapi.data.store.seaweed import SeaweedLocator, check_http_url, find_beside, volume_ids
 from hapi.errors import HapiError, InvalidRequest
 
 __all__ = ["Locality"]
@@ -68,7 +68,8 @@ class Locality:
         """The locality a server's settings describe; None without `--beside`.
 
         Raises:
-            InvalidRequest: `--beside` without `--filer`, or a store that is not S3.
+            InvalidRequest: `--beside` without `--filer`, or a store that is not S3;
+                `--beside auto` where no volume server, or several, run on this machine.
         """
         if beside is None:
             return None
@@ -84,7 +85,7 @@ class Locality:
                 f"not {store_uri}: other stores cannot say where an object lies"
             )
         locator = SeaweedLocator(filer, parsed.netloc, parsed.path)
-        return cls(beside, locator, on_read=on_read)
+        return cls(find_beside(beside), locator, on_read=on_read)
 
     def volumes(self) -> frozenset[int]:
         """The volumes the volume server beside this server holds (refreshed every

@@ -80,9 +80,10 @@ class ServerConfig:
     """Prefixes of the store local to this server (on its storage node): trainers with
     several servers send it the chunks whose keys lie there. Empty: it says nothing."""
     beside: str | None = None
-    """URL of the SeaweedFS volume server on this server's machine (`--beside`): the server
-    answers which objects lie there, and trainers send it the chunks whose bytes do
-    (docs/locality.md). Needs `filer`. None: the server says nothing of where it is."""
+    """URL of the SeaweedFS volume server on this server's machine (`--beside`), or `auto`
+    to find the one running here: the server answers which objects lie there, and
+    trainers send it the chunks whose bytes do (docs/locality.md). Needs `filer`. None:
+    the server says nothing of where it is."""
     filer: str | None = None
     """URL of the SeaweedFS filer that says on which volumes each object lies (its path,
     if any, is the buckets folder; `/buckets` by default)."""

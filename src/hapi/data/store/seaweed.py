@@ -18,12 +18,21 @@ import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from hapi.data.shards.members import split_member
 from hapi.errors import InvalidRequest, ObjectNotFound, StoreUnavailable, shorten
 
-__all__ = ["Placement", "SeaweedLocator", "volume_ids"]
+__all__ = [
+    "AUTO",
+    "Placement",
+    "SeaweedLocator",
+    "find_beside",
+    "local_volume_servers",
+    "volume_ids",
+    "volume_url",
+]
 
 Placement = Mapping[int, int]
 """An object's bytes by the volume that holds them (empty: inline, local nowhere)."""
@@ -75,6 +84,88 @@ def volume_ids(volume_server: str, *, timeout: float = 10.0) -> frozenset[int]:
     """
     status = _get_json(f"{check_http_url(volume_server, 'a volume server')}/status", timeout)
     return frozenset(int(v["Id"]) for v in status.get("Volumes") or [])
+
+
+AUTO = "auto"
+"""`--beside auto`: the volume server running on this machine, found by `find_beside`."""
+_VOLUME_PORT = {"volume": "port", "server": "volume.port", "mini": "volume.port"}
+"""The `weed` commands that run a volume server, and each one's flag for its port."""
+_OTHER_COMMANDS = frozenset({
+    "master", "filer", "s3", "iam", "mount", "webdav", "sftp", "shell", "admin", "worker",
+    "backup", "upload", "download", "export", "fix", "benchmark", "scaffold", "version",
+    "filer.sync", "filer.backup", "mq.broker",
+})  # fmt: skip
+
+
+def volume_url(argv: Sequence[str]) -> str | None:
+    """The URL of the volume server a `weed` command line runs (`weed volume`, `weed
+    server`, `weed mini`), from its flags (`-port=8080` or `-port 8080`; default 8080,
+    on loopback unless `-ip.bind` names an address); None for any other process."""
+    if not argv or not argv[0].rsplit("/", 1)[-1].startswith("weed"):
+        return None
+    # The command is the first word weed knows as one (a flag's value may come between).
+    known = _VOLUME_PORT.keys() | _OTHER_COMMANDS
+    command = next((a for a in argv[1:] if a in known), None)
+    if command not in _VOLUME_PORT:
+        return None
+    flags: dict[str, str] = {}
+    for i, arg in enumerate(argv[1:], start=1):
+        if arg.startswith("-"):
+            name, eq, value = arg.lstrip("-").partition("=")
+            if not eq and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+                value = argv[i + 1]
+            flags[name] = value
+    port = flags.get(_VOLUME_PORT[command]) or "8080"
+    bind = flags.get("ip.bind", "")
+    host = bind if bind not in ("", "0.0.0.0", "::") else "127.0.0.1"
+    return f"http://{host}:{port}"
+
+
+def local_volume_servers(pids: Sequence[int] | None = None) -> list[str]:
+    """The URLs of the SeaweedFS volume servers running on this machine (Linux: from
+    each process's command line), or among `pids`."""
+    proc = Path("/proc")
+    if pids is None:
+        pids = [int(p.name) for p in proc.iterdir() if p.name.isdigit()]
+    found = []
+    for pid in pids:
+        try:
+            argv = (proc / str(pid) / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        url = volume_url([a.decode(errors="replace") for a in argv if a])
+        if url is not None and url not in found:
+            found.append(url)
+    return found
+
+
+def find_beside(beside: str, *, pids: Sequence[int] | None = None) -> str:
+    """`beside`, or for `AUTO` the one volume server that runs on this machine and
+    answers its status.
+
+    Raises:
+        InvalidRequest: none runs here, or several do (naming them).
+    """
+    if beside != AUTO:
+        return beside
+    running = []
+    for url in local_volume_servers(pids):
+        try:
+            volume_ids(url, timeout=2.0)
+        except StoreUnavailable:
+            continue
+        running.append(url)
+    if len(running) == 1:
+        return running[0]
+    if not running:
+        raise InvalidRequest(
+            "--beside auto found no SeaweedFS volume server running on this machine (weed "
+            "volume, server or mini): start one here, or name one with --beside URL"
+        )
+    raise InvalidRequest(
+        f"--beside auto found {len(running)} SeaweedFS volume servers on this machine "
+        f"({', '.join(running)}): name the one this server reads beside with --beside URL"
+    )
 
 
 def _object_of(key: str) -> str:
