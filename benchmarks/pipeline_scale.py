@@ -448,6 +448,11 @@ def main() -> None:
     parser.add_argument(
         "--keys", type=int, nargs="+", help="only the keys' costs, at these sizes (to 10^6)"
     )
+    parser.add_argument(
+        "--add",
+        action="store_true",
+        help="add (or replace) these rows in the last run's table, rather than start a new one",
+    )
     parser.add_argument("--results", action="store_true", help="update benchmarks/RESULTS.md")
     args = parser.parse_args()
     if args.phase:
@@ -467,12 +472,24 @@ def main() -> None:
     else:
         OUT.mkdir(exist_ok=True)
         data = measure(tuple(args.layouts), tuple(args.sizes), args.repeats)
-        data["flags"] = "".join(f" {a}" for a in sys.argv[1:] if a != "--results")
+        data["flags"] = "".join(f" {a}" for a in sys.argv[1:] if a not in ("--results", "--add"))
+        if args.add:
+            data = _added(json.loads((OUT / "pipeline_scale.json").read_text()), data)
         (OUT / "pipeline_scale.json").write_text(json.dumps(data, indent=1))
         _plot(data, OUT / "pipeline_scale.png")
         print(_report(data))
     if args.results:
         _write_results()
+
+
+def _added(last: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """`new`'s rows in `last`'s table (replacing any of the same layout and N), and the
+    command that measured them (`added`)."""
+    made = {(r["layout"], r["n"]) for r in new["rows"]}
+    rows = [r for r in last["rows"] if (r["layout"], r["n"]) not in made] + new["rows"]
+    rows.sort(key=lambda r: (LAYOUTS.index(r["layout"]), r["n"]))
+    added = [*last.get("added", []), {"flags": new["flags"], "rows": sorted(made)}]
+    return {**last, "rows": rows, "added": added}
 
 
 def _write_results() -> None:
@@ -484,6 +501,11 @@ def _write_results() -> None:
         f"`python benchmarks/pipeline_scale.py{data.get('flags', '')} --results` on "
         f"{data['machine']}.",
         _report(data),
+        *(
+            f"Rows {', '.join(f'{layout} {n:,}' for layout, n in a['rows'])} added by "
+            f"`python benchmarks/pipeline_scale.py{a['flags']} --add --results`."
+            for a in data.get("added", [])
+        ),
         "![per-sample costs against N](out/pipeline_scale.png)",
     ]
     keys_path = OUT / "pipeline_keys.json"
