@@ -123,6 +123,7 @@ class Flow:
         """Let its keys and labels go, once delivered, trained and kept: an epoch keeps
         its flows to the end, and a million keys as strings take about 90 MB."""
         self.keys, self.labels, self.merge = [], [], None
+        self.stream = None
         self.remaining.clear()
 
     def read_measurement(self) -> ReadMeasurement:
