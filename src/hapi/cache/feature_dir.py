@@ -155,10 +155,10 @@ class FeatureCache:
             read, _ = self._space(space.id).read([names[i] for i in rest])
             for i, tensor in zip(rest, read, strict=True):
                 out[i] = tensor
-            if any(t is not None for t in read):
-                with self._lock:
-                    self.stats.hits += sum(t is not None for t in read)
-                    self.stats.misses -= sum(t is not None for t in read)
+            more = sum(t is not None for t in read)
+            with self._lock:
+                self.stats.hits += more
+                self.stats.misses -= more
         return out
 
     def get_batch(
