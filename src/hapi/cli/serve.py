@@ -84,6 +84,12 @@ _BF16_HEADS = typer.Option(
     help="Run the heads of jobs that allow it (head_dtype='bf16') in bf16 where the device "
     "has bf16 kernels (--no-bf16-heads: every head in fp32).",
 )
+_COMPILE_HEADS = typer.Option(
+    "auto",
+    help="auto: compile a head (torch.compile) once its eager time would have paid for the "
+    "compile, and keep it if it is faster and agrees; always: as soon as its batch size "
+    "settles; off: every head eager.",
+)
 _LOCAL_PREFIX = typer.Option(
     None,
     help="A prefix of the store local to this server (its storage node); repeat for "
@@ -127,6 +133,7 @@ def serve(
     beside: str = _BESIDE,
     filer: str = _FILER,
     bf16_heads: bool = _BF16_HEADS,
+    compile_heads: str = _COMPILE_HEADS,
 ) -> None:
     """Serve features computed next to the data over Arrow Flight, until Ctrl-C."""
     given = dict(locals())  # the options, by ServerConfig's names but for two

@@ -106,6 +106,9 @@ class HeadCache:
         self._sizes: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
         self._key_locks: dict[str, threading.Lock] = {}
+        self.on_drop: Callable[[str], None] | None = None
+        """Told each head's key when the head leaves the cache (its compiled copies go)."""
+        self._dropped: list[str] = []
 
     def model(self, model: dict[str, Any] | str, image_size: int) -> LoadedModel:
         """Load (or reuse) `model` traced at `image_size`.
@@ -269,6 +272,7 @@ class HeadCache:
                 freed += self._drop(*victim)
         if freed and self.scheduler is not None:
             self.scheduler.release(freed)
+        self._tell_dropped()
         return freed
 
     # Internals ---------------------------------------------------------------------------
@@ -345,6 +349,16 @@ class HeadCache:
                 freed += self._drop(self._models, key)
         if freed and self.scheduler is not None:
             self.scheduler.release(freed)
+        self._tell_dropped()
+
+    def _tell_dropped(self) -> None:
+        """Tell `on_drop` of the heads just dropped (outside the lock: it may release
+        budget)."""
+        with self._lock:
+            dropped, self._dropped = self._dropped, []
+        if self.on_drop is not None:
+            for key in dropped:
+                self.on_drop(key)
 
     def _oldest_idle(self) -> tuple[OrderedDict[str, _Entry], str] | None:
         # Traced models first: they are only needed to build new heads.
@@ -357,6 +371,8 @@ class HeadCache:
     def _drop(self, table: OrderedDict[str, _Entry], key: str) -> int:
         """Forget an entry (the lock held); return the bytes no entry keeps any more."""
         entry = table.pop(key)
+        if table is self._heads:
+            self._dropped.append(key)
         freed = 0
         for k in entry.storages:
             self._refs[k] -= 1

@@ -16,6 +16,7 @@ from hapi.errors import InvalidCut, InvalidRequest, shorten
 from hapi.graph import INPUT, RAW, ModelGraph, load_head
 from hapi.graph.precision import head_dtype
 from hapi.server.chunks._batch_tuner import BatchTuner, BatchTuners
+from hapi.server.chunks._compiled import CompiledHead, CompiledHeads
 from hapi.server.chunks.session import RAW_BATCH_BYTES, Session
 from hapi.server.chunks.tier import NO_FEATURE_CACHE, FeatureTier
 from hapi.server.head_cache import HeadCache, HeadLease
@@ -87,6 +88,8 @@ class SessionOpener:
         self._clock = clock
         self.read_ahead = (config.store_options or StoreOptions()).concurrency
         self.tuners = BatchTuners(config.batch_size)
+        self.compiled = CompiledHeads(config.compile_heads, heads.device, scheduler)
+        heads.on_drop = self.compiled.forget
         """Objects a chunk reads ahead of the one it decodes."""
         self.read_bytes = self.read_ahead * READ_AHEAD_OBJECT
         """Bytes a chunk's read-ahead holds, in its memory model."""
@@ -148,8 +151,18 @@ class SessionOpener:
             features=self.features,
             locality=self.locality,
             tuner=self._tuner(lease, request, dtype),
+            compiled=self._compiled(lease, request, dtype),
         )
         return Opened(session, lease, graph)
+
+    def _compiled(
+        self, lease: HeadLease | None, request: SessionRequest, dtype: torch.dtype
+    ) -> CompiledHead | None:
+        """The head's compiled form, when it may run one: never for exact sessions, whose
+        features are bit for bit the trainer's."""
+        if lease is None or request.exact or self.config.compile_heads == "off":
+            return None
+        return self.compiled.get((lease.key, request.image_size, str(dtype)), lease.module, dtype)
 
     def _tuner(
         self, lease: HeadLease | None, request: SessionRequest, dtype: torch.dtype

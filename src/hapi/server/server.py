@@ -504,6 +504,7 @@ class HapiServer(flight.FlightServerBase):
             batches_waiting=budget.waiting,
             cpu_s=time.process_time(),
             feature_cache=self.features.stats(),
+            compiled_heads=self.opener.compiled.describe(),
         )
 
     def _guard(

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from hapi._sizes import parse_bytes
 from hapi.data import StoreOptions
 from hapi.errors import InvalidRequest, shorten
+from hapi.server.chunks._compiled import COMPILE_MODES, CompileMode
 
 __all__ = ["ServerConfig"]
 
@@ -61,6 +62,12 @@ class ServerConfig:
     """Run the heads of sessions that allow it (`head_dtype="bf16"`) in bf16 where the
     device has bf16 kernels (`hapi.graph.precision`): 2x faster on an AMX CPU. False:
     every head in fp32."""
+    compile_heads: CompileMode = "auto"
+    """`auto`: compile a head (`torch.compile`, inductor with freezing) once the eager time
+    it has run would have paid for the compile, and run the compiled head if it is faster
+    and its features agree (`hapi.server.chunks._compiled`); `always`: compile as soon as
+    its batch size settles, and run it whatever its speed; `off`: every head eager. Exact
+    sessions always run eager."""
     idle_heads: int = 4
     """Heads no open session uses that stay loaded for the next session (each job opens
     one per epoch); older ones are dropped to bound the server's memory."""
@@ -152,9 +159,17 @@ class ServerConfig:
 
             parse_rate(self.egress_limit)  # refuse a bad rate before binding a port
         self._check_security()
+        self._check_heads()
+
+    def _check_heads(self) -> None:
         if not re.fullmatch(r"cpu|cuda(:[0-9]+)?", str(self.device)):
             raise InvalidRequest(
                 f"device must be cpu, cuda or cuda:N, got {shorten(repr(self.device))}"
+            )
+        if self.compile_heads not in COMPILE_MODES:
+            raise InvalidRequest(
+                f"compile_heads is one of {', '.join(COMPILE_MODES)}, got "
+                f"{shorten(repr(self.compile_heads))}"
             )
 
     def _check_locality(self) -> None:

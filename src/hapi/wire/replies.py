@@ -137,6 +137,9 @@ class SessionStats(_Reply):
     """Samples the server's feature cache gave (no read, no head)."""
     cache_misses: int = 0
     """Samples a session whose features are cacheable computed (and offered the cache)."""
+    compiled_samples: int = 0
+    """Samples its compiled head computed (`hapi serve --compile-heads`); the rest ran
+    eager."""
 
 
 class FeatureCacheStats(_Reply):
@@ -197,6 +200,9 @@ class ServerStats(_Reply):
     bytes to the network cost the server's cores (gRPC's threads and the kernel's)."""
     feature_cache: FeatureCacheStats | None = None
     """The feature cache's counters; None when the server keeps none."""
+    compiled_heads: dict[str, str] = Field(default_factory=dict)
+    """Each head the server may compile, in one line: compiled (how much faster, the
+    compile's seconds), still eager, or why it runs eager (`--compile-heads`)."""
 
 
 class SkippedKey(_Reply):

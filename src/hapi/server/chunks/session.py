@@ -28,6 +28,7 @@ from hapi.graph import RAW
 from hapi.graph.precision import running_in
 from hapi.server.chunks._batch_tuner import START, BatchTuner
 from hapi.server.chunks._batches import WIRE_BATCH_BYTES, Sent, Wire, encode, samples_per_batch
+from hapi.server.chunks._compiled import CompiledHead
 from hapi.server.chunks._counters import SessionCounters, TimedReads
 from hapi.server.chunks._outbox import Outbox
 from hapi.server.chunks.tier import NO_FEATURE_CACHE, FeatureTier
@@ -98,6 +99,8 @@ class Session:
     tuner: BatchTuner | None = None
     """Chooses the batch size asked for, up to `batch_size`, by the head's measured time
     a sample (shared by the sessions of one head: `BatchTuners`); None: one of its own."""
+    compiled: CompiledHead | None = None
+    """The head's compiled form, shared by its sessions (`CompiledHeads`); None: eager."""
 
     def __post_init__(self) -> None:
         if self.tuner is None:
@@ -381,16 +384,29 @@ class Session:
                     # computes local features per sample too (`TransferJob(exact=True)`).
                     x = torch.cat([self.head(x[i : i + 1]) for i in range(len(x))])
                 else:
-                    t_head = time.perf_counter()
-                    x = self.head(x)
-                    if self.device.type == "cuda":
-                        torch.cuda.synchronize(self.device)
-                    self._tuner.record(len(x), time.perf_counter() - t_head)
+                    x = self._batch_head(x)
             x = x.float()  # the wire's codecs take fp32 (a no-op unless the head ran bf16)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.stats.add(head_s=time.perf_counter() - t0)
         return self._encode([s.key for s in samples], [s.label for s in samples], features=x)
+
+    def _batch_head(self, x: torch.Tensor) -> torch.Tensor:
+        """The head over a batch: compiled where that runs, and timed for the tuner."""
+        assert self.head is not None
+        t0 = time.perf_counter()
+        if self.compiled is None:
+            y, fast = self.head(x), False
+        else:
+            tuner = self._tuner
+            y, fast = self.compiled(x, tuner.size if tuner.settled else None)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        if fast:
+            self.stats.add(compiled_samples=len(x))
+        else:  # the tuner compares eager batches with eager batches
+            self._tuner.record(len(x), time.perf_counter() - t0)
+        return y
 
     def _encode(self, keys: list[str], labels: list[int], **payload: object) -> pa.RecordBatch:
         return encode(self.schema, self.stats, keys, labels, **payload)

@@ -1,0 +1,204 @@
+"""`CompiledHead`: a head compiled only once its eager time would have paid for the
+compile, checked against eager before it runs alone, and eager with the reason whenever
+compiling fails, disagrees or is not faster; its copy's bytes are held in the budget."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+from hapi.server.chunks._compiled import SAVING, TRIES, CompiledHead, CompiledHeads, compile_head
+from hapi.server.memory.scheduler import Scheduler
+
+CPU = torch.device("cpu")
+BATCH = 4
+
+
+class _Slow(nn.Module):
+    """A head whose batch takes `seconds`: eager time that adds up predictably."""
+
+    def __init__(self, seconds: float = 0.0) -> None:
+        super().__init__()
+        self.seconds = seconds
+        self.linear = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.seconds)
+        return self.linear(x)
+
+
+def _head(
+    compiler: Callable[[nn.Module], Callable[[torch.Tensor], torch.Tensor]],
+    *,
+    mode: str = "always",
+    head: nn.Module | None = None,
+    expected_s: float = 0.0,
+    scheduler: Scheduler | None = None,
+) -> CompiledHead:
+    return CompiledHead(
+        (head or _Slow()).eval(),
+        mode=mode,  # type: ignore[arg-type]
+        device=CPU,
+        dtype=torch.float32,
+        nbytes=1000,
+        expected_s=expected_s,
+        scheduler=scheduler,
+        compiler=compiler,
+    )
+
+
+def _run_until_settled(head: CompiledHead, batches: int = 40) -> int:
+    """Feed batches of the settled size until the head leaves compiling and checking;
+    the batches the compiled head gave."""
+    x = torch.randn(BATCH, 8)
+    fast = 0
+    for _ in range(batches):
+        with torch.inference_mode():
+            _, compiled = head(x, BATCH)
+        fast += compiled
+        deadline = time.monotonic() + 60
+        while head.state == "compiling" and time.monotonic() < deadline:
+            time.sleep(0.01)
+    return fast
+
+
+def test_auto_rents_eager_until_its_time_would_pay_for_the_compile() -> None:
+    compiles: list[nn.Module] = []
+
+    def compiler(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+        compiles.append(module)
+        return module
+
+    head = _head(compiler, mode="auto", head=_Slow(0.01), expected_s=0.02)
+    x = torch.randn(BATCH, 8)
+    with torch.inference_mode():
+        head(x, None)  # the tuner has not settled: nothing counts yet
+        assert head.eager_s == 0
+        while head.state == "eager":
+            head(x, BATCH)
+            assert head.state != "eager" or head.eager_s * SAVING < 0.02
+    assert head.eager_s * SAVING >= 0.02
+    assert head.batch == BATCH
+
+
+def test_a_compiled_head_that_agrees_runs_after_its_checks() -> None:
+    head = _head(lambda m: m)
+    fast = _run_until_settled(head, batches=TRIES + 10)
+    assert head.state == "compiled", head.describe()
+    assert fast >= 5
+    assert "compiled for batches of 4" in head.describe()
+    with torch.inference_mode():
+        _, compiled = head(torch.randn(BATCH + 1, 8), BATCH)
+    assert not compiled  # another batch size runs eager: no recompile
+
+
+def test_a_compiled_head_whose_features_differ_is_refused() -> None:
+    head = _head(lambda m: lambda x: m(x) * 1.01)
+    assert _run_until_settled(head) == 0
+    assert head.state == "refused"
+    assert "differ from eager's" in head.note
+
+
+def test_auto_refuses_a_compiled_head_that_is_not_faster() -> None:
+    def slower(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+        def run(x: torch.Tensor) -> torch.Tensor:
+            time.sleep(0.02)
+            return module(x)
+
+        return run
+
+    head = _head(slower, mode="auto", head=_Slow(0.002), expected_s=0.0)
+    assert _run_until_settled(head) == 0
+    assert head.state == "refused"
+    assert "not faster" in head.note
+
+
+def test_a_head_that_does_not_compile_runs_eager_saying_why() -> None:
+    class Breaks(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(8, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            torch._dynamo.graph_break()  # one graph is all a compiled head may be
+            return self.linear(x)
+
+    head = _head(compile_head, head=Breaks())
+    assert _run_until_settled(head) == 0
+    assert head.state == "refused"
+    assert head.note.startswith("compile failed:"), head.note
+
+
+def test_the_compiled_copy_is_held_in_the_budget_until_the_head_goes() -> None:
+    scheduler = Scheduler(1 << 20, 1)
+    head = _head(lambda m: m, scheduler=scheduler)
+    _run_until_settled(head, batches=TRIES + 2)
+    assert head.state == "compiled"
+    assert scheduler.stats().used == 1000
+    head.forget()
+    assert scheduler.stats().used == 0
+    assert head.state == "refused" and "unloaded" in head.note
+
+
+def test_a_compile_the_budget_cannot_hold_runs_eager() -> None:
+    head = _head(lambda m: m, scheduler=Scheduler(100, 1))
+    assert _run_until_settled(head) == 0
+    assert head.note.startswith("compile failed: OverBudget"), head.note
+
+
+def test_sessions_of_one_head_share_its_compiled_form_and_a_dropped_head_frees_it() -> None:
+    scheduler = Scheduler(1 << 20, 1)
+    heads = CompiledHeads("always", CPU, scheduler, compiler=lambda m: m)
+    module = _Slow().eval()
+    key = ("head-a", 64, "torch.float32")
+    first = heads.get(key, module, torch.float32)
+    assert heads.get(key, module, torch.float32) is first
+    _run_until_settled(first, batches=TRIES + 2)
+    assert heads.compiles == 1
+    assert list(heads.describe().values()) == [first.describe()]
+    assert scheduler.stats().used > 0
+    heads.forget("head-a")
+    assert scheduler.stats().used == 0
+    assert heads.get(key, module, torch.float32) is not first
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_inductor_compiles_a_conv_head_that_agrees_with_eager(dtype: torch.dtype) -> None:
+    if dtype == torch.bfloat16:
+        from hapi.graph.precision import bf16_native
+
+        if not bf16_native("cpu"):
+            pytest.skip("this CPU has no bf16 kernels: bf16 heads run fp32 here")
+    head = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1))
+    entry = CompiledHead(
+        head.eval().requires_grad_(False),
+        mode="always",
+        device=CPU,
+        dtype=dtype,
+        nbytes=0,
+        expected_s=0.0,
+    )
+    x = torch.randn(BATCH, 3, 16, 16)
+    fast = 0
+    with torch.inference_mode(), torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+        for _ in range(TRIES + 4):
+            y, compiled = entry(x, BATCH)
+            fast += compiled
+            while entry.state == "compiling":
+                time.sleep(0.05)
+        reference = head(x)
+    assert entry.state == "compiled", entry.describe()
+    assert fast >= 1
+    assert (y.float() - reference.float()).abs().max() <= 5e-2 * reference.float().abs().max()
+
+
+def test_a_server_refuses_an_unknown_compile_mode() -> None:
+    from hapi.errors import InvalidRequest
+    from hapi.server import ServerConfig
+
+    with pytest.raises(InvalidRequest, match="compile_heads is one of auto, always, off"):
+        ServerConfig(store="/tmp", compile_heads="sometimes")  # type: ignore[arg-type]
