@@ -64,7 +64,7 @@ def _inputs(n: int, side: int) -> torch.Tensor:
     return (x - 0.45) / 0.225
 
 
-def _bf16(head: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+def _bf16(head: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
     def run(x: torch.Tensor) -> torch.Tensor:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             return head(x)
