@@ -73,14 +73,16 @@ class PinnedServer:
     core 0 with one OpenMP thread, waited for until it answers; end it with
     `end(server.proc)`."""
 
-    def __init__(self, store: Path | str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, store: Path | str, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+    ) -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from tests.seaweed import free_port
 
         port = free_port()
         self.address = f"grpc://127.0.0.1:{port}"
         cmd = [*taskset(0), sys.executable, "-m", "hapi.cli", "serve", "--store", str(store)]
-        cmd += ["--port", str(port), "--threads", "1"]
+        cmd += ["--port", str(port), "--threads", "1", *args]
         # `env`: a store's own (an S3 endpoint and its keys).
         env = {**os.environ, **(env or {}), "OMP_NUM_THREADS": "1"}
         self.proc = subprocess.Popen(

@@ -6,7 +6,9 @@ store, decodes and transforms it with hapi's own `load_sample` and runs the mode
 to the cut in batches of 256 - the work and nothing else. Server: `hapi serve --threads 1`
 pinned to core 0 computes the same samples' features for a client on core 1, in chunks of
 256 keys one after another; its CPU seconds (all its threads, from /proc) are the cost.
-Interleaved repeats, medians; the ratio is the server's over eager's.
+Interleaved repeats, medians; the ratio is the server's over eager's. A second server
+with `--compile-heads always`, warmed until its head is compiled (the compile's seconds
+reported apart), gives the compiled head's cost the same way.
 
 With `--profile`, py-spy samples the server (the thread holding the GIL, `--gil`) during
 one more pass, and the report breaks its time down by stage (`docs/server-profile.md`).
@@ -183,6 +185,24 @@ def profile(server: PinnedServer, config: tuple[Any, ...], out: Path) -> dict[st
     return breakdown(out)
 
 
+def warm_compiled(server: PinnedServer, config: tuple[Any, ...], most_s: float = 900) -> str:
+    """Run the configuration on `server` until its head is compiled (or refused); how
+    it runs then, in the server's words."""
+    from hapi.client import connect
+
+    deadline = time.monotonic() + most_s
+    state = "not started"
+    while time.monotonic() < deadline:
+        served(server, config)
+        with connect(server.address) as conn:
+            states = list(conn.stats().compiled_heads.values())
+        state = states[0] if states else "no head"
+        if not state.startswith(("eager", "compiling", "checking")):
+            break
+    print(f"compiled server: {state}", flush=True)
+    return state
+
+
 def measure(names: list[str], repeats: int, with_profile: bool) -> dict[str, Any]:
     import torch
 
@@ -195,12 +215,16 @@ def measure(names: list[str], repeats: int, with_profile: bool) -> dict[str, Any
             store = Path(tmp) / "store"
             make_store(store, config[4], config[3], config[5])
             server = PinnedServer(store)
+            fast = PinnedServer(store, args=("--compile-heads", "always"))
             try:
+                compiled = warm_compiled(fast, config)
                 runs = []
-                for r in range(repeats):  # interleaved: eager, server, eager, server...
-                    runs.append(
-                        {"eager_s": eager(store, config), "server_s": served(server, config)}
-                    )
+                for r in range(repeats):  # interleaved: eager, server, compiled, eager...
+                    runs.append({
+                        "eager_s": eager(store, config),
+                        "server_s": served(server, config),
+                        "compiled_s": served(fast, config),
+                    })  # fmt: skip
                     print(f"{name} run {r + 1}: {json.dumps(runs[-1])}", flush=True)
                 shares = (
                     profile(server, config, OUT / f"server_speed-{name}.txt")
@@ -209,11 +233,16 @@ def measure(names: list[str], repeats: int, with_profile: bool) -> dict[str, Any
                 )
             finally:
                 end(server.proc)
+                end(fast.proc)
         eager_s = statistics.median(r["eager_s"] for r in runs)
         server_s = statistics.median(r["server_s"] for r in runs)
         ratio = statistics.median(r["server_s"] / r["eager_s"] for r in runs)
         rows.append({"name": name, "config": config, "runs": runs, "eager_s": eager_s,
-                     "server_s": server_s, "ratio": ratio, "profile": shares})  # fmt: skip
+                     "server_s": server_s, "ratio": ratio, "profile": shares,
+                     "compiled": compiled,
+                     "compiled_s": statistics.median(r["compiled_s"] for r in runs),
+                     "compiled_ratio": statistics.median(
+                         r["compiled_s"] / r["eager_s"] for r in runs)})  # fmt: skip
     return {"machine": machine(), "repeats": repeats, "rows": rows}
 
 
@@ -223,14 +252,18 @@ def report(data: dict[str, Any]) -> str:
         "one torch thread. Eager: read, `load_sample` (decode and transforms), the head in "
         f"batches of {BATCH}; server: its process's CPU for chunks of {BATCH} keys.",
         "",
-        "| configuration | samples | eager | server | server / eager (goal <= 1.1x) |",
-        "|---|---|---|---|---|",
+        "| configuration | samples | eager | server | server / eager (goal <= 1.1x) "
+        "| server, head compiled | compiled / eager |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in data["rows"]:
         lines.append(
             f"| {row['name']} | {row['config'][4]:,} | {row['eager_s'] * 1e6:.0f} "
-            f"| {row['server_s'] * 1e6:.0f} | {row['ratio']:.2f}x |"
+            f"| {row['server_s'] * 1e6:.0f} | {row['ratio']:.2f}x "
+            f"| {row['compiled_s'] * 1e6:.0f} | {row['compiled_ratio']:.2f}x |"
         )
+    lines += ["", "The compiled server's heads, in its words (`hapi stats`): " + "; ".join(
+        f"{row['name']}: {row['compiled']}" for row in data["rows"])]  # fmt: skip
     profiled = [row for row in data["rows"] if row["profile"]]
     if profiled:
         lines += [
@@ -256,10 +289,14 @@ def plot(data: dict[str, Any], path: Path) -> None:
     rows = data["rows"]
     fig, ax = plt.subplots(figsize=(6.5, 3.6))
     x = range(len(rows))
-    ax.bar([i - 0.2 for i in x], [r["eager_s"] * 1e6 for r in rows], 0.4, label="eager")
-    ax.bar([i + 0.2 for i in x], [r["server_s"] * 1e6 for r in rows], 0.4, label="hapi serve")
-    for i, r in enumerate(rows):
-        ax.text(i + 0.2, r["server_s"] * 1e6, f"{r['ratio']:.2f}x", ha="center", va="bottom")
+    bars = (("eager", "eager_s", None), ("hapi serve", "server_s", "ratio"),
+            ("hapi serve, head compiled", "compiled_s", "compiled_ratio"))  # fmt: skip
+    for j, (label, key, ratio) in enumerate(bars):
+        at = [i + (j - 1) * 0.27 for i in x]
+        ax.bar(at, [r[key] * 1e6 for r in rows], 0.27, label=label)
+        for i, r in zip(at, rows, strict=True):
+            if ratio is not None:
+                ax.text(i, r[key] * 1e6, f"{r[ratio]:.2f}x", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(list(x), [r["name"] for r in rows])
     ax.set_ylabel("CPU microseconds a sample")
     ax.set_title("The server's cost a sample against eager PyTorch's")

@@ -9,10 +9,12 @@ import time
 import pytest
 import torch
 
-from hapi.client import FeatureLoader, connect
+from hapi.client import FeatureLoader, TransferJob, connect
 from hapi.data import Transforms, open_store, synth_dataset
 from hapi.server import HapiServer, serve
 from hapi.wire import SessionRequest
+from hapi.wire.messages import ProfileRequest
+from hapi.wire.replies import ProfileReply
 
 SIZE = 32
 CUT = 6  # ResNet-18's layer1: a short graph, so a short compile
@@ -25,9 +27,8 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(root)
 
 
-def _epoch(server: HapiServer, *, exact: bool = False) -> tuple[dict[str, torch.Tensor], int]:
-    """Each key's features over one session, and the samples its compiled head gave."""
-    request = SessionRequest(
+def _request(exact: bool = False) -> SessionRequest:
+    return SessionRequest(
         model={"name": "resnet18"},
         cut=CUT,
         freeze=CUT,
@@ -35,14 +36,27 @@ def _epoch(server: HapiServer, *, exact: bool = False) -> tuple[dict[str, torch.
         image_size=SIZE,
         exact=exact,
     )
+
+
+def _epoch(server: HapiServer, *, exact: bool = False) -> tuple[dict[str, torch.Tensor], int]:
+    """Each key's features over one session, and the samples its compiled head gave."""
     with connect(server.address) as conn:
-        info = conn.open_session(request)
+        info = conn.open_session(_request(exact))
         loader = FeatureLoader(conn, info.session, conn.manifest("train"), batch_size=6)
         features = {
             k: f for b in loader.batches(0) for k, f in zip(b.keys, b.features, strict=True)
         }
         stats = conn.close_session(info.session)
     return features, stats.compiled_samples
+
+
+def _profile(server: HapiServer) -> ProfileReply:
+    with connect(server.address) as conn:
+        info = conn.open_session(_request())
+        keys = list(conn.manifest("train").keys[:4])
+        reply = conn.profile(ProfileRequest(session=info.session, keys=keys))
+        conn.close_session(info.session)
+    return reply
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +69,7 @@ def test_a_compiled_head_serves_the_features_eager_would(
     root: str, eager: dict[str, torch.Tensor]
 ) -> None:
     with serve(store=root, batch_size=6, compile_heads="always") as server:
+        before = _profile(server)
         compiled = 0
         deadline = time.monotonic() + 240  # a cold compile on a busy 2-core machine
         while not compiled and time.monotonic() < deadline:
@@ -64,6 +79,11 @@ def test_a_compiled_head_serves_the_features_eager_would(
         assert compiled, state
         assert state.startswith("compiled for batches of 6"), state
         exact, exact_compiled = _epoch(server, exact=True)
+        # The planner is told the head as it runs now: the cached profile, at its speed.
+        ((_, speed),) = server.opener.compiled.speeds().items()
+        after = _profile(server)
+        assert after.head_s[CUT] == pytest.approx(before.head_s[CUT] * speed)
+        assert after.head_s[:CUT] == before.head_s[:CUT]
     assert features.keys() == eager.keys() == exact.keys()
     scale = max(f.abs().max().item() for f in eager.values())
     assert max((features[k] - eager[k]).abs().max().item() for k in eager) <= 1e-4 * scale
@@ -76,3 +96,21 @@ def test_a_server_with_compiling_off_keeps_every_head_eager(root: str) -> None:
         _, compiled = _epoch(server)
         assert compiled == 0
         assert server.stats().compiled_heads == {}
+
+
+def test_a_jobs_history_says_how_the_server_ran_its_head(root: str) -> None:
+    model = {"name": "resnet18", "num_classes": 2}
+    with serve(store=root, batch_size=6, compile_heads="always") as server:
+        job = TransferJob(
+            model, "train", server.address, freeze="layer1", cut=None, image_size=SIZE, seed=1
+        )
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not (
+            job.history.epochs and job.history.epochs[-1].server_compiled
+        ):
+            job.fit(1, lr=0.01)
+    last = job.history.epochs[-1]
+    assert 0 < last.server_compiled <= last.samples == 12
+    assert last.server_head.startswith("compiled for batches of 6"), last.server_head
+    assert f"({last.server_compiled} by the server's compiled head)" in job.history.explain()
+    assert "the server's head: compiled for batches of 6" in job.history.explain()

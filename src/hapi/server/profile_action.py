@@ -28,6 +28,7 @@ from hapi.graph import INPUT
 from hapi.graph.precision import running_in
 from hapi.plan import head_segments, time_segments
 from hapi.plan.profiles import ProfileKey
+from hapi.server.chunks._compiled import CompiledHeads
 from hapi.server.chunks.session import Session
 from hapi.server.head_cache import HeadCache, LoadedModel
 from hapi.server.memory.batch_memory import (
@@ -74,12 +75,21 @@ class Profiler:
         store: where the objects are read.
         read_bytes: what a session's batch holds for its chunk's read-ahead (the
             server's): a profile holds its objects instead.
+        compiled: the heads the server runs compiled: a profile times those cuts at their
+            compiled speed, as the session will run them.
     """
 
     def __init__(
-        self, heads: HeadCache, scheduler: Scheduler, store: ObjectStore, *, read_bytes: int = 0
+        self,
+        heads: HeadCache,
+        scheduler: Scheduler,
+        store: ObjectStore,
+        *,
+        read_bytes: int = 0,
+        compiled: CompiledHeads | None = None,
     ) -> None:
         self.heads = heads
+        self.compiled = compiled
         self.scheduler = scheduler
         self.store = store
         self.read_bytes = read_bytes
@@ -121,7 +131,7 @@ class Profiler:
             cached = self._cache.get(cache_key)
             if cached is not None:
                 self._cache.move_to_end(cache_key)
-                return cached.model_copy(update={"cached": True})
+                return self._as_run(cached.model_copy(update={"cached": True}), session, loaded)
         reply = self._measure(session, request, loaded, last, key, batch, gone)
         # A batch cut short by a full budget is not what the next job gets.
         if reply.batch_size == batch:
@@ -129,7 +139,21 @@ class Profiler:
                 self._cache[cache_key] = reply
                 while len(self._cache) > CACHED:
                     self._cache.popitem(last=False)
-        return reply
+        return self._as_run(reply, session, loaded)
+
+    def _as_run(self, reply: ProfileReply, session: Session, loaded: LoadedModel) -> ProfileReply:
+        """The profile with each cut whose head runs compiled for `session` timed at the
+        compiled head's measured speed (cached profiles stay eager's: heads compile later)."""
+        speeds = self.compiled.speeds() if self.compiled is not None else {}
+        if not speeds or session.request.exact:
+            return reply
+        size, dtype = session.request.image_size, str(session.head_dtype)
+        times = list(reply.head_s)
+        for cut in range(1, len(times)):
+            speed = speeds.get((self.heads.head_key(loaded, cut), size, dtype))
+            if speed is not None:
+                times[cut] *= speed
+        return reply.model_copy(update={"head_s": times})
 
     def _measure(
         self,

@@ -148,7 +148,11 @@ class HapiServer(flight.FlightServerBase):
             locality=self.locality,
         )
         self.profiler = Profiler(
-            self.heads, self.scheduler, self.store, read_bytes=self.opener.read_bytes
+            self.heads,
+            self.scheduler,
+            self.store,
+            read_bytes=self.opener.read_bytes,
+            compiled=self.opener.compiled,
         )
         self._sessions = SessionRegistry(
             heads=self.heads,

@@ -250,6 +250,15 @@ class ChunkReport(_Reply):
         default=0, ge=0, description="Keys whose features came from the server's feature cache."
     )
     read_bytes: int = Field(default=0, ge=0, description="Bytes the chunk read from the store.")
+    compiled: int = Field(
+        default=0, ge=0, description="Keys whose features the server's compiled head computed."
+    )
+    head: str | None = Field(
+        default=None,
+        max_length=600,
+        description="How the server runs the head, when it has done more than run it eager: "
+        "compiling, compiled, or why it stays eager (`hapi serve --compile-heads`).",
+    )
     local_bytes: int | None = Field(
         default=None,
         ge=0,

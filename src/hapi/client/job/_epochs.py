@@ -103,6 +103,8 @@ class EpochAccounts:
             fallbacks=stats.fallbacks,
             cached=stats.cached,
             server_cached=stats.server_cached,
+            server_compiled=stats.server_compiled,
+            server_head=stats.server_head,
             read_bytes=stats.read_bytes,
             placed_bytes=stats.placed_bytes,
             local_bytes=stats.local_bytes,

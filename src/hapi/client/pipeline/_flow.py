@@ -52,6 +52,10 @@ class Flow:
     """Keys the trainer's cache gave."""
     server_cached = 0
     """Keys the server's feature cache gave."""
+    server_compiled = 0
+    """Keys the server's compiled head computed."""
+    server_head: str | None = None
+    """How the server ran the head, when it said (`ChunkReport.head`)."""
     stream: PartStream | None = None
     turn: float | None = None
     read_end = 0.0

@@ -178,6 +178,7 @@ class DataParallel:
             "retries",
             "cached",
             "server_cached",
+            "server_compiled",
             "cache_write_failures",
             "read_bytes",
             "placed_bytes",

@@ -74,6 +74,10 @@ class LoaderStats:
     """Samples the trainer's feature cache gave (no server, no link)."""
     server_cached: int = 0
     """Samples a server's feature cache gave (no read, no head)."""
+    server_compiled: int = 0
+    """Samples a server's compiled head computed."""
+    server_head: str = ""
+    """How the server last said it runs the head (compiled, or why not); empty: eager."""
     read_bytes: int = 0
     placed_bytes: int = 0
     local_bytes: int = 0
@@ -338,6 +342,8 @@ class EpochRun:
         stats.skipped += flow.skipped
         stats.cached += flow.hits
         stats.server_cached += flow.server_cached
+        stats.server_compiled += flow.server_compiled
+        stats.server_head = flow.server_head or stats.server_head
         stats.read_bytes += flow.read_bytes
         stats.placed_bytes += flow.placed_bytes
         stats.local_bytes += flow.local_bytes

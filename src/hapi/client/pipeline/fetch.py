@@ -273,6 +273,8 @@ class Fetcher:
             flow.remaining.pop(skipped.key, None)
             flow.skipped.append(skipped)
         flow.server_cached += report.cached
+        flow.server_compiled += report.compiled
+        flow.server_head = report.head or flow.server_head
         flow.read_bytes += report.read_bytes
         if report.local_bytes is not None:
             flow.placed_bytes += report.read_bytes

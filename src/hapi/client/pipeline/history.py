@@ -106,6 +106,11 @@ class EpochStats:
     """Samples the trainer's feature cache gave: no server, no link, only the tail."""
     server_cached: int = 0
     """Samples a server's feature cache gave: no read, no decode, no head."""
+    server_compiled: int = 0
+    """Samples a server's compiled head computed (`hapi serve --compile-heads`)."""
+    server_head: str = ""
+    """How the server said it runs the head, when more than eager: compiling, compiled
+    (how much faster), or why it stays eager (the compile failed, disagreed, was slower)."""
     cache_write_failures: int = 0
     """Features the trainer's cache could not keep: its directory refused the writes (a
     full or read-only disk), so it stopped writing and the job went on without it."""
@@ -221,6 +226,8 @@ class History:
             if e.share and e.cut != -1:
                 where += f" + {e.share:.0%} local"
             sources = [f"{e.computed} computed"]
+            if e.server_compiled:
+                sources[0] += f" ({e.server_compiled} by the server's compiled head)"
             if e.cached:
                 sources.append(f"{e.cached} from the trainer's cache")
             if e.server_cached:
@@ -231,5 +238,6 @@ class History:
                 f"epoch {e.epoch + 1}: {e.seconds:.1f} s, loss {e.loss:.4f}, "
                 f"{e.bytes_received / 1e6:.2f} MB, {where}; {e.samples} samples: "
                 f"{', '.join(sources)}"
+                + (f"; the server's head: {e.server_head}" if e.server_head else "")
             )
         return "\n".join(lines)

@@ -254,6 +254,12 @@ class CompiledHeads:
         for entry in entries:
             entry.forget()
 
+    def speeds(self) -> dict[HeadKey, float]:
+        """The heads that run compiled, and their time over eager's."""
+        with self._lock:
+            entries = list(self._heads.items())
+        return {k: e.speed for k, e in entries if e.state == "compiled" and e.speed is not None}
+
     def describe(self) -> dict[str, str]:
         """Each head's state in one line, by a digest of its key (which names the model:
         not for other tenants' eyes), its input size and dtype."""

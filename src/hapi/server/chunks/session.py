@@ -61,6 +61,8 @@ class _ChunkClock:
 
     server_s: float = 0.0
     queue_s: float = 0.0
+    compiled: int = 0
+    """Samples the compiled head computed."""
 
 
 @dataclass
@@ -198,6 +200,8 @@ class Session:
                 cached=lookup.cached,
                 read_bytes=reads.nbytes,
                 local_bytes=local,
+                compiled=clock.compiled,
+                head=self._head_runs(),
             ).to_bytes()
             self.stats.add(chunks=1, skipped=len(skipped))
             out.put((pa.RecordBatch.from_pylist([], schema=self.schema), report))
@@ -316,7 +320,7 @@ class Session:
                             samples.append(sample)
                         else:
                             skipped.append(SkippedKey.of(sample.key, sample.error))
-                    batch = self._forward(samples) if samples else None
+                    batch = self._forward(samples, clock) if samples else None
                     # Room was there before the grant, and only the stream takes items.
                     if batch is not None:
                         if not out.offer((batch, None)):
@@ -369,7 +373,12 @@ class Session:
             return exc
         return None
 
-    def _forward(self, samples: list[Sample]) -> pa.RecordBatch:
+    def _head_runs(self) -> str | None:
+        """How the head runs, for the chunk's report: said once it is more than eager."""
+        compiled = self.compiled
+        return None if compiled is None or compiled.state == "eager" else compiled.describe()
+
+    def _forward(self, samples: list[Sample], clock: _ChunkClock) -> pa.RecordBatch:
         t0 = time.perf_counter()
         x = torch.stack([s.tensor for s in samples]).to(self.device)
         if self.head is not None:
@@ -384,14 +393,14 @@ class Session:
                     # computes local features per sample too (`TransferJob(exact=True)`).
                     x = torch.cat([self.head(x[i : i + 1]) for i in range(len(x))])
                 else:
-                    x = self._batch_head(x)
+                    x = self._batch_head(x, clock)
             x = x.float()  # the wire's codecs take fp32 (a no-op unless the head ran bf16)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.stats.add(head_s=time.perf_counter() - t0)
         return self._encode([s.key for s in samples], [s.label for s in samples], features=x)
 
-    def _batch_head(self, x: torch.Tensor) -> torch.Tensor:
+    def _batch_head(self, x: torch.Tensor, clock: _ChunkClock) -> torch.Tensor:
         """The head over a batch: compiled where that runs, and timed for the tuner."""
         assert self.head is not None
         t0 = time.perf_counter()
@@ -403,6 +412,7 @@ class Session:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         if fast:
+            clock.compiled += len(x)
             self.stats.add(compiled_samples=len(x))
         else:  # the tuner compares eager batches with eager batches
             self._tuner.record(len(x), time.perf_counter() - t0)
