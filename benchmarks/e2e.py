@@ -8,6 +8,10 @@ records bytes moved, epoch time, and the pipeline bound max(server, transfer, tr
 
     python benchmarks/e2e.py                      # writes benchmarks/out/e2e.{json,png}
     python benchmarks/e2e.py --results            # ... and the table in benchmarks/RESULTS.md
+
+With `--compiled`, pushdown also runs with bf16 heads (`head_dtype="bf16"`), and on a
+second server with `--compile-heads always`, warmed until its heads are compiled, in fp32
+and bf16 (`e2e-compiled.{json,png}`, its own RESULTS section).
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--out", type=Path, default=HERE / "out")
     parser.add_argument("--results", action="store_true", help="write benchmarks/RESULTS.md")
+    parser.add_argument("--compiled", action="store_true", help="bf16 and compiled heads too")
+    parser.add_argument("--head-dtype", default="fp32", help=argparse.SUPPRESS)
     parser.add_argument("--trainer", help=argparse.SUPPRESS)  # internal: run one trainer
     args = parser.parse_args()
     if args.trainer:
@@ -54,17 +60,55 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="hapi-e2e-") as root:
         _make_dataset(root, args)
         for limit in args.limits.split(","):
-            with _Server(root, limit) as server:
-                for mode in ("local", "pushdown"):
-                    rows.append(_measure(server, mode, limit, args))
-                    print(json.dumps(rows[-1]), flush=True)
+            rows += _link(root, limit, args)
+    name = "e2e-compiled" if args.compiled else "e2e"
     result = {"machine": _machine(), "args": _jsonable(vars(args)), "rows": rows}
-    (args.out / "e2e.json").write_text(json.dumps(result, indent=2))
-    _plot(rows, args.out / "e2e.png")
+    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2))
+    _plot(rows, args.out / f"{name}.png")
     table = _table(rows, args)
     print(table)
     if args.results:
         _write_results(table, args)
+
+
+def _link(root: str, limit: str, args: argparse.Namespace) -> list[dict]:
+    """The rows of one link: baseline and pushdown; with `--compiled`, the other heads."""
+    rows = []
+    with _Server(root, limit) as server:
+        modes = [("local", "fp32", "baseline"), ("pushdown", "fp32", "pushdown")]
+        if args.compiled:
+            modes.append(("pushdown", "bf16", "pushdown, bf16"))
+        for mode, dtype, label in modes:
+            rows.append(_measure(server, mode, limit, args, dtype=dtype, label=label))
+            print(json.dumps(rows[-1]), flush=True)
+    if not args.compiled:
+        return rows
+    with _Server(root, limit, ("--compile-heads", "always")) as server:
+        for dtype, label in (("fp32", "pushdown, compiled"), ("bf16", "pushdown, bf16 compiled")):
+            state = _warm(server, args, dtype)
+            rows.append(_measure(server, "pushdown", limit, args, dtype=dtype, label=label))
+            rows[-1]["head"] = state
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def _warm(server: _Server, args: argparse.Namespace, dtype: str, most_s: float = 900) -> str:
+    """Run one-epoch jobs until the server has compiled (or refused) the `dtype` head."""
+    from hapi.client import connect
+
+    deadline = time.monotonic() + most_s
+    state = "not compiled"
+    while time.monotonic() < deadline:
+        _run_trainer(server, "pushdown", args, dtype, epochs=1)
+        heads = connect(server.address).stats().compiled_heads
+        mine = [
+            v for k, v in heads.items() if k.endswith("bfloat16" if dtype == "bf16" else "float32")
+        ]
+        state = mine[0] if mine else state
+        if mine and not state.startswith(("eager", "compiling", "checking")):
+            break
+    print(f"warm {dtype}: {state}", flush=True)
+    return state
 
 
 def _pin(core: int | None) -> None:
@@ -91,8 +135,8 @@ def _make_dataset(root: str, args: argparse.Namespace) -> None:
 class _Server:
     """`hapi serve` in a subprocess on core 0, stopped by its pid."""
 
-    def __init__(self, root: str, limit: str) -> None:
-        self.root, self.limit = root, limit
+    def __init__(self, root: str, limit: str, extra: tuple[str, ...] = ()) -> None:
+        self.root, self.limit, self.extra = root, limit, extra
         self.port = _free_port()
         self.address = f"grpc://127.0.0.1:{self.port}"
 
@@ -110,6 +154,7 @@ class _Server:
             self.limit,
             "--threads",
             "1",
+            *self.extra,
         ]
         self.proc = subprocess.Popen(
             cmd,
@@ -134,18 +179,34 @@ class _Server:
         end(self.proc)
 
 
-def _measure(server: _Server, mode: str, limit: str, args: argparse.Namespace) -> dict:
+def _run_trainer(
+    server: _Server, mode: str, args: argparse.Namespace, dtype: str, epochs: int
+) -> dict:
+    """One trainer process on core 1; what it printed."""
+    cmd = [sys.executable, __file__, "--trainer", f"{server.address},{mode}"]
+    for name in ("model", "freeze", "image_size", "wire_dtype", "batch_size"):
+        cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    cmd += ["--epochs", str(epochs), "--head-dtype", dtype]
+    out = subprocess.run(
+        cmd, check=True, capture_output=True, text=True, preexec_fn=lambda: _pin(1)
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def _measure(
+    server: _Server,
+    mode: str,
+    limit: str,
+    args: argparse.Namespace,
+    *,
+    dtype: str = "fp32",
+    label: str = "",
+) -> dict:
     from hapi.client import connect
     from hapi.server import parse_rate
 
     before = set(connect(server.address).stats().closed_sessions)
-    cmd = [sys.executable, __file__, "--trainer", f"{server.address},{mode}"]
-    for name in ("model", "freeze", "image_size", "epochs", "wire_dtype", "batch_size"):
-        cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
-    out = subprocess.run(
-        cmd, check=True, capture_output=True, text=True, preexec_fn=lambda: _pin(1)
-    ).stdout
-    trainer = json.loads(out.strip().splitlines()[-1])
+    trainer = _run_trainer(server, mode, args, dtype, args.epochs)
     closed = connect(server.address).stats().closed_sessions
     # The trainer's fit session, whose server-side times cover all epochs: the one that
     # sent, beside the RAW session that had the server load the model while the trainer
@@ -161,7 +222,7 @@ def _measure(server: _Server, mode: str, limit: str, args: argparse.Namespace) -
     trainer_s = last["compute_s"] + last["decode_s"]
     return {
         "limit": limit,
-        "mode": "baseline" if mode == "local" else "pushdown",
+        "mode": label or ("baseline" if mode == "local" else "pushdown"),
         "cut": trainer["cut"],
         "bytes_per_epoch": last["bytes_received"],
         "epoch_s": last["seconds"],
@@ -193,6 +254,7 @@ def _trainer(args: argparse.Namespace) -> None:
         image_size=args.image_size,
         wire_dtype=args.wire_dtype,
         batch_size=args.batch_size,
+        head_dtype=args.head_dtype,
     )
     job.fit(args.epochs, lr=0.01)
     epochs = [
@@ -226,11 +288,12 @@ def _plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     limits = list(dict.fromkeys(r["limit"] for r in rows))
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    width = 0.38
-    for i, mode in enumerate(("baseline", "pushdown")):
+    width = 0.76 / len(modes)
+    for i, mode in enumerate(modes):
         sel = [next(r for r in rows if r["limit"] == lim and r["mode"] == mode) for lim in limits]
-        xs = [j + (i - 0.5) * width for j in range(len(limits))]
+        xs = [j + (i - (len(modes) - 1) / 2) * width for j in range(len(limits))]
         axes[0].bar(xs, [r["epoch_s"] for r in sel], width, label=f"{mode} achieved")
         axes[0].scatter(
             xs,
@@ -247,24 +310,44 @@ def _plot(rows: list[dict], path: Path) -> None:
         ax.set_title(title)
         ax.set_ylabel(unit)
         ax.set_xlabel("egress limit")
-        ax.legend()
+        ax.legend(fontsize=7)
     fig.suptitle("ResNet-18 fine-tune: baseline vs pushdown (server and trainer on one core each)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
 def _write_results(table: str, args: argparse.Namespace) -> None:
+    name = "e2e-compiled" if args.compiled else "e2e"
+    if args.compiled:
+        title = "## End to end: bf16 and compiled heads (`e2e.py --compiled`)"
+        command = f"python benchmarks/e2e.py --limits {args.limits} --compiled --results"
+        extra = (
+            'Beside pushdown, pushdown with `head_dtype="bf16"`, and both on a second '
+            "server (`--compile-heads always`) warmed by one-epoch jobs until its head was "
+            "compiled (the compile not counted; the server's words on each compiled head "
+            "below the table). "
+        )
+    else:
+        title = "## End to end: baseline vs pushdown"
+        command, extra = "python benchmarks/e2e.py --results", ""
+    heads = "".join(f"\n- {r['mode']}: {r['head']}" for r in _rows_with_head(args))
     write_section(
-        "e2e",
-        "## End to end: baseline vs pushdown\n\n"
-        f"`python benchmarks/e2e.py --results` on {_machine()}; {args.model}, freeze "
+        name,
+        f"{title}\n\n`{command}` on {_machine()}; {args.model}, freeze "
         f"`{args.freeze}`, {args.images} synthetic JPEGs stored at {args.stored_size} px, "
         f"trained at {args.image_size} px, batch {args.batch_size}, wire {args.wire_dtype}; "
         f"epoch {args.epochs} of {args.epochs} reported. Server and trainer are two processes "
-        "pinned to one core each; the link is the server's egress token bucket. "
-        "`bound` = max(server, transfer, trainer) per epoch; data in `out/e2e.json`.\n\n"
-        f"{table}\n\n![epoch time and bytes per link](out/e2e.png)",
+        f"pinned to one core each; the link is the server's egress token bucket. {extra}"
+        f"`bound` = max(server, transfer, trainer) per epoch; data in `out/{name}.json`.\n\n"
+        f"{table}\n{heads}\n\n![epoch time and bytes per link](out/{name}.png)",
     )
+
+
+def _rows_with_head(args: argparse.Namespace) -> list[dict]:
+    if not args.compiled:
+        return []
+    rows = json.loads((args.out / "e2e-compiled.json").read_text())["rows"]
+    return [r for r in rows if "head" in r]
 
 
 def _machine() -> str:

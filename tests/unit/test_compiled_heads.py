@@ -202,3 +202,27 @@ def test_a_server_refuses_an_unknown_compile_mode() -> None:
 
     with pytest.raises(InvalidRequest, match="compile_heads is one of auto, always, off"):
         ServerConfig(store="/tmp", compile_heads="sometimes")  # type: ignore[arg-type]
+
+
+def test_an_exported_models_head_compiles_and_agrees() -> None:
+    from hapi.graph import trace
+
+    class Branchy(nn.Module):
+        """fx cannot trace its `if`, so hapi exports it: its head picks its train/eval
+        variant under a lock each call, which dynamo cannot trace."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.bn = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.dim() == 4:
+                x = self.bn(self.conv(x))
+            return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+    graph = trace(Branchy().eval(), (3, 16, 16))
+    head = graph.head(graph.num_cuts - 1).eval().requires_grad_(False)
+    x = torch.randn(BATCH, 3, 16, 16)
+    with torch.inference_mode():
+        assert (compile_head(head)(x) - head(x)).abs().max() <= 1e-5

@@ -56,7 +56,11 @@ def compile_head(head: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
 
     # Compile in this thread: a pool of compile workers would take the server's cores.
     inductor.compile_threads = 1
-    return torch.compile(head, fullgraph=True, dynamic=False, options={"freezing": True})
+    # A traced head's own forward: an exported model's head picks its train/eval variant
+    # in `__call__` under a lock (`hapi.graph._modal`), which dynamo cannot trace, and a
+    # server's heads stay in eval mode.
+    fn = head.forward if isinstance(head, torch.fx.GraphModule) else head
+    return torch.compile(fn, fullgraph=True, dynamic=False, options={"freezing": True})
 
 
 class CompiledHead:
@@ -115,11 +119,19 @@ class CompiledHead:
             return fn(x), True
         if state == "checking" and fn is not None and len(x) == self.batch:
             return self._check(fn, x), False
-        t0 = time.perf_counter()
-        y = self.head(x)
+        y, seconds = self._timed(self.head, x)
         if state == "eager" and settled is not None and len(x) == settled:
-            self._rent(time.perf_counter() - t0, settled, x)
+            self._rent(seconds, settled, x)
         return y, False
+
+    def _timed(
+        self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
+    ) -> tuple[torch.Tensor, float]:
+        t0 = time.perf_counter()
+        y = fn(x)
+        if self.device.type == "cuda":  # kernels run asynchronously: wait for them
+            torch.cuda.synchronize(self.device)
+        return y, time.perf_counter() - t0
 
     def describe(self) -> str:
         """One line: how the head runs, and why."""
@@ -172,12 +184,14 @@ class CompiledHead:
         self._refuse(self.note)  # forgotten while it compiled: give its bytes back
 
     def _check(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        """Run both on the batch: features compared, times paired; eager's is returned."""
-        t0 = time.perf_counter()
-        y = self.head(x)
-        t1 = time.perf_counter()
-        z = fn(x)
-        t2 = time.perf_counter()
+        """Run both on the batch: features compared, times paired (in turn first, so
+        neither gains from the caches the other warmed); eager's is returned."""
+        if len(self._pairs) % 2 == 0:
+            y, eager_s = self._timed(self.head, x)
+            z, compiled_s = self._timed(fn, x)
+        else:
+            z, compiled_s = self._timed(fn, x)
+            y, eager_s = self._timed(self.head, x)
         scale = y.float().abs().max().item() or 1.0
         off = (z.float() - y.float()).abs().max().item() / scale
         bound = TOLERANCE if self.dtype == torch.float32 else BF16_TOLERANCE
@@ -185,7 +199,7 @@ class CompiledHead:
             self._refuse(f"its features differ from eager's by {off:.1e} of their largest value")
             return y
         with self._lock:
-            self._pairs.append((t2 - t1, t1 - t0))
+            self._pairs.append((compiled_s, eager_s))
             if len(self._pairs) < TRIES or self.state != "checking":
                 return y
             self.speed = statistics.median(c / e for c, e in self._pairs)
