@@ -331,6 +331,10 @@ def _write_results(table: str, args: argparse.Namespace) -> None:
         title = "## End to end: baseline vs pushdown"
         command, extra = "python benchmarks/e2e.py --results", ""
     heads = "".join(f"\n- {r['mode']}: {r['head']}" for r in _rows_with_head(args))
+    if args.compiled:
+        heads += "\n\n" + _against_pushdown(
+            json.loads((args.out / "e2e-compiled.json").read_text())["rows"]
+        )
     write_section(
         name,
         f"{title}\n\n`{command}` on {_machine()}; {args.model}, freeze "
@@ -340,6 +344,24 @@ def _write_results(table: str, args: argparse.Namespace) -> None:
         f"pinned to one core each; the link is the server's egress token bucket. {extra}"
         f"`bound` = max(server, transfer, trainer) per epoch; data in `out/{name}.json`.\n\n"
         f"{table}\n{heads}\n\n![epoch time and bytes per link](out/{name}.png)",
+    )
+
+
+def _against_pushdown(rows: list[dict]) -> str:
+    """Each other head's pushed-down epoch against eager fp32 pushdown's, per link."""
+    parts = []
+    for limit in dict.fromkeys(r["limit"] for r in rows):
+        mine = {r["mode"]: r["epoch_s"] for r in rows if r["limit"] == limit}
+        eager = mine.get("pushdown")
+        others = [m for m in mine if m.startswith("pushdown, ")]
+        if eager:
+            cells = ", ".join(
+                f"{m.removeprefix('pushdown, ')} {eager / mine[m]:.2f}x" for m in others
+            )
+            parts.append(f"{limit}: {cells}")
+    return (
+        "A pushed-down epoch against eager fp32 pushdown's, faster by (issue 52's goal for "
+        "the compiled head: >= 1.5x, link not binding; one run each): " + "; ".join(parts) + "."
     )
 
 
