@@ -336,6 +336,8 @@ def merge_figures(shares: list[EpochStats]) -> EpochStats:
             merged[field.name] = tuple(k for v in values for k in v)
         elif field.name in ("loss", "accuracy", "cut", "share"):
             merged[field.name] = values[0]
+        elif field.name == "server_head":  # a line, not a count: any share's that said
+            merged[field.name] = next((v for v in values if v), "")
         else:
             merged[field.name] = sum(values)
     return EpochStats(**merged)
