@@ -21,6 +21,13 @@ from hapi.errors import HapiError
 
 __all__ = ["EpochAccounts"]
 
+_AS_COUNTED = (
+    "bytes_received", "wait_s", "transfer_s", "chunks_local", "retries", "failovers",
+    "fallbacks", "cached", "server_cached", "server_compiled", "server_head", "read_bytes",
+    "placed_bytes", "local_bytes",
+)  # fmt: skip
+"""The epoch's figures the loader counted under the same names."""
+
 
 class EpochAccounts:
     """Times and counts the epochs of one loop over `loader`.
@@ -86,29 +93,16 @@ class EpochAccounts:
             seconds=seconds,
             server_s=server_s,
             samples=int(seen),
-            bytes_received=stats.bytes_received,
-            wait_s=stats.wait_s,
             compute_s=compute,
             decode_s=stats.postprocess_s,
             skipped=tuple(stats.skipped),
-            transfer_s=stats.transfer_s,
             trainer_s=busy + receive if self._one_core else busy,
             receive_s=receive,
             cut=cut,
             share=share,
-            chunks_local=stats.chunks_local,
             chunks_pushed=stats.chunks - stats.chunks_local,
-            retries=stats.retries,
-            failovers=stats.failovers,
-            fallbacks=stats.fallbacks,
-            cached=stats.cached,
-            server_cached=stats.server_cached,
-            server_compiled=stats.server_compiled,
-            server_head=stats.server_head,
-            read_bytes=stats.read_bytes,
-            placed_bytes=stats.placed_bytes,
-            local_bytes=stats.local_bytes,
             cache_write_failures=self._write_failures - failures,
+            **{name: getattr(stats, name) for name in _AS_COUNTED},
         )
         return figures if self._totals is None else self._totals(figures)
 

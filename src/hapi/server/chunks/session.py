@@ -31,7 +31,7 @@ from hapi.server.chunks._batches import WIRE_BATCH_BYTES, Sent, Wire, encode, sa
 from hapi.server.chunks._compiled import CompiledHead
 from hapi.server.chunks._counters import SessionCounters, TimedReads
 from hapi.server.chunks._outbox import Outbox
-from hapi.server.chunks.tier import NO_FEATURE_CACHE, FeatureTier
+from hapi.server.chunks.tier import NO_FEATURE_CACHE, ChunkLookup, FeatureTier
 from hapi.server.locality import Locality
 from hapi.server.memory.batch_memory import decoding, object_decode_bytes
 from hapi.server.memory.budget import MemoryModel
@@ -186,23 +186,7 @@ class Session:
                     self.stats.add(read_s=reads.waited, bytes_read=reads.nbytes)
             if out.closed:
                 return  # the client left: the chunk is not done, and nobody reads a report
-            local = (
-                self.locality.count(lookup.to_read, reads.nbytes)
-                if self.locality is not None
-                else None
-            )
-            report = ChunkReport(
-                chunk=ticket.chunk,
-                skipped=skipped,
-                server_s=clock.server_s + lookup.hit_s,
-                queue_s=clock.queue_s,
-                free_share=self.scheduler.free_share(running_self=0),
-                cached=lookup.cached,
-                read_bytes=reads.nbytes,
-                local_bytes=local,
-                compiled=clock.compiled,
-                head=self._head_runs(),
-            ).to_bytes()
+            report = self._report(ticket, skipped, clock, lookup, reads)
             self.stats.add(chunks=1, skipped=len(skipped))
             out.put((pa.RecordBatch.from_pylist([], schema=self.schema), report))
             out.finish()
@@ -210,6 +194,31 @@ class Session:
             out.finish(exc)
         finally:
             self.stats.add(cpu_s=time.thread_time() - cpu0)
+
+    def _report(
+        self,
+        ticket: ChunkTicket,
+        skipped: list[SkippedKey],
+        clock: _ChunkClock,
+        lookup: ChunkLookup,
+        reads: TimedReads,
+    ) -> bytes:
+        """The chunk's report: what it left out, its times, where its bytes came from."""
+        local = (
+            self.locality.count(lookup.to_read, reads.nbytes) if self.locality is not None else None
+        )
+        return ChunkReport(
+            chunk=ticket.chunk,
+            skipped=skipped,
+            server_s=clock.server_s + lookup.hit_s,
+            queue_s=clock.queue_s,
+            free_share=self.scheduler.free_share(running_self=0),
+            cached=lookup.cached,
+            read_bytes=reads.nbytes,
+            local_bytes=local,
+            compiled=clock.compiled,
+            head=self._head_runs(),
+        ).to_bytes()
 
     @contextlib.contextmanager
     def _grant(
