@@ -246,17 +246,17 @@ class CompiledHeads:
 
     def get(self, key: HeadKey, head: nn.Module, dtype: torch.dtype) -> CompiledHead:
         """The entry of `head` as it runs; `key`'s first item is the head cache's key."""
+        dropped = []
         with self._lock:
             entry = self._heads.pop(key, None)
             if entry is None or entry.head is not head:
-                if entry is not None:
-                    entry.forget()
+                if entry is not None:  # the head was loaded again: a new module
+                    dropped.append(entry)
                 entry = self._new(head, dtype)
             self._heads[key] = entry
-            dropped = []
             while len(self._heads) > self.keep:
                 dropped.append(self._heads.popitem(last=False)[1])
-        for old in dropped:
+        for old in dropped:  # outside the lock: forgetting gives budget back
             old.forget()
         return entry
 
