@@ -43,3 +43,14 @@ def test_versions_are_a_mapping_over_two_columns() -> None:
     assert v.of(["b", "c"], "none") == ["2", "none"]
     with pytest.raises(ValueError, match="2 keys but 1 versions"):
         Versions(Column.strings(["a", "b"]), Column.strings(["1"]))
+
+
+def test_versions_at_places_take_them_by_place_only_in_their_own_key_column() -> None:
+    keys = Column.strings(["a", "b", "c"])
+    v = Versions(keys, Column.strings(["1", "2", "3"]))
+    assert v.at(keys, np.array([2, 0])) == ["3", "1"]
+    # Another column of keys (a listing that changed since): looked up by key.
+    other = Column.strings(["c", "z", "a"])
+    assert v.at(other, np.array([0, 1, 2]), "none") == ["3", "none", "1"]
+    # An equal column that is not the map's own is looked up too, with the same answer.
+    assert v.at(Column.strings(["a", "b", "c"]), np.array([1])) == ["2"]

@@ -98,3 +98,15 @@ def test_a_batch_larger_than_the_ring_keeps_its_last_rows() -> None:
     got = _get(tier, "s", names)
     assert [t is not None for t in got] == [False, False, True, True, True]
     assert [t[0].item() for t in got[2:]] == [2, 3, 4]  # type: ignore[index]
+
+
+def test_a_name_twice_in_a_batch_is_kept_once_and_its_row_reused_later() -> None:
+    tier = MemoryTier(4 * 16)
+    tier.put_batch("s", ["a", "b", "a"], torch.stack([_row(1), _row(2), _row(3)]))
+    assert tier.held == 2 * 16  # a's first row only
+    assert [t[0].item() for t in _get(tier, "s", ["a", "b"])] == [1, 2]  # type: ignore[index]
+    # Past the budget, a batch crosses from appended rows to the oldest ones.
+    tier.put_batch("s", ["c", "d", "e", "f"], torch.stack([_row(i) for i in range(4, 8)]))
+    got = _get(tier, "s", ["a", "b", "c", "d", "e", "f"])
+    assert [t is not None for t in got] == [False, False, True, True, True, True]
+    assert tier.held == 4 * 16

@@ -24,6 +24,7 @@ class _Slab:
     the budget allows no more."""
 
     rows: torch.Tensor
+    capacity: int
     names: list[str | None] = field(default_factory=list)
     """The name in each written row, to forget a row's entry when it is overwritten."""
     where: dict[str, int] = field(default_factory=dict)
@@ -66,44 +67,73 @@ class MemoryTier:
 
     def put(self, sid: str, name: str, tensor: torch.Tensor) -> None:
         """Keep a copy of `tensor` under `name` (nothing if it is held, or cannot fit)."""
-        placed = self._place(sid, name, tensor)
-        if placed is not None:
-            placed[0].rows[placed[1]].copy_(tensor)
+        self.put_batch(sid, [name], tensor.unsqueeze(0))
 
     def put_batch(self, sid: str, names: Sequence[str], batch: torch.Tensor) -> None:
         """Keep copies of `batch`'s rows under `names` (those not held, while they fit),
-        in one copy: a chunk read from disk is remembered whole, not a row at a time."""
-        keep: list[int] = []
-        rows: list[int] = []
-        slab: _Slab | None = None
-        for i, name in enumerate(names):
-            placed = self._place(sid, name, batch[i])
-            if placed is None:
-                continue
-            slab = placed[0]
-            keep.append(i)
-            rows.append(placed[1])
+        in one copy: a chunk read from disk is remembered whole, not a row at a time.
+
+        The rows are booked by name alone (one slab for the batch's shape): a tensor a
+        row cost about 5 us an entry, most of a cached epoch's reading."""
+        if not len(names):
+            return
+        row_bytes = max(batch[0].numel() * batch.element_size(), 1)
+        slab = self._slab(sid, tuple(batch.shape[1:]), batch.dtype, row_bytes)
         if slab is None:
             return
+        held = self._by_space[sid]
+        fresh: dict[str, int] = {}  # each name not held, once, with its row in the batch
+        for i, name in enumerate(names):
+            if name not in slab.where and (len(held) == 1 or not self.contains(sid, name)):
+                fresh.setdefault(name, i)
+        if not fresh:
+            return
+        new = list(fresh.values())
+        picked = batch if len(new) == len(batch) else batch[torch.tensor(new)]
+        start = len(slab.names)
+        free = min(slab.capacity - start, (self.budget - self._held) // row_bytes)
+        if slab.next == start and free >= len(new):
+            # Rows appended (the usual case until the budget is spent): booked together.
+            slab.names.extend(fresh)
+            slab.where.update(zip(fresh, range(start, start + len(new)), strict=True))
+            slab.next = start + len(new)
+            self._held += row_bytes * len(new)
+            slab.rows[start : slab.next].copy_(picked)
+            return
+        self._ring(slab, list(fresh), picked, row_bytes)
+
+    def _ring(self, slab: _Slab, names: list[str], batch: torch.Tensor, row_bytes: int) -> None:
+        """`batch`'s rows into `slab` a row at a time, past its end or the budget's:
+        overwriting its oldest."""
+        keep: list[int] = []
+        rows: list[int] = []
+        for i, name in enumerate(names):
+            row = self._book(slab, name, row_bytes)
+            if row is None:
+                break
+            keep.append(i)
+            rows.append(row)
         if len(set(rows)) < len(rows):  # a ring smaller than the batch: the last write wins
             for i, row in zip(keep, rows, strict=True):
                 slab.rows[row].copy_(batch[i])
             return
-        picked = batch if len(keep) == len(batch) else batch[torch.tensor(keep)]
-        slab.rows.index_copy_(0, torch.tensor(rows), picked)
+        if rows:
+            picked = batch if len(keep) == len(batch) else batch[torch.tensor(keep)]
+            slab.rows.index_copy_(0, torch.tensor(rows), picked)
 
-    def _place(self, sid: str, name: str, tensor: torch.Tensor) -> tuple[_Slab, int] | None:
-        """The slab and row `name`'s copy of `tensor` goes to, booked for it (the row's
-        old entry forgotten); None if it is held, or cannot fit."""
-        if self.contains(sid, name):
-            return None
-        slab = self._slab(sid, tensor)
-        if slab is None:
-            return None
+    def _book(self, slab: _Slab, name: str, row_bytes: int) -> int | None:
+        """The row of `slab` that `name`'s copy goes to, booked for it (the row's old
+        entry forgotten): a new row while the budget allows, else the oldest; None when
+        the slab has no row and the budget none to give."""
+        room = self._held + row_bytes <= self.budget and len(slab.names) < slab.capacity
+        if slab.next >= len(slab.names) and not room:
+            if not slab.names:
+                return None
+            slab.next = 0  # wrap: overwrite the oldest (the budget is never given back)
         row = slab.next
-        if row == len(slab.names):  # a new row, within the budget (`_slab` checked)
+        if row == len(slab.names):  # a new row, within the budget
             slab.names.append(name)
-            self._held += tensor.numel() * tensor.element_size()
+            self._held += row_bytes
         else:
             old = slab.names[row]
             if old is not None:
@@ -111,28 +141,26 @@ class MemoryTier:
             slab.names[row] = name
         slab.where[name] = row
         slab.next = row + 1
-        return slab, row
+        return row
 
     def clear(self) -> None:
         self._slabs.clear()
         self._by_space.clear()
         self._held = 0
 
-    def _slab(self, sid: str, tensor: torch.Tensor) -> _Slab | None:
-        """The slab `tensor` goes in, its `next` row set: a new row while the budget
-        allows, else its oldest; None when it has no row and the budget none to give."""
-        row_bytes = max(tensor.numel() * tensor.element_size(), 1)
-        key = (sid, tuple(tensor.shape), tensor.dtype)
+    def _slab(
+        self, sid: str, shape: tuple[int, ...], dtype: torch.dtype, row_bytes: int
+    ) -> _Slab | None:
+        """The slab of rows of `shape` and `dtype` in space `sid`, made if the budget
+        allows one more row; None if there is none and it does not."""
+        key = (sid, shape, dtype)
         slab = self._slabs.get(key)
         if slab is None:
             capacity = self.budget // row_bytes
             if capacity == 0 or self._held + row_bytes > self.budget:
                 return None
             # Virtual until written: a large allocation's pages are committed on first use.
-            slab = _Slab(torch.empty((capacity, *tensor.shape), dtype=tensor.dtype))
+            slab = _Slab(torch.empty((capacity, *shape), dtype=dtype), capacity)
             self._slabs[key] = slab
             self._by_space.setdefault(sid, []).append(slab)
-        room = self._held + row_bytes <= self.budget and len(slab.names) < len(slab.rows)
-        if slab.next >= len(slab.names) and not room:
-            slab.next = 0  # wrap: overwrite the oldest (the budget is never given back)
-        return slab if (slab.names or room) else None
+        return slab

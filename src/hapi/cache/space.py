@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -69,9 +70,10 @@ class FeatureSpace:
     exact: bool
     seed: int | None = None
 
-    @property
+    @functools.cached_property
     def id(self) -> str:
-        """A short digest of the space: its directory name in a cache."""
+        """A short digest of the space: its directory name in a cache (made once: every
+        lookup names its space)."""
         text = json.dumps(self.describe(), sort_keys=True)
         return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 

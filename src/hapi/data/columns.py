@@ -211,6 +211,14 @@ class Versions(Mapping[str, str]):
         known = self.version_column.take(np.maximum(positions, 0))
         return [v if p >= 0 else default for v, p in zip(known, positions, strict=True)]
 
+    def at(self, keys: Column[str], positions: np.ndarray, default: str = "") -> list[str]:
+        """The versions of `keys`' values at `positions`: taken by position where `keys`
+        is this map's own key column (a listing of a manifest's keys, the usual case: no
+        hash a key), else looked up."""
+        if keys is self.key_column:
+            return self.version_column.take(positions)
+        return self.of(keys.take(positions), default)
+
     def __getitem__(self, key: str) -> str:
         position = int(self.index.find([key])[0])
         if position < 0:

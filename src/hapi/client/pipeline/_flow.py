@@ -14,7 +14,7 @@ from hapi.client.pipeline._merge import ChunkMerge
 from hapi.client.pipeline.routing import ChunkRecord, Route
 from hapi.client.servers.pool import Member
 from hapi.client.servers.source import PartStream
-from hapi.data.columns import Versions
+from hapi.data.columns import Column, Versions
 from hapi.plan import ReadMeasurement, TrainMeasurement
 from hapi.wire import SkippedKey
 
@@ -77,7 +77,9 @@ class Flow:
     local_bytes = 0
     """Of `placed_bytes`, the bytes read from the reading server's own node."""
     where: np.ndarray | None = None
-    """Its places in the manifest, for the servers' `Placement`."""
+    """Its places in the manifest, for the servers' `Placement` and the cache's versions."""
+    manifest_keys: Column[str] | None = None
+    """The manifest's key column `where` indexes."""
 
     def __init__(
         self,

@@ -301,7 +301,7 @@ class EpochRun:
         # the last one issued to the same server.
         previous = _last_on(member, self.flows) or _last_on(member, self.before)
         flow = Flow(index, keys, labels, route, previous, member, self.versions)
-        flow.where = where
+        flow.where, flow.manifest_keys = where, self.chunks.manifest.keys
         cache = self.context.fetch.cache
         if (
             self.before

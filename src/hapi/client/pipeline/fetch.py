@@ -419,7 +419,9 @@ class Fetcher:
                     raise Stopped
         flow.after = []
         flow.merge = ChunkMerge(flow.index, cache.cut, flow.keys, flow.labels, flow.queue.put)
-        hits, rows = cache.lookup(self.epoch, flow.keys)
+        column, where = flow.manifest_keys, flow.where
+        places = (column, where) if column is not None and where is not None else None
+        hits, rows = cache.lookup(self.epoch, flow.keys, places)
         if rows is None:
             return
         for key in hits:

@@ -14,16 +14,20 @@ import hashlib
 import threading
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
 from hapi.cache import FeatureCache, FeatureSpace, entry_name
 from hapi.data import Transforms
-from hapi.data.columns import Versions
+from hapi.data.columns import Column, Versions
 from hapi.wire import WireDtype
 from hapi.wire.dtypes import decoded_dtype
 
-__all__ = ["TrainerCache", "head_content_digest", "loop_space"]
+__all__ = ["Places", "TrainerCache", "head_content_digest", "loop_space"]
+
+Places = tuple[Column[str], np.ndarray]
+"""Keys' places in a manifest's key column: the column and their indices in it."""
 
 _HELD_BATCH = 65536
 """Keys whose entry names `holds` makes at a time."""
@@ -107,21 +111,25 @@ class TrainerCache:
         view = self.transforms.view(epoch)
         return view is not None and view == self.transforms.view(later)
 
-    def lookup(self, epoch: int, keys: Sequence[str]) -> tuple[list[str], torch.Tensor | None]:
+    def lookup(
+        self, epoch: int, keys: Sequence[str], where: Places | None = None
+    ) -> tuple[list[str], torch.Tensor | None]:
         """The epoch's cached entries of `keys`: their keys in order, and their features
-        stacked in that order (None when none is cached)."""
-        names = self._names(epoch, keys)
+        stacked in that order (None when none is cached). `where`: the keys' places in the
+        manifest's key column, if known (their versions are then taken by place)."""
+        names = self._names(epoch, keys, where)
         if names is None:
             return [], None
         found, rows = self.cache.get_batch(self.space, names)
         return [keys[i] for i in found], rows
 
-    def holds(self, epoch: int, keys: Sequence[str]) -> bool:
-        """Whether every one of `keys` has an entry for `epoch` (not read: a corrupt or
-        evicted one is a miss when its chunk comes)."""
+    def holds(self, epoch: int, keys: Column[str]) -> bool:
+        """Whether every one of `keys` (a manifest's key column) has an entry for `epoch`
+        (not read: a corrupt or evicted one is a miss when its chunk comes)."""
         # In batches: the names of a million keys at once would take about 200 MB.
         for start in range(0, len(keys), _HELD_BATCH):
-            names = self._names(epoch, keys[start : start + _HELD_BATCH])
+            part = keys[start : start + _HELD_BATCH]
+            names = self._names(epoch, part, (keys, np.arange(start, start + len(part))))
             if names is None or not self.cache.contains_all(self.space, names):
                 return False
         return True
@@ -133,11 +141,14 @@ class TrainerCache:
             return
         self.cache.put_many(self.space, names, list(features.to(self.dtype).unbind(0)))
 
-    def _names(self, epoch: int, keys: Sequence[str]) -> list[str] | None:
+    def _names(
+        self, epoch: int, keys: Sequence[str], where: Places | None = None
+    ) -> list[str] | None:
         view = self.transforms.view(epoch)
         versions = self.versions(epoch)
         if view is None or versions is None:
             return None
         # A key the listing lacks (gone since) has no version: its entry can never hit.
-        listed = versions.of(keys, default=f"unlisted:{epoch}")
+        unlisted = f"unlisted:{epoch}"
+        listed = versions.at(*where, unlisted) if where else versions.of(keys, unlisted)
         return [entry_name(k, v, view) for k, v in zip(keys, listed, strict=True)]
