@@ -5,6 +5,7 @@ Arrow string column about 30 MB; issue 50 asks for at most 300 bytes a key in al
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar, overload
 
@@ -147,24 +148,35 @@ class KeyIndex:
     sorted, each with its position (a `dict` of a million keys takes about 100 MB).
 
     A hash found is checked against the key at its position, so a collision is never a
-    wrong answer.
+    wrong answer. Made on the first `find` (a hash a key: about 1.7 s a million), which
+    a job whose lookups all go by place (`Versions.at`) never makes.
     """
 
     def __init__(self, keys: Column[str]) -> None:
         self.keys = keys
-        hashes = np.fromiter((hash(k) for k in keys), np.int64, len(keys))
-        self._order = np.argsort(hashes, kind="stable")
-        self._hashes = hashes[self._order]
+        self._lock = threading.Lock()
+        self._sorted: tuple[np.ndarray, np.ndarray] | None = None
+
+    def ready(self) -> tuple[np.ndarray, np.ndarray]:
+        """The hashes sorted, and each one's position in the column (made now, if not
+        yet: call it to make them ahead of the lookups that need them)."""
+        with self._lock:
+            if self._sorted is None:
+                hashes = np.fromiter((hash(k) for k in self.keys), np.int64, len(self.keys))
+                order = np.argsort(hashes, kind="stable")
+                self._sorted = hashes[order], order
+            return self._sorted
 
     def find(self, keys: Sequence[str]) -> np.ndarray:
         """The position of each of `keys` in the column, -1 for a key not in it."""
-        if not len(self._hashes):
+        if not len(self.keys):
             return np.full(len(keys), -1, dtype=np.int64)
+        hashes, order = self.ready()
         wanted = np.fromiter((hash(k) for k in keys), np.int64, len(keys))
-        at = np.minimum(np.searchsorted(self._hashes, wanted), len(self._hashes) - 1)
-        positions = self._order[at]
+        at = np.minimum(np.searchsorted(hashes, wanted), len(hashes) - 1)
+        positions = order[at]
         found = self.keys.take(positions)
-        out = np.where(self._hashes[at] == wanted, positions, -1)
+        out = np.where(hashes[at] == wanted, positions, -1)
         for i, (key, there) in enumerate(zip(keys, found, strict=True)):
             if out[i] >= 0 and key != there:
                 out[i] = self._collided(key, int(at[i]), wanted[i])
@@ -172,9 +184,10 @@ class KeyIndex:
 
     def _collided(self, key: str, at: int, wanted: np.int64) -> int:
         """A key whose hash another key shares: the run of that hash searched in full."""
-        while at < len(self._hashes) and self._hashes[at] == wanted:
-            if self.keys[int(self._order[at])] == key:
-                return int(self._order[at])
+        hashes, order = self.ready()
+        while at < len(hashes) and hashes[at] == wanted:
+            if self.keys[int(order[at])] == key:
+                return int(order[at])
             at += 1
         return -1
 

@@ -257,5 +257,5 @@ class EpochKeys:
         if known is not None and listed.keys == self.manifest.keys:
             # The same keys (an Arrow compare, milliseconds): the job's index finds them.
             return Versions(self.manifest.keys, listed.versions, known.index)
-        versions.index  # noqa: B018  # made here, ahead of the epoch, not on its path
+        versions.index.ready()  # made here, ahead of the epoch, not on its path
         return versions
