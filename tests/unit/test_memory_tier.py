@@ -110,3 +110,16 @@ def test_a_name_twice_in_a_batch_is_kept_once_and_its_row_reused_later() -> None
     got = _get(tier, "s", ["a", "b", "c", "d", "e", "f"])
     assert [t is not None for t in got] == [False, False, True, True, True, True]
     assert tier.held == 4 * 16
+
+
+def test_entries_read_back_fill_free_rows_and_push_out_nothing() -> None:
+    tier = MemoryTier(3 * 16)
+    tier.put_batch("s", ["a", "b"], torch.stack([_row(1), _row(2)]), evict=False)
+    # One row left: c takes it, d finds none and is not kept.
+    tier.put_batch("s", ["c", "d"], torch.stack([_row(3), _row(4)]), evict=False)
+    got = _get(tier, "s", ["a", "b", "c", "d"])
+    assert [t is not None for t in got] == [True, True, True, False]
+    tier.put("s", "e", _row(5))  # a computed feature still takes the oldest row
+    assert [t is not None for t in _get(tier, "s", ["a", "e"])] == [False, True]
+    tier.put_batch("s", ["f"], _row(6).unsqueeze(0), evict=False)  # wrapped: none free
+    assert _get(tier, "s", ["f"]) == [None] and tier.held == 3 * 16

@@ -4,12 +4,15 @@ their payload (a tensor an entry cost about 700 more, which the budget did not c
 The entries of one space and shape are rows of one slab, found by name in a dict. A slab
 is allocated at the budget's size but costs memory only as its rows are written (a large
 allocation's pages are committed when first touched), so growing it copies nothing. When
-the budget is spent a slab overwrites its oldest rows first (first in, first out: for an
-epoch that scans more than the tier holds, as LRU would).
+the budget is spent a slab overwrites its oldest rows first (first in, first out) with
+the features computed since - not with entries read back from disk: an epoch that scans
+more than the tier holds would overwrite what the next epoch reads first (at a million
+entries and 256 MiB, 4% of an epoch's reads hit; kept, a quarter do).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -69,9 +72,12 @@ class MemoryTier:
         """Keep a copy of `tensor` under `name` (nothing if it is held, or cannot fit)."""
         self.put_batch(sid, [name], tensor.unsqueeze(0))
 
-    def put_batch(self, sid: str, names: Sequence[str], batch: torch.Tensor) -> None:
+    def put_batch(
+        self, sid: str, names: Sequence[str], batch: torch.Tensor, *, evict: bool = True
+    ) -> None:
         """Keep copies of `batch`'s rows under `names` (those not held, while they fit),
         in one copy: a chunk read from disk is remembered whole, not a row at a time.
+        `evict=False`: only into rows never written (entries read back from disk).
 
         The rows are booked by name alone (one slab for the batch's shape): a tensor a
         row cost about 5 us an entry, most of a cached epoch's reading."""
@@ -88,10 +94,14 @@ class MemoryTier:
                 fresh.setdefault(name, i)
         if not fresh:
             return
-        new = list(fresh.values())
-        picked = batch if len(new) == len(batch) else batch[torch.tensor(new)]
         start = len(slab.names)
         free = min(slab.capacity - start, (self.budget - self._held) // row_bytes)
+        if not evict:
+            if slab.next != start or free <= 0:
+                return
+            fresh = dict(itertools.islice(fresh.items(), free))
+        new = list(fresh.values())
+        picked = batch if len(new) == len(batch) else batch[torch.tensor(new)]
         if slab.next == start and free >= len(new):
             # Rows appended (the usual case until the budget is spent): booked together.
             slab.names.extend(fresh)

@@ -180,8 +180,10 @@ class FeatureCache:
             with self._lock:
                 self.stats.corrupt += corrupt
                 if self.memory_bytes and read is not None:
-                    # Copied into the tier's slabs: a row kept does not keep its batch alive.
-                    self._memory.put_batch(sid, [names[i] for i in read_at], read)
+                    # Copied into the tier's slabs (a row kept does not keep its batch
+                    # alive), into free rows only: a scan must not push out what the next
+                    # epoch reads first.
+                    self._memory.put_batch(sid, [names[i] for i in read_at], read, evict=False)
         found, batch = _together(held, rows, read_at, read)
         with self._lock:
             self.stats.hits += len(found)
