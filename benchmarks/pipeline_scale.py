@@ -396,8 +396,8 @@ def _report(data: dict[str, Any]) -> str:
             "",
             "Memory a key (each layout's peak RSS at its largest N less at its smallest, over "
             f"the keys between): {'; '.join(memory)} (the trainer's includes its cache's "
-            f"features: {WIDTH * 2} B a feature in its memory tier and, in job B, as much "
-            "again of the segment files it maps - page cache, which RSS counts).",
+            f"features: its memory tier's, up to 256 MiB, and the segment files it maps, "
+            f"{WIDTH * 2} B a feature - page cache, which RSS counts).",
         ]
     return "\n".join(lines)
 
@@ -495,8 +495,28 @@ def _added(last: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     made = {(r["layout"], r["n"]) for r in new["rows"]}
     rows = [r for r in last["rows"] if (r["layout"], r["n"]) not in made] + new["rows"]
     rows.sort(key=lambda r: (LAYOUTS.index(r["layout"]), r["n"]))
-    added = [*last.get("added", []), {"flags": new["flags"], "rows": sorted(made)}]
+    added = []
+    for earlier in last.get("added", []):  # each keeps the rows no later run replaced
+        rest = [r for r in earlier["rows"] if tuple(r) not in made]
+        if rest:
+            added.append({**earlier, "rows": rest})
+    added.append({"flags": new["flags"], "rows": sorted(made), "at": _commit()})
     return {**last, "rows": rows, "added": added}
+
+
+def _commit() -> str:
+    """The checkout's commit (where it is a git checkout), for the rows a run adds."""
+    done = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=OUT.parent, capture_output=True, text=True
+    )
+    return done.stdout.strip() if done.returncode == 0 else "?"
+
+
+def _added_line(added: dict[str, Any]) -> str:
+    rows = ", ".join(f"{layout} {n:,}" for layout, n in added["rows"])
+    at = f" at {added['at']}" if "at" in added else ""
+    command = f"python benchmarks/pipeline_scale.py{added['flags']} --add --results"
+    return f"Rows {rows} added by `{command}`{at}."
 
 
 def _write_results() -> None:
@@ -506,13 +526,10 @@ def _write_results() -> None:
     parts = [
         "## A job's per-sample costs against N (`benchmarks/pipeline_scale.py`)",
         f"`python benchmarks/pipeline_scale.py{data.get('flags', '')} --results` on "
-        f"{data['machine']}.",
+        f"{data['machine']}"
+        + (" (the rows no line below the table names)." if data.get("added") else "."),
         _report(data),
-        *(
-            f"Rows {', '.join(f'{layout} {n:,}' for layout, n in a['rows'])} added by "
-            f"`python benchmarks/pipeline_scale.py{a['flags']} --add --results`."
-            for a in data.get("added", [])
-        ),
+        *(_added_line(a) for a in data.get("added", [])),
         "![per-sample costs against N](out/pipeline_scale.png)",
     ]
     keys_path = OUT / "pipeline_keys.json"
