@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hapi.client import TransferJob, connect
-from hapi.client.planning.measuring import STALE_LINK
+from hapi.client.planning.plan_job import STALE_LINK
 from hapi.data import open_store, synth_dataset
 from hapi.plan import LinkProfile
 from hapi.server import HapiServer, serve

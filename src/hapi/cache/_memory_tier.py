@@ -2,12 +2,11 @@
 their payload (a tensor an entry cost about 700 more, which the budget did not count).
 
 The entries of one space and shape are rows of one slab, found by name in a dict. A slab
-is allocated at the budget's size but costs memory only as its rows are written (a large
-allocation's pages are committed when first touched), so growing it copies nothing. When
-the budget is spent a slab overwrites its oldest rows first (first in, first out) with
-the features computed since - not with entries read back from disk: an epoch that scans
-more than the tier holds would overwrite what the next epoch reads first (at a million
-entries and 256 MiB, 4% of an epoch's reads hit; kept, a quarter do).
+is allocated at the budget's size but costs memory only as its rows are written, so
+growing it copies nothing. Once the budget is spent, new features overwrite the oldest
+rows first, but entries read back from disk do not: an epoch that scans more than the
+tier holds would overwrite what the next epoch reads first (at a million entries and 256
+MiB, 4% of an epoch's reads hit; kept, a quarter do).
 """
 
 from __future__ import annotations

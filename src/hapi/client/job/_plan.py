@@ -15,7 +15,7 @@ from hapi.client.pipeline.history import Event
 from hapi.client.planning.chunk_tally import ChunkTally
 from hapi.client.planning.codec_choice import job_codecs
 from hapi.client.planning.in_force import PlanInForce
-from hapi.client.planning.measuring import has_kept_profiles, plan_job
+from hapi.client.planning.plan_job import has_kept_profiles, plan_job
 from hapi.client.planning.profile_cache import ProfileCache
 from hapi.client.servers.retry import RetryPolicy
 from hapi.client.servers.source import Server

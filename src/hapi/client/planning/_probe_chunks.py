@@ -8,15 +8,28 @@ profiles from them.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from hapi.client.servers.source import Server
-from hapi.errors import InvalidRequest
+from hapi.errors import HapiError, InvalidRequest
 from hapi.plan import LinkProfile
-from hapi.wire import ChunkTicket, SessionStats
+from hapi.wire import ChunkTicket, SessionRequest, SessionStats
+from hapi.wire.replies import SessionInfo
 
-__all__ = ["Probe", "link_of", "probe", "probe_raw", "raw_s", "read_all", "send_s", "tickets"]
+__all__ = [
+    "Probe",
+    "link_of",
+    "open_probe_session",
+    "probe",
+    "probe_raw",
+    "raw_s",
+    "read_all",
+    "send_s",
+    "tickets",
+]
 
 RAW_FIRST = 4
 """Objects in the RAW probe's first chunk. The rest follow only where the link carries
@@ -181,3 +194,19 @@ def counters(connection: Server, session: str) -> tuple[SessionStats, float, flo
     t0 = time.perf_counter()
     stats = connection.stats()
     return stats.sessions.get(session, SessionStats()), stats.cpu_s, time.perf_counter() - t0
+
+
+@contextlib.contextmanager
+def open_probe_session(connection: Server, request: SessionRequest) -> Iterator[SessionInfo]:
+    """A session for the probes, closed after them if its server still answers.
+
+    The close is best effort: a server that died has no session left to close, and a
+    failure of the probes themselves is the error to report (and retry), not the
+    close's. A session nobody closes is freed by its lease (`session_idle_s`)."""
+    info = connection.open_session(request)
+    session = info.session
+    try:
+        yield info
+    finally:
+        with contextlib.suppress(HapiError):
+            connection.close_session(session)
