@@ -106,7 +106,9 @@ def decode_block(block: np.ndarray, crcs: np.ndarray) -> Decoded:
     if first is not None:
         words = first.start // ALIGN
         alike = intact[(block[intact, :words] == block[intact[0], :words]).all(axis=1)]
-        parts.append((alike, _batch(raw[alike, first.start : first.start + first.nbytes], first)))
+        # Every row alike (the usual case): a view of their payloads, one copy in `_batch`.
+        rows = slice(None) if len(alike) == len(raw) else alike
+        parts.append((alike, _batch(raw[rows, first.start : first.start + first.nbytes], first)))
     for i in np.setdiff1d(intact, alike).tolist() if len(alike) < len(intact) else ():
         layout = header(memoryview(raw[i]))
         if layout is not None:

@@ -124,13 +124,18 @@ class SpaceSegments:
         places = places[at]
         offsets, lengths, segs = places["offset"], places["length"], places["seg"]
         ends = (offsets + lengths).astype(np.int64)
-        limit = np.full(len(at), -1, np.int64)  # -1: gone (evicted), a miss
+        segs_at = segs.tolist()
+        needed: dict[int, int] = {}  # each segment's furthest end (plain ints: few numpy calls)
+        for seg, end in zip(segs_at, ends.tolist(), strict=True):
+            if end > needed.get(seg, -1):
+                needed[seg] = end
         maps: dict[int, mmap.mmap] = {}
-        for seg, where in _groups(segs):
-            mapped = self._mapped(self.index.stem(seg), int(ends[where].max()))
+        for seg, end in needed.items():
+            mapped = self._mapped(self.index.stem(seg), end)
             if mapped is not None:
                 maps[seg] = mapped
-                limit[where] = len(mapped)
+        # -1: gone (evicted), a miss.
+        limit = np.array([len(maps[s]) if s in maps else -1 for s in segs_at], np.int64)
         # A record past the segment's end (torn) or off the 8-byte grid is corrupt.
         aligned = (offsets % ALIGN == 0) & (lengths % ALIGN == 0)
         mapped_at = limit >= 0
@@ -311,12 +316,3 @@ def _distinct(values: np.ndarray) -> list[int]:
     if len(values) and values.min() == values.max():
         return [int(values[0])]
     return [int(v) for v in np.unique(values).tolist()]
-
-
-def _groups(values: np.ndarray) -> list[tuple[int, np.ndarray]]:
-    """Each distinct value of a column (a segment's number) and where it occurs, ascending."""
-    order = np.argsort(values, kind="stable")
-    ordered = values[order]
-    starts = np.concatenate([[0], np.flatnonzero(np.diff(ordered)) + 1]).tolist()
-    ends = [*starts[1:], len(ordered)]
-    return [(int(ordered[a]), order[a:b]) for a, b in zip(starts, ends, strict=True)]

@@ -171,11 +171,12 @@ class FeatureCache:
             held, rows = self._memory.get_batch(sid, names) if self._memory else ([], None)
             self.stats.memory_hits += len(held)
         taken = set(held)
-        rest = [i for i in range(len(names)) if i not in taken]
+        rest = [i for i in range(len(names)) if i not in taken] if held else range(len(names))
         read_at: list[int] = []
         read: torch.Tensor | None = None
         if rest:
-            at, read, corrupt = self._space(sid).read_batch([names[i] for i in rest])
+            asked = [names[i] for i in rest] if held else names
+            at, read, corrupt = self._space(sid).read_batch(asked)
             read_at = [rest[i] for i in at.tolist()]
             with self._lock:
                 self.stats.corrupt += corrupt
