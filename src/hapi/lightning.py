@@ -66,7 +66,7 @@ class HapiDataModule(_lightning().LightningDataModule):  # type: ignore[misc]
 
     Args:
         model, dataset, server: as `TransferJob`'s.
-        num_workers: `DataLoader` workers per rank (spawned; each reads its share).
+        num_workers: `DataLoader` workers per rank (each reads its share).
         options: the job's options (`image_size`, `freeze`, `batch_size`, `cache`,
             `cut`...). `eval_dataset` gives a validation loader. Lightning runs the
             data parallelism, so the job's own `distributed` is off.

@@ -11,6 +11,7 @@ keeps the position for a checkpoint taken mid-epoch. Why the pieces are so:
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -60,7 +61,7 @@ class FeatureDataset(IterableDataset[FeatureBatch]):
     """A job's training (or evaluation) set as batches of features at the freeze point.
 
     Iterated in the process that built `job`, it runs the job's loader there. Each
-    `DataLoader` worker (spawned) builds its own copy of the job with the plan in force
+    `DataLoader` worker (a process of its own) builds its own copy of the job with the plan in force
     pinned, and fetches its share of every epoch: the share of this DDP rank (from
     `torch.distributed` when it is initialized, else the job's own rank) split by worker.
     Run it with `FeatureDataLoader`, which tells it the epoch and where to resume.
@@ -206,9 +207,23 @@ def _pinned(job: TransferJob) -> JobConfig:
     return dataclasses.replace(config, planning=planning, training=training)
 
 
+def _workers_context() -> Any:
+    """Where workers come from: forked from a fork server that has imported hapi (and so
+    torch) once, where a spawned worker imported them again - 4 s a worker here, every
+    epoch. Never forked from this process, whose Flight client, store runtime and threads
+    a fork would copy mid-flight; the fork server is a clean process that has run nothing.
+    (Python 3.14's default on Linux; spawn where there is no fork server.)"""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    # Taken when the fork server starts (once a process): '__main__' as spawn imports it.
+    context.set_forkserver_preload(["__main__", __name__])
+    return context
+
+
 class FeatureDataLoader(DataLoader[FeatureBatch]):
     """Runs a `FeatureDataset`: its batches as they are (no collation), each epoch's
-    shares in `num_workers` spawned workers, and the position for resuming.
+    shares in `num_workers` worker processes, and the position for resuming.
 
     The position counts the batches trained: by default each batch handed on (a loop
     that takes `state_dict` after training the batch it was given), or, with
@@ -235,9 +250,7 @@ class FeatureDataLoader(DataLoader[FeatureBatch]):
             batch_size=None,
             num_workers=num_workers,
             collate_fn=_as_is,
-            # Spawned, not forked: a fork would copy this process's Flight client and its
-            # threads mid-flight into the worker.
-            multiprocessing_context="spawn" if num_workers else None,
+            multiprocessing_context=_workers_context() if num_workers else None,
         )
         self.count = count
         self._epoch = 0
