@@ -40,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -159,7 +160,16 @@ def job(address: str, cache_dir: str, epochs: int) -> dict[str, Any]:
         cache_dir=cache_dir,
         replan=False,
     )
-    job.fit(epochs=epochs, progress=progress)
+    stop = threading.Event()
+    peaks: dict[str, int] = {}
+    sampler = threading.Thread(target=_sample_memory, args=(stop, peaks), daemon=True)
+    sampler.start()
+    try:
+        job.fit(epochs=epochs, progress=progress)
+    finally:
+        stop.set()
+        sampler.join()
+    out.update(peaks)
     per_epoch = job.batches_per_epoch()
     firsts = [steps[0] - START]
     for e in range(1, epochs):
@@ -170,6 +180,19 @@ def job(address: str, cache_dir: str, epochs: int) -> dict[str, Any]:
     out["samples"] = [e.samples for e in job.history.epochs]
     out["rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return out
+
+
+def _sample_memory(stop: threading.Event, peaks: dict[str, int]) -> None:
+    """This process's peak anonymous and file-backed resident memory, sampled every 0.1
+    s: its peak RSS also counts the cache's mapped segments, page cache the kernel can
+    take back, where the anonymous part is what the process holds."""
+    fields = {"RssAnon:": "anon_bytes", "RssFile:": "file_bytes"}
+    while not stop.wait(0.1):
+        with open("/proc/self/status") as f:
+            for line in f:
+                name = fields.get(line.split(maxsplit=1)[0])
+                if name is not None:
+                    peaks[name] = max(peaks.get(name, 0), int(line.split()[1]) * 1024)
 
 
 def listing(address: str) -> dict[str, Any]:
@@ -338,6 +361,8 @@ def _measure_one(layout: str, n: int, repeats: int) -> dict[str, Any]:
                 "server_cpu_s": server_cpu,
                 "server_rss_bytes": server_rss,
                 "trainer_rss_bytes": max(a["rss_bytes"], b["rss_bytes"]),
+                "trainer_anon_bytes": max(a.get("anon_bytes", 0), b.get("anon_bytes", 0)),
+                "trainer_file_bytes": max(a.get("file_bytes", 0), b.get("file_bytes", 0)),
                 "cache_disk_bytes": _disk_bytes(cache),
                 "payload_bytes": n * WIDTH * 2,
                 "cold": cold,
@@ -346,7 +371,8 @@ def _measure_one(layout: str, n: int, repeats: int) -> dict[str, Any]:
             shutil.rmtree(cache, ignore_errors=True)
             print(f"{layout} n={n} run {r + 1}: {json.dumps(run)}", flush=True)
     row: dict[str, Any] = {"layout": layout, "n": n, "runs": runs}
-    for key in ("list_s", "server_cpu_s", "server_rss_bytes", "trainer_rss_bytes"):
+    for key in ("list_s", "server_cpu_s", "server_rss_bytes", "trainer_rss_bytes",
+                "trainer_anon_bytes", "trainer_file_bytes"):  # fmt: skip
         row[key] = statistics.median(run[key] for run in runs)
     for key in ("first_step_s", "epoch_s"):
         row[key] = [statistics.median(run[key][i] for run in runs) for i in range(3)]
@@ -390,14 +416,20 @@ def _report(data: dict[str, Any]) -> str:
             dn = hi["n"] - lo["n"]
             trainer = (hi["trainer_rss_bytes"] - lo["trainer_rss_bytes"]) / dn
             server = (hi["server_rss_bytes"] - lo["server_rss_bytes"]) / dn
-            memory.append(f"{layout} trainer {trainer:.0f} B, server {server:.0f} B")
+            split = ""
+            if lo.get("trainer_anon_bytes") and hi.get("trainer_anon_bytes"):
+                anon = (hi["trainer_anon_bytes"] - lo["trainer_anon_bytes"]) / dn
+                mapped = (hi["trainer_file_bytes"] - lo["trainer_file_bytes"]) / dn
+                split = f" (peak anonymous {anon:.0f} B, peak file-backed {mapped:.0f} B)"
+            memory.append(f"{layout} trainer {trainer:.0f} B{split}, server {server:.0f} B")
     if memory:
         lines += [
             "",
             "Memory a key (each layout's peak RSS at its largest N less at its smallest, over "
             f"the keys between): {'; '.join(memory)} (the trainer's includes its cache's "
             f"features: its memory tier's, up to 256 MiB, and the segment files it maps, "
-            f"{WIDTH * 2} B a feature - page cache, which RSS counts).",
+            f"{WIDTH * 2} B a feature - page cache, which RSS counts; the anonymous and "
+            "file-backed parts are sampled every 0.1 s, each at its own peak).",
         ]
     return "\n".join(lines)
 
