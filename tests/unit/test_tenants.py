@@ -118,6 +118,24 @@ def test_keys_that_could_escape_a_prefix_are_refused(key: str) -> None:
         assert not isinstance(info.value, Forbidden)
 
 
+def test_a_listing_is_checked_at_once_as_key_by_key() -> None:
+    """A tenant that reads everything checks a listing's keys in Arrow: the same answers
+    as `allows`, a key at a time; a narrower tenant checks them a key at a time."""
+    import pyarrow as pa
+
+    keys = [
+        "a", "a/b.jpg", "", "/a", "a/", "a//b", ".", "..", "a/./b", "a/../b", "./a", "a/..",
+        "a/.b", "a/..b/c", "...", "a/...", ".hidden", "a/b/.", "a\x01b", "a\x7f", "a\tb",
+        "a\nb", "é/ü.jpg", "a b/c",
+    ]  # fmt: skip
+    everything = Tenant(name="all", token=TOKEN_A)
+    at_once = everything.allows_all(pa.array(keys))
+    assert at_once is not None
+    assert at_once.tolist() == [everything.allows(k) for k in keys]
+    assert 0 < sum(at_once) < len(keys)
+    assert Tenant(name="a", token=TOKEN_B, prefixes=("a",)).allows_all(pa.array(keys)) is None
+
+
 def test_refusal_names_key_shortened_and_prefixes() -> None:
     tenant = Tenant(name="team-a", token=TOKEN_A, prefixes=("datasets/a", "shared/x"))
     key = "datasets/b/" + "k" * 10_000

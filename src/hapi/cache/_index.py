@@ -224,7 +224,10 @@ class SpaceIndex:
                 if len(shared):  # another name with the same 8 bytes first
                     at[shared] = np.minimum(np.searchsorted(self._names, keys[shared]), last)
                     found[shared] = self._names[at[shared]] == keys[shared]
-                places[found] = self._cols[at[found]]
+                if found.all():  # the usual case: one gather, no mask
+                    places = self._cols[at]
+                else:
+                    places[found] = self._cols[at[found]]
             if self._recent or self._gone:
                 recent, gone = self._recent, self._gone
                 for i, name in enumerate(keys.tolist()):
@@ -234,7 +237,7 @@ class SpaceIndex:
                         places[i], found[i] = hit, True
                     elif name in gone:
                         found[i] = False
-            if self._alive:
+            if not all(self._alive):  # a segment gone: its records are misses
                 found &= np.asarray(self._alive, bool)[places["seg"]]
         return found, places
 

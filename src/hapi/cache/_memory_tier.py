@@ -12,6 +12,7 @@ MiB, 4% of an epoch's reads hit; kept, a quarter do).
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -82,7 +83,7 @@ class MemoryTier:
         row cost about 5 us an entry, most of a cached epoch's reading."""
         if not len(names):
             return
-        row_bytes = max(batch[0].numel() * batch.element_size(), 1)
+        row_bytes = max(math.prod(batch.shape[1:]) * batch.element_size(), 1)
         slab = self._slab(sid, tuple(batch.shape[1:]), batch.dtype, row_bytes)
         if slab is None:
             return

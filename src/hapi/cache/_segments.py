@@ -121,21 +121,21 @@ class SpaceSegments:
         # segments end to end (a slice each: a chunk's entries lie in a dozen segments at
         # a million entries, where a gather per segment cost 4x as much) and decoded
         # together as rows of 8-byte words.
-        places = places[at]
+        places = places if len(at) == len(places) else places[at]
         offsets, lengths, segs = places["offset"], places["length"], places["seg"]
         ends = (offsets + lengths).astype(np.int64)
-        segs_at = segs.tolist()
-        needed: dict[int, int] = {}  # each segment's furthest end (plain ints: few numpy calls)
-        for seg, end in zip(segs_at, ends.tolist(), strict=True):
-            if end > needed.get(seg, -1):
-                needed[seg] = end
+        # Each segment's furthest end, mapped to cover it: a chunk's entries lie in a few
+        # segments (one numpy pass a segment, not a Python step an entry).
+        distinct = np.unique(segs)
+        one = len(distinct) == 1
         maps: dict[int, mmap.mmap] = {}
-        for seg, end in needed.items():
+        sizes = np.full(len(distinct), -1, np.int64)  # -1: gone (evicted), a miss
+        for k, seg in enumerate(distinct.tolist()):
+            end = int(ends.max() if one else ends[segs == seg].max())
             mapped = self._mapped(self.index.stem(seg), end)
             if mapped is not None:
-                maps[seg] = mapped
-        # -1: gone (evicted), a miss.
-        limit = np.array([len(maps[s]) if s in maps else -1 for s in segs_at], np.int64)
+                maps[seg], sizes[k] = mapped, len(mapped)
+        limit = sizes[np.zeros(len(segs), np.intp) if one else np.searchsorted(distinct, segs)]
         # A record past the segment's end (torn) or off the 8-byte grid is corrupt.
         aligned = (offsets % ALIGN == 0) & (lengths % ALIGN == 0)
         mapped_at = limit >= 0
@@ -303,8 +303,10 @@ def _in_order(
     """Batches read in file order as one, in the order of their places."""
     if not parts:
         return np.zeros(0, np.intp), None
+    if len(parts) == 1:  # one block's rows alike: ascending already (`_read`)
+        return parts[0]
     at = np.concatenate([p for p, _ in parts])
-    batch = parts[0][1] if len(parts) == 1 else torch.cat([t for _, t in parts])
+    batch = torch.cat([t for _, t in parts])
     order = np.argsort(at, kind="stable")
     if (order[1:] > order[:-1]).all():
         return at, batch

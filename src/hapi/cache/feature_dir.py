@@ -177,14 +177,15 @@ class FeatureCache:
         if rest:
             asked = [names[i] for i in rest] if held else names
             at, read, corrupt = self._space(sid).read_batch(asked)
-            read_at = [rest[i] for i in at.tolist()]
+            read_at = [rest[i] for i in at.tolist()] if held else at.tolist()
             with self._lock:
                 self.stats.corrupt += corrupt
                 if self.memory_bytes and read is not None:
                     # Copied into the tier's slabs (a row kept does not keep its batch
                     # alive), into free rows only: a scan must not push out what the next
                     # epoch reads first.
-                    self._memory.put_batch(sid, [names[i] for i in read_at], read, evict=False)
+                    kept = names if len(read_at) == len(names) else [names[i] for i in read_at]
+                    self._memory.put_batch(sid, kept, read, evict=False)
         found, batch = _together(held, rows, read_at, read)
         with self._lock:
             self.stats.hits += len(found)

@@ -21,9 +21,11 @@ def readable_manifest(store: ObjectStore, tenant: Tenant, prefix: str) -> Datase
     manifest = DatasetManifest.from_store(store, tenant.check_prefix(prefix))
     # check_prefix allows whole segments only; keep a store whose listing matches by
     # characters (`a` listing `ab/...`) from showing keys beyond them.
-    allowed = np.fromiter(
-        (may_read(store, tenant, key) for key in manifest.keys), bool, len(manifest)
-    )
+    allowed = tenant.allows_all(manifest.keys.array)  # a tenant that reads every key
+    if allowed is None:
+        allowed = np.fromiter(
+            (may_read(store, tenant, key) for key in manifest.keys), bool, len(manifest)
+        )
     if not allowed.all():
         manifest = manifest.subset(np.flatnonzero(allowed))
     return manifest

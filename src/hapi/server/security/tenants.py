@@ -24,6 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from hapi.data.store.keys import key_under
 from hapi.errors import Forbidden, InvalidRequest, Unauthenticated, shorten
 
@@ -34,6 +38,10 @@ log = logging.getLogger("hapi.server")
 # Tenant names become metric labels and log fields: keep them short and plain.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL_RE2 = r"[\x00-\x1f\x7f]"
+_BAD_PART = r"(^|/)(\.{1,2})?(/|$)"
+"""`_well_formed` as RE2 (Arrow's): an empty, '.' or '..' part - an empty key, a leading
+or trailing '/', '//' - or a control character."""
 _FIELDS = ("token", "token_env", "prefixes", "weight")
 _EXAMPLE = '[team-a]\ntoken_env = "TEAM_A_TOKEN"\nprefixes = ["datasets/team-a"]\nweight = 1.0'
 
@@ -83,6 +91,18 @@ class Tenant:
     def allows(self, key: str) -> bool:
         """Whether `key`, a well-formed store key, lies under one of the tenant's prefixes."""
         return _well_formed(key) and any(key_under(key, p) for p in self.prefixes)
+
+    def allows_all(self, keys: pa.Array) -> np.ndarray | None:
+        """`allows` of a column of keys at once, in Arrow (a listing of 10^5 keys spent a
+        fifth of its time in `allows`, a call a key), for a tenant that reads every key;
+        None for others (their prefixes are checked a key at a time)."""
+        if not self.reads_all:
+            return None
+        text = keys.cast(pa.string())
+        bad = pc.or_(
+            pc.match_substring_regex(text, _BAD_PART), pc.match_substring_regex(text, _CONTROL_RE2)
+        )
+        return np.asarray(pc.invert(pc.fill_null(bad, True)).to_numpy(zero_copy_only=False))
 
     def check_key(self, key: str) -> str:
         """Return `key` if the tenant may read it.
