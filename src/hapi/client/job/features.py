@@ -14,6 +14,7 @@ import dataclasses
 import multiprocessing
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from multiprocessing.context import BaseContext
 from typing import Any, Literal
 
 import numpy as np
@@ -61,9 +62,10 @@ class FeatureDataset(IterableDataset[FeatureBatch]):
     """A job's training (or evaluation) set as batches of features at the freeze point.
 
     Iterated in the process that built `job`, it runs the job's loader there. Each
-    `DataLoader` worker (a process of its own) builds its own copy of the job with the plan in force
-    pinned, and fetches its share of every epoch: the share of this DDP rank (from
-    `torch.distributed` when it is initialized, else the job's own rank) split by worker.
+    `DataLoader` worker (a process of its own) builds its own copy of the job with the
+    plan in force pinned, and fetches its share of every epoch: the share of this DDP rank
+    (from `torch.distributed` when it is initialized, else the job's own rank) split by
+    worker.
     Run it with `FeatureDataLoader`, which tells it the epoch and where to resume.
 
     Args:
@@ -207,7 +209,7 @@ def _pinned(job: TransferJob) -> JobConfig:
     return dataclasses.replace(config, planning=planning, training=training)
 
 
-def _workers_context() -> Any:
+def _workers_context() -> BaseContext:
     """Where workers come from: forked from a fork server that has imported hapi (and so
     torch) once, where a spawned worker imported them again - 4 s a worker here, every
     epoch. Never forked from this process, whose Flight client, store runtime and threads

@@ -38,10 +38,9 @@ log = logging.getLogger("hapi.server")
 # Tenant names become metric labels and log fields: keep them short and plain.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_CONTROL_RE2 = r"[\x00-\x1f\x7f]"
 _BAD_PART = r"(^|/)(\.{1,2})?(/|$)"
-"""`_well_formed` as RE2 (Arrow's): an empty, '.' or '..' part - an empty key, a leading
-or trailing '/', '//' - or a control character."""
+"""An empty, '.' or '..' part (an empty key, a leading or trailing '/', '//'), in RE2 as
+Arrow reads it: with `_CONTROL`, `_well_formed` for a whole column."""
 _FIELDS = ("token", "token_env", "prefixes", "weight")
 _EXAMPLE = '[team-a]\ntoken_env = "TEAM_A_TOKEN"\nprefixes = ["datasets/team-a"]\nweight = 1.0'
 
@@ -100,7 +99,8 @@ class Tenant:
             return None
         text = keys.cast(pa.string())
         bad = pc.or_(
-            pc.match_substring_regex(text, _BAD_PART), pc.match_substring_regex(text, _CONTROL_RE2)
+            pc.match_substring_regex(text, _BAD_PART),
+            pc.match_substring_regex(text, _CONTROL.pattern),
         )
         return np.asarray(pc.invert(pc.fill_null(bad, True)).to_numpy(zero_copy_only=False))
 
