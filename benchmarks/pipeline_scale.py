@@ -19,8 +19,9 @@ trains one epoch from the cache on disk. Measured for each:
 - the time to each epoch's first step: from the process's start for epoch 1 (build and
   plan included), from the last step of the epoch before for the next;
 - each epoch's seconds per sample, and the server's CPU seconds per sample over job A;
-- the trainer's and the server's peak RSS (the server's after job A), and the cache's
-  bytes on disk against its payload.
+- the trainer's and the server's peak RSS (the server's after job A), the trainer's
+  peak anonymous and file-backed parts (sampled; RSS counts the mapped cache segments),
+  and the cache's bytes on disk against its payload.
 
     python benchmarks/pipeline_scale.py            # writes out/pipeline_scale.{json,png}
     python benchmarks/pipeline_scale.py --results  # ... and its section of RESULTS.md
