@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import ctypes
+import json
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,7 +29,7 @@ from hapi.server.memory.batch_memory import (
     static_bytes,
     tensor_bytes,
 )
-from hapi.server.memory.budget import MemoryModel, default_budget
+from hapi.server.memory.budget import MemoryModel, default_budget, give_back_when_quiet
 from hapi.server.memory.scheduler import Scheduler
 
 SIZE = 64
@@ -176,3 +181,66 @@ def test_a_model_too_large_for_the_budget_is_refused_and_not_cached() -> None:
     with pytest.raises(OverBudget, match="memory budget is 8.0 MiB"):
         cache.model(ModelSpec(name="resnet18", num_classes=3).to_dict(), SIZE)
     assert cache.budget_bytes == 0 == scheduler.stats().used
+
+
+_ALLOCATOR_SCRIPT = """
+import json, torch
+from hapi.server.memory.budget import bound_allocator, give_back
+def anon():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+assert bound_allocator()
+torch.ones(1)
+base = anon()
+held = [torch.ones(256 * 1024) for _ in range(24)]  # 24 MiB in 1 MiB tensors: on the heap
+used = anon()
+del held
+kept = anon()
+gave = give_back()
+print(json.dumps({"used": used - base, "kept": kept - base, "after": anon() - base}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+def test_the_allocator_keeps_freed_batches_for_the_next_and_gives_them_back_when_asked() -> None:
+    # In a process of its own: `bound_allocator` sets the whole process's allocator.
+    done = subprocess.run(
+        [sys.executable, "-c", _ALLOCATOR_SCRIPT], capture_output=True, text=True, check=True
+    )
+    rss = json.loads(done.stdout)
+    assert rss["used"] >= 20 << 20
+    assert rss["kept"] >= rss["used"] - (1 << 20)  # under RETAINED_BYTES: not trimmed
+    assert rss["after"] < 4 << 20  # given back
+
+
+def test_the_allocator_is_given_back_once_each_quiet_spell() -> None:
+    state = {"since": None, "now": 0.0}
+    trims: list[float] = []
+    stopped = threading.Event()
+    thread = threading.Thread(
+        target=give_back_when_quiet,
+        args=(lambda: state["since"], stopped),
+        kwargs={
+            "after_s": 0.02,
+            "clock": lambda: state["now"],
+            "trim": lambda: trims.append(state["now"]),
+        },
+    )
+    thread.start()
+    try:
+
+        def spell(since: float | None, now: float) -> None:
+            state["since"], state["now"] = since, now
+            time.sleep(0.2)  # ten of the loop's turns
+
+        spell(None, 5.0)  # a batch runs
+        spell(5.0, 5.01)  # ended, not long enough
+        assert trims == []
+        spell(5.0, 6.0)  # quiet: once, not each turn
+        spell(7.0, 7.5)  # another batch ran and ended
+        assert trims == [6.0, 7.5]
+    finally:
+        stopped.set()
+        thread.join(timeout=10)
+    assert not thread.is_alive()

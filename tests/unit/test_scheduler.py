@@ -248,3 +248,19 @@ def test_a_batch_whose_requester_has_gone_leaves_the_queue_ungranted() -> None:
     # Its session's share is whole: its next batch runs.
     with scheduler.run("gone", (0, 2), _demand()) as grant:
         assert grant.batch == 1
+
+
+def test_the_scheduler_is_quiet_from_its_last_batch_s_end_until_the_next() -> None:
+    clock = FakeClock()
+    scheduler = Scheduler(1000, 2, clock=clock)
+    assert scheduler.quiet_since() is None  # nothing ran yet: nothing to give back
+    with scheduler.run("a", (0, 0), _demand(per_sample=100)):
+        with scheduler.run("b", (0, 0), _demand(per_sample=100)):
+            clock.advance(1.0)
+        assert scheduler.quiet_since() is None  # a still runs
+        clock.advance(1.0)
+    assert scheduler.quiet_since() == 2.0
+    with scheduler.run("a", (0, 1), _demand(per_sample=100)):
+        assert scheduler.quiet_since() is None
+        clock.advance(1.0)
+    assert scheduler.quiet_since() == 3.0

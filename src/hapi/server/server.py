@@ -27,6 +27,7 @@ from hapi.server.chunks.session import Session
 from hapi.server.head_cache import HeadCache
 from hapi.server.locality import Locality
 from hapi.server.memory.batch_memory import device_memory
+from hapi.server.memory.budget import give_back_when_quiet
 from hapi.server.memory.limits import MemoryLimit, tightest_limit
 from hapi.server.memory.scheduler import Scheduler, never
 from hapi.server.metrics import Metrics
@@ -217,15 +218,25 @@ class HapiServer(flight.FlightServerBase):
 
         Every call closes them too; the reaper frees the heads of a server no call reaches.
         """
-        reaper = threading.Thread(
-            target=self._sessions.reap, args=(self._stopped,), name="hapi-reaper", daemon=True
-        )
-        reaper.start()
+        background = [
+            threading.Thread(target=self._sessions.reap, args=(self._stopped,), name="hapi-reaper"),
+            # The memory the allocator keeps for the next batches, given back when the
+            # server goes quiet (`bound_allocator`).
+            threading.Thread(
+                target=give_back_when_quiet,
+                args=(self.scheduler.quiet_since, self._stopped),
+                name="hapi-give-back",
+            ),
+        ]
+        for thread in background:
+            thread.daemon = True
+            thread.start()
         try:
             super().serve()
         finally:
             self._stopped.set()
-            reaper.join(timeout=10)
+            for thread in background:
+                thread.join(timeout=10)
 
     @property
     def stopped(self) -> bool:

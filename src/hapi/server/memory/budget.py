@@ -12,19 +12,35 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import math
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hapi.errors import InvalidRequest
 from hapi.server.memory.limits import tightest_limit
 
-__all__ = ["MemoryModel", "bound_allocator", "default_budget"]
+__all__ = [
+    "MemoryModel",
+    "bound_allocator",
+    "default_budget",
+    "give_back",
+    "give_back_when_quiet",
+]
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
 ALLOCATOR_THRESHOLD = 4 << 20
-"""Allocations at least this large are mapped and unmapped on their own, and free memory
-at the top of a heap above it is given back (see `bound_allocator`)."""
+"""Allocations at least this large are mapped and unmapped on their own (see
+`bound_allocator`)."""
+RETAINED_BYTES = 32 << 20
+"""Free memory at the top of a heap the allocator keeps for the next batches, each of its
+two arenas (see `bound_allocator`)."""
+QUIET_S = 1.0
+"""How long no batch runs before the allocator's free memory is given back."""
 
 
 def bound_allocator() -> bool:
@@ -36,21 +52,64 @@ def bound_allocator() -> bool:
     core) and a mapping threshold that grows with each large free. A server with dozens
     of threads running batches of megabyte activations then held three times what its
     batches used (`benchmarks/tenants.py`: 750 MB over the idle server against 117 MB of
-    budget), and a memory cgroup killed it. Two arenas and fixed 4 MiB thresholds bring
-    that back to tens of megabytes over the budget, for a few page faults per batch.
+    budget), and a memory cgroup killed it. Two arenas and a fixed 4 MiB mapping
+    threshold bring that back to tens of megabytes over the budget.
+
+    The heaps' free tops are kept up to `RETAINED_BYTES` each while batches run, and
+    given back once none has run for `QUIET_S` (`give_back_when_quiet`). Trimmed at 4 MiB,
+    every batch grew the heap again and the kernel zeroed its pages: ResNet-18 at 32 px
+    spent 200 page faults a sample, 0.4 ms of the server's 1.5 ms in the kernel (eager
+    PyTorch 0.1 ms), and at 112 px 5 of 18 ms; kept, 0.05 and 0.5 ms
+    (`benchmarks/server_speed.py`). The peak is unchanged: what is kept is what the
+    batches just used.
     """
+    libc = _libc()
+    if libc is None:
+        return False
+    ok = libc.mallopt(_M_ARENA_MAX, 2)
+    ok &= libc.mallopt(_M_MMAP_THRESHOLD, ALLOCATOR_THRESHOLD)
+    ok &= libc.mallopt(_M_TRIM_THRESHOLD, RETAINED_BYTES)
+    return bool(ok)
+
+
+def give_back() -> bool:
+    """Return the C allocator's free memory to the system (glibc's `malloc_trim`), the
+    middle of its heaps included; whether it could (glibc only)."""
+    libc = _libc()
+    return libc is not None and bool(libc.malloc_trim(0))
+
+
+def give_back_when_quiet(
+    quiet_since: Callable[[], float | None],
+    stopped: threading.Event,
+    *,
+    after_s: float = QUIET_S,
+    clock: Callable[[], float] = time.monotonic,
+    trim: Callable[[], object] = give_back,
+) -> None:
+    """Give the allocator's free memory back once per quiet spell - `after_s` after the
+    last batch ended (`quiet_since`: when, or None while one runs) - until `stopped`.
+    Run in a thread: an idle server's memory falls back to what it holds, while a busy one
+    keeps its batches' memory for the next ones."""
+    trimmed: float | None = None
+    while not stopped.wait(after_s / 2):
+        since = quiet_since()
+        if since is not None and since != trimmed and clock() - since >= after_s:
+            trim()
+            trimmed = since
+
+
+@functools.cache
+def _libc() -> Any:
+    """glibc, for `mallopt` and `malloc_trim`; None elsewhere."""
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name) if name else None
-        mallopt = libc.mallopt if libc is not None else None
-    except (OSError, AttributeError):
-        return False
-    if mallopt is None:
-        return False
-    ok = mallopt(_M_ARENA_MAX, 2)
-    ok &= mallopt(_M_MMAP_THRESHOLD, ALLOCATOR_THRESHOLD)
-    ok &= mallopt(_M_TRIM_THRESHOLD, ALLOCATOR_THRESHOLD)
-    return bool(ok)
+        if libc is None or not hasattr(libc, "mallopt") or not hasattr(libc, "malloc_trim"):
+            return None
+    except OSError:
+        return None
+    return libc
 
 
 def default_budget(device: str = "cpu", *, root: Path = Path("/")) -> int:

@@ -183,6 +183,9 @@ class Scheduler:
         self._peak = 0
         self._running = 0
         self._vclock = 0.0
+        self._granted = 0
+        self._quiet_since: float | None = None
+        """When the last granted batch ended; None while one is granted, and before any."""
 
     # Sessions ------------------------------------------------------------------------
 
@@ -323,6 +326,12 @@ class Scheduler:
             busy = self._running - running_self + sum(w.demand.compute for w in self._waiting)
             return max(0.0, min(1.0, (self.slots - busy) / self.slots))
 
+    def quiet_since(self) -> float | None:
+        """When the last batch ended, if none runs or waits now (the clock's seconds); None
+        while one does, and before the first (`give_back_when_quiet`)."""
+        with self._cond:
+            return None if self._waiting else self._quiet_since
+
     def stats(self) -> SchedulerStats:
         """The budget and what holds it now."""
         with self._cond:
@@ -418,6 +427,8 @@ class Scheduler:
             self._peak = max(self._peak, self._used)
             if w.demand.compute:
                 self._running += 1
+            self._granted += 1
+            self._quiet_since = None
             share = self._shares[w.session]
             self._vclock = share.vtime
             w.charged = share.rate * batch
@@ -440,6 +451,9 @@ class Scheduler:
             self._used -= grant.nbytes
             if waiter.demand.compute:
                 self._running -= 1
+            self._granted -= 1
+            if not self._granted:
+                self._quiet_since = self._clock()
             share = self._shares[waiter.session]
             share.active -= 1
             if share.removed and not share.active:
