@@ -264,3 +264,12 @@ def test_the_scheduler_is_quiet_from_its_last_batch_s_end_until_the_next() -> No
         assert scheduler.quiet_since() is None
         clock.advance(1.0)
     assert scheduler.quiet_since() == 3.0
+
+
+def test_a_batch_granted_into_a_nearly_full_budget_has_the_allocator_give_back_first() -> None:
+    gave: list[int] = []
+    scheduler = Scheduler(1000, 2, kept=300, give_back=lambda: gave.append(1))
+    with scheduler.run("a", (0, 0), _demand(per_sample=100, max_batch=6)):
+        assert gave == []  # 400 B free: room for what the allocator keeps
+        with scheduler.run("b", (0, 0), _demand(per_sample=100, max_batch=2)):
+            assert gave == [1]  # 200 B free: less than it may keep

@@ -27,7 +27,7 @@ from hapi.server.chunks.session import Session
 from hapi.server.head_cache import HeadCache
 from hapi.server.locality import Locality
 from hapi.server.memory.batch_memory import device_memory
-from hapi.server.memory.budget import give_back_when_quiet
+from hapi.server.memory.budget import RETAINED_BYTES, give_back, give_back_when_quiet
 from hapi.server.memory.limits import MemoryLimit, tightest_limit
 from hapi.server.memory.scheduler import Scheduler, never
 from hapi.server.metrics import Metrics
@@ -181,7 +181,7 @@ class HapiServer(flight.FlightServerBase):
             self.memory_limit = tightest_limit(config.device)
             budget = self.memory_limit.budget
         slots = config.compute_slots or len(os.sched_getaffinity(0))
-        self.scheduler = Scheduler(budget, slots)
+        self.scheduler = Scheduler(budget, slots, kept=2 * RETAINED_BYTES, give_back=give_back)
         self.heads = HeadCache(
             config.device, repo=self.repo, idle=config.idle_heads, scheduler=self.scheduler
         )

@@ -157,6 +157,10 @@ class Scheduler:
         slots: batches that compute at once (the server's cores, or 1-2 per GPU).
         reclaimer: frees idle heads when a batch needs their memory.
         clock: monotonic seconds (tests pass a fake one).
+        kept: bytes the C allocator may keep of batches that ended (`bound_allocator`),
+            which the budget does not count: a batch granted when less than this is free
+            first has `give_back` return them.
+        give_back: returns the allocator's kept memory to the system.
     """
 
     def __init__(
@@ -166,12 +170,15 @@ class Scheduler:
         *,
         reclaimer: Reclaimer | None = None,
         clock: Callable[[], float] = time.monotonic,
+        kept: int = 0,
+        give_back: Callable[[], object] | None = None,
     ) -> None:
         if budget < 1 or slots < 1:
             raise ValueError(f"budget and slots must be >= 1, got {budget} and {slots}")
         self.budget = budget
         self.slots = slots
         self.reclaimer = reclaimer
+        self.kept, self._give_back = kept, give_back
         self._clock = clock
         self._cond = threading.Condition()
         self._shares: dict[str, _Share] = {}
@@ -302,6 +309,7 @@ class Scheduler:
         waiter = place
         grant = self._await(waiter)
         try:
+            self._make_room()
             yield grant
         finally:
             self._finish(waiter, grant)
@@ -346,6 +354,16 @@ class Scheduler:
             )
 
     # Internals ---------------------------------------------------------------------------
+
+    def _make_room(self) -> None:
+        """Have the allocator give back what it kept of earlier batches where the budget
+        has no room left for it: a full budget is what a memory cap is sized for."""
+        if self._give_back is None:
+            return
+        with self._cond:
+            tight = self.budget - self._used < self.kept
+        if tight:
+            self._give_back()
 
     def _held(self) -> int:
         idle = self.reclaimer.idle_bytes() if self.reclaimer is not None else 0
