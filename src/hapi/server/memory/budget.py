@@ -55,13 +55,11 @@ def bound_allocator() -> bool:
     budget), and a memory cgroup killed it. Two arenas and a fixed 4 MiB mapping
     threshold bring that back to tens of megabytes over the budget.
 
-    The heaps' free tops are kept up to `RETAINED_BYTES` each while batches run, and
-    given back once none has run for `QUIET_S` (`give_back_when_quiet`). Trimmed at 4 MiB,
-    every batch grew the heap again and the kernel zeroed its pages: ResNet-18 at 32 px
-    spent 200 page faults a sample, 0.4 ms of the server's 1.5 ms in the kernel (eager
-    PyTorch 0.1 ms), and at 112 px 5 of 18 ms; kept, 0.05 and 0.5 ms
-    (`benchmarks/server_speed.py`). The peak is unchanged: what is kept is what the
-    batches just used.
+    The heaps' free tops are kept up to `RETAINED_BYTES` each, so a batch does not fault
+    in again, zeroed, what the one before freed (at 32 px that was a quarter of the
+    server's time); they are given back when the budget runs short (`Scheduler`'s
+    `kept`) and when the server goes quiet (`give_back_when_quiet`). Figures:
+    docs/server.md, "The C allocator".
     """
     libc = _libc()
     if libc is None:
