@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
-ALLOCATOR_THRESHOLD = 32 << 20
+ALLOCATOR_THRESHOLD = 4 << 20
 """Allocations at least this large are mapped and unmapped on their own (see
 `bound_allocator`)."""
 RETAINED_BYTES = 32 << 20
@@ -52,12 +52,12 @@ def bound_allocator() -> bool:
     core) and a mapping threshold that grows with each large free. A server with dozens
     of threads running batches of megabyte activations then held three times what its
     batches used (`benchmarks/tenants.py`: 750 MB over the idle server against 117 MB of
-    budget), and a memory cgroup killed it. Two arenas and a fixed mapping threshold
-    bring that back to tens of megabytes over the budget.
+    budget), and a memory cgroup killed it. Two arenas and a fixed 4 MiB mapping
+    threshold bring that back to tens of megabytes over the budget.
 
-    The threshold is 32 MiB, and the heaps' free tops are kept up to `RETAINED_BYTES`
-    each, so a batch does not fault in again, zeroed, what the one before freed (at 32
-    px that was a quarter of the server's time); they are given back when the budget runs short (`Scheduler`'s
+    The heaps' free tops are kept up to `RETAINED_BYTES` each, so a batch does not fault
+    in again, zeroed, what the one before freed (at 32 px that was a quarter of the
+    server's time); they are given back when the budget runs short (`Scheduler`'s
     `kept`) and when the server goes quiet (`give_back_when_quiet`). Figures:
     docs/server.md, "The C allocator".
     """
