@@ -61,20 +61,28 @@ def bound_allocator() -> bool:
     `kept`) and when the server goes quiet (`give_back_when_quiet`). Figures:
     docs/server.md, "The C allocator".
     """
+    global _bound
     libc = _libc()
     if libc is None:
         return False
     ok = libc.mallopt(_M_ARENA_MAX, 2)
     ok &= libc.mallopt(_M_MMAP_THRESHOLD, ALLOCATOR_THRESHOLD)
     ok &= libc.mallopt(_M_TRIM_THRESHOLD, RETAINED_BYTES)
-    return bool(ok)
+    _bound = bool(ok)
+    return _bound
+
+
+_bound = False
+"""Whether `bound_allocator` ran: the process is a server's own (`hapi serve`)."""
 
 
 def give_back() -> bool:
     """Return the C allocator's free memory to the system (glibc's `malloc_trim`), the
-    middle of its heaps included; whether it could (glibc only)."""
+    middle of its heaps included; whether it could. Only in a process whose allocator
+    `bound_allocator` set: a server inside another program (a test, a notebook) leaves
+    that program's heaps alone, where a trim would walk gigabytes."""
     libc = _libc()
-    return libc is not None and bool(libc.malloc_trim(0))
+    return _bound and libc is not None and bool(libc.malloc_trim(0))
 
 
 def give_back_when_quiet(
