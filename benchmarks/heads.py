@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
+import importlib.util
 import json
 import os
 import statistics
@@ -42,10 +44,22 @@ ERROR_MODELS = {
     "timm:mobilenetv3_small_100": ({"name": "timm:mobilenetv3_small_100"}, 112),
     "hf:ViTConfig (base)": ({"name": "hf:ViTConfig"}, 224),
 }
-WAYS = ("eager", "channels_last", "compiled", "compiled, frozen", "bf16", "bf16 frozen")
-COMPILED = ("compiled", "compiled, frozen", "bf16 frozen")
+TORCH_WAYS = ("eager", "channels_last", "compiled", "compiled, frozen", "bf16", "bf16 frozen")
+RUNTIME_WAYS = {  # way: the package it needs
+    "onnxruntime": "onnxruntime",
+    "openvino": "openvino",
+    "openvino bf16": "openvino",
+}
+COMPILED = ("compiled", "compiled, frozen", "bf16 frozen", *RUNTIME_WAYS)
+FP32 = ("eager", "channels_last", "compiled", "compiled, frozen", "onnxruntime", "openvino")
 BATCH = 32
 RUNS = 5
+GOAL = 0.75
+
+
+def _installed(way: str) -> bool:
+    package = RUNTIME_WAYS.get(way)
+    return package is None or importlib.util.find_spec(package) is not None
 
 
 def _head(spec: dict[str, Any], side: int) -> torch.nn.Module:
@@ -72,20 +86,78 @@ def _bf16(head: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tenso
     return run
 
 
-def _ways(head: torch.nn.Module) -> dict[str, tuple[Callable[[torch.Tensor], Any], bool]]:
-    """Each way as (function, whether it takes channels_last inputs)."""
+def _onnxruntime(head: torch.nn.Module, x: torch.Tensor) -> Callable[[torch.Tensor], Any]:
+    """The head exported to ONNX and run by ONNX Runtime on one thread, all graph
+    optimizations on (its fusions fold batch norm into the convolutions)."""
+    import onnxruntime as ort
+
+    path = Path(tempfile.mkdtemp(prefix="hapi-onnx-")) / "head.onnx"
+    torch.onnx.export(
+        head, (x,), str(path), input_names=["x"], output_names=["y"],
+        dynamic_axes={"x": {0: "n"}}, dynamo=False,
+    )  # fmt: skip
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return lambda batch: session.run(None, {"x": batch.numpy()})[0]
+
+
+def _openvino(
+    head: torch.nn.Module, x: torch.Tensor, precision: str
+) -> Callable[[torch.Tensor], Any]:
+    """The head converted from torch and compiled by OpenVINO for this CPU, one thread,
+    at `precision` ("f32", or "bf16" where the CPU has bf16 instructions)."""
+    import openvino as ov
+
+    model = ov.convert_model(head, example_input=x)
+    config = {
+        "INFERENCE_NUM_THREADS": 1, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY",
+        "INFERENCE_PRECISION_HINT": precision,
+    }  # fmt: skip
+    request = ov.Core().compile_model(model, "CPU", config).create_infer_request()
+    return lambda batch: request.infer({0: batch.numpy()})[0]
+
+
+def _runtime(way: str, head: torch.nn.Module, x: torch.Tensor) -> Callable[[torch.Tensor], Any]:
+    if way == "onnxruntime":
+        return _onnxruntime(head, x)
+    return _openvino(head, x, "bf16" if way.endswith("bf16") else "f32")
+
+
+def _ways(
+    head: torch.nn.Module, x: torch.Tensor
+) -> dict[str, tuple[Callable[[], Callable[[torch.Tensor], Any]], bool]]:
+    """Each way as (a function that builds it, whether it takes channels_last inputs).
+    Built when first timed, so the first call's time holds a runtime's conversion, as it
+    holds inductor's compile."""
     from hapi.server.chunks._compiled import compile_head
 
-    last = copy.deepcopy(head).to(memory_format=torch.channels_last)
-    return {
-        "eager": (head, False),
-        "channels_last": (last, True),
-        "compiled": (torch.compile(copy.deepcopy(head)), False),
-        "compiled, frozen": (compile_head(copy.deepcopy(head)), False),
-        "bf16": (_bf16(head), False),
+    def copied() -> torch.nn.Module:
+        return copy.deepcopy(head)
+
+    ways: dict[str, tuple[Callable[[], Callable[[torch.Tensor], Any]], bool]] = {
+        "eager": (lambda: head, False),
+        "channels_last": (lambda: copied().to(memory_format=torch.channels_last), True),
+        "compiled": (lambda: torch.compile(copied()), False),
+        "compiled, frozen": (lambda: compile_head(copied()), False),
+        "bf16": (lambda: _bf16(head), False),
         # As the server runs it: the compiled head called under autocast.
-        "bf16 frozen": (_bf16(compile_head(copy.deepcopy(head))), False),
+        "bf16 frozen": (lambda: _bf16(compile_head(copied())), False),
     }
+    for way in RUNTIME_WAYS:
+        if _installed(way):
+            ways[way] = (functools.partial(lambda w: _runtime(w, copied(), x), way), False)
+    return ways
+
+
+def flops(head: torch.nn.Module, x: torch.Tensor) -> float:
+    """FLOPs a sample (torch's counter: a multiply-add is two)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter, torch.inference_mode():
+        head(x)
+    return counter.get_total_flops() / len(x)
 
 
 def _time(fn: Callable[[torch.Tensor], Any], x: torch.Tensor) -> float:
@@ -100,28 +172,33 @@ def _time(fn: Callable[[torch.Tensor], Any], x: torch.Tensor) -> float:
 
 def speed(model: str, repeats: int) -> dict[str, Any]:
     head = _head({"name": model}, 112)
-    ways = _ways(head)
     x = _inputs(BATCH, 112)
     xl = x.contiguous(memory_format=torch.channels_last)
     first: dict[str, float] = {}
+    built: dict[str, tuple[Callable[[torch.Tensor], Any], bool]] = {}
     with torch.inference_mode():
-        for name, (fn, last) in ways.items():
+        for name, (build, last) in _ways(head, x).items():
             t0 = time.perf_counter()
+            fn = build()
             fn(xl if last else x)  # compiles the compiled ways; warms the others
             first[name] = time.perf_counter() - t0
-        per_way: dict[str, list[float]] = {name: [] for name in ways}
+            built[name] = (fn, last)
+        per_way: dict[str, list[float]] = {name: [] for name in built}
         for _ in range(repeats):
-            for name, (fn, last) in ways.items():
+            for name, (fn, last) in built.items():
                 per_way[name].append(_time(fn, xl if last else x))
     ms = {name: statistics.median(v) for name, v in per_way.items()}
+    gflop = flops(head, x) / 1e9
     return {
         "ms": ms,
-        "ratio": {name: ms[name] / ms["eager"] for name in ways},
+        "ratio": {name: ms[name] / ms["eager"] for name in built},
         "first_call_s": first,
+        "gflop_per_sample": gflop,
+        "gflops": {name: gflop / (ms[name] / 1e3) for name in built},
     }
 
 
-def error(spec: dict[str, Any], side: int) -> dict[str, float]:
+def error(spec: dict[str, Any], side: int) -> dict[str, float | str]:
     """The largest difference from eager fp32, over the largest fp32 value, per way."""
     from hapi.server.chunks._compiled import compile_head
 
@@ -136,23 +213,63 @@ def error(spec: dict[str, Any], side: int) -> dict[str, float]:
             "compiled": torch.compile(_head(spec, side))(x).float(),
             "compiled, frozen": compile_head(_head(spec, side))(x).float(),
         }
-    return {name: (y - ref).abs().max().item() / scale for name, y in got.items()}
+    errors: dict[str, float | str] = {
+        name: (y - ref).abs().max().item() / scale for name, y in got.items()
+    }
+    for way in RUNTIME_WAYS:
+        if not _installed(way):
+            continue
+        try:  # a runtime that cannot take a model is a finding, not the run's end
+            out = torch.as_tensor(_runtime(way, _head(spec, side), x)(x)).float()
+            errors[way] = (out - ref).abs().max().item() / scale
+        except Exception as exc:  # each runtime raises its own kinds
+            errors[way] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+    return errors
+
+
+def _measured(data: dict[str, Any]) -> list[str]:
+    """The ways this run measured, in `WAYS`' order (a runtime not installed is absent)."""
+    first = next(iter(data["speed"].values()))
+    return [w for w in (*TORCH_WAYS, *RUNTIME_WAYS) if w in first["ms"]]
+
+
+def _error(value: float | str, fmt: str) -> str:
+    return value if isinstance(value, str) else format(value, fmt)
 
 
 def report(data: dict[str, Any]) -> str:
+    ways = _measured(data)
     lines = [
         "Milliseconds a sample (batches of 32, 112 px, one pinned core, one torch thread; "
         f"medians of {data['repeats']} interleaved repeats of {RUNS} runs), and each way "
-        "against eager fp32 (goal for a compiled or bf16 head: <= 0.75x):",
+        f"against eager fp32 (goal for a compiled or bf16 head: <= {GOAL}x):",
         "",
-        "| model | " + " | ".join(WAYS) + " |",
-        "|---|" + "---|" * len(WAYS),
+        "| model | " + " | ".join(ways) + " |",
+        "|---|" + "---|" * len(ways),
     ]
     for model, row in data["speed"].items():
-        cells = [f"{row['ms'][w]:.2f} ({row['ratio'][w]:.2f}x)" for w in WAYS]
+        cells = [f"{row['ms'][w]:.2f} ({row['ratio'][w]:.2f}x)" for w in ways]
         lines.append(f"| {model} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "GFLOP/s of each fp32 way (the head's FLOPs, torch's counter, over its time), and "
+        "what the goal asks of it:",
+        "",
+        "| model | GFLOP a sample | "
+        + " | ".join(w for w in ways if w in FP32)
+        + f" | fp32 at {GOAL}x of eager |",
+        "|---|---|" + "---|" * (len([w for w in ways if w in FP32]) + 1),
+    ]
+    for model, row in data["speed"].items():
+        cells = [f"{row['gflops'][w]:.0f}" for w in ways if w in FP32]
+        needed = row["gflops"]["eager"] / GOAL
+        lines.append(
+            f"| {model} | {row['gflop_per_sample']:.2f} | " + " | ".join(cells)
+            + f" | {needed:.0f} |"
+        )  # fmt: skip
     compiles = "; ".join(
-        f"{model} " + ", ".join(f"{w} {row['first_call_s'][w]:.0f} s" for w in COMPILED)
+        f"{model} "
+        + ", ".join(f"{w} {row['first_call_s'][w]:.0f} s" for w in COMPILED if w in ways)
         for model, row in data["speed"].items()
     )
     errors = data["error"]
@@ -161,12 +278,18 @@ def report(data: dict[str, Any]) -> str:
     worst = max(row["compiled"] for row in errors.values())
     lines += [
         "",
-        f"The first call of each compiled way, which compiles it (cold, one core): {compiles}.",
+        "The first call of each compiled way, which compiles it (cold, one core; a "
+        f"runtime's holds its export or conversion): {compiles}.",
         "",
         "Features against eager fp32 (the largest difference over the largest value, at each "
         f"model's last frozen cut, 8 photo-like inputs): bf16 {bf16}; compiled fp32 at most "
         f"{worst:.1e}; compiled with freezing {frozen} (`TOLERANCE`: 1e-4).",
     ]
+    for way in (w for w in RUNTIME_WAYS if w in ways):
+        each = ", ".join(
+            f"{model} {_error(row[way], '.1e')}" for model, row in errors.items() if way in row
+        )
+        lines[-1] += f" {way}: {each}."
     return "\n".join(lines)
 
 
@@ -176,19 +299,20 @@ def plot(data: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ways = _measured(data)
+    fig, ax = plt.subplots(figsize=(8, 3.4))
     models = list(data["speed"])
-    width = 0.8 / len(WAYS)
-    for i, way in enumerate(WAYS):
+    width = 0.8 / len(ways)
+    for i, way in enumerate(ways):
         values = [data["speed"][m]["ratio"][way] for m in models]
         bars = ax.bar([j + i * width for j in range(len(models))], values, width, label=way)
-        ax.bar_label(bars, fmt="%.2f", fontsize=7)
-    ax.axhline(0.75, color="gray", linestyle="--", linewidth=1, label="goal (0.75x)")
-    ax.set_xticks([j + width * (len(WAYS) - 1) / 2 for j in range(len(models))], models)
+        ax.bar_label(bars, fmt="%.2f", fontsize=6)
+    ax.axhline(GOAL, color="gray", linestyle="--", linewidth=1, label=f"goal ({GOAL}x)")
+    ax.set_xticks([j + width * (len(ways) - 1) / 2 for j in range(len(models))], models)
     ax.set_ylabel("time a sample / eager fp32")
     ax.set_title("a frozen head at 112 px, batch 32, one core", fontsize=10)
-    ax.set_ylim(0, 1.4)  # room for the legend above the bars
-    ax.legend(fontsize=7, ncol=3, loc="upper right")
+    ax.set_ylim(0, 1.5)  # room for the legend above the bars
+    ax.legend(fontsize=6, ncol=4, loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -219,8 +343,9 @@ def write_results(data: dict[str, Any], text: str) -> None:
     """This benchmark's section of RESULTS.md."""
     write_section(
         "heads",
-        "## A frozen head: eager, compiled, bf16 (`benchmarks/heads.py`)\n\n"
-        f"`python benchmarks/heads.py --results` on {data['machine']}.\n\n{text}\n\n"
+        "## A frozen head: eager, compiled, bf16, runtimes (`benchmarks/heads.py`)\n\n"
+        "`pip install -e '.[bench,runtimes]' && python benchmarks/heads.py --results` on "
+        f"{data['machine']}.\n\n{text}\n\n"
         "![each way against eager](out/heads.png)",
     )
 
