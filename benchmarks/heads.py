@@ -103,26 +103,14 @@ def _onnxruntime(head: torch.nn.Module, x: torch.Tensor) -> Callable[[torch.Tens
     return lambda batch: session.run(None, {"x": batch.numpy()})[0]
 
 
-def _openvino(
-    head: torch.nn.Module, x: torch.Tensor, precision: str
-) -> Callable[[torch.Tensor], Any]:
-    """The head converted from torch and compiled by OpenVINO for this CPU, one thread,
-    at `precision` ("f32", or "bf16" where the CPU has bf16 instructions)."""
-    import openvino as ov
-
-    model = ov.convert_model(head, example_input=x)
-    config = {
-        "INFERENCE_NUM_THREADS": 1, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY",
-        "INFERENCE_PRECISION_HINT": precision,
-    }  # fmt: skip
-    request = ov.Core().compile_model(model, "CPU", config).create_infer_request()
-    return lambda batch: request.infer({0: batch.numpy()})[0]
-
-
 def _runtime(way: str, head: torch.nn.Module, x: torch.Tensor) -> Callable[[torch.Tensor], Any]:
+    """A runtime's way; OpenVINO's as the server runs it (`hapi.server.chunks._openvino`:
+    one shape, the process's threads, no telemetry)."""
+    from hapi.server.chunks._openvino import compile_openvino
+
     if way == "onnxruntime":
         return _onnxruntime(head, x)
-    return _openvino(head, x, "bf16" if way.endswith("bf16") else "f32")
+    return compile_openvino(head, x, torch.bfloat16 if way.endswith("bf16") else torch.float32)
 
 
 def _ways(

@@ -90,6 +90,11 @@ _COMPILE_HEADS = typer.Option(
     "compile, and keep it if it is faster and agrees; always: as soon as its batch size "
     "settles; off: every head eager.",
 )
+_HEAD_COMPILER = typer.Option(
+    "auto",
+    help="What compiles heads: openvino (pip install 'hapi[openvino]'; CPU only), inductor "
+    "(torch.compile), or auto: OpenVINO on a CPU where it is installed, else inductor.",
+)
 _LOCAL_PREFIX = typer.Option(
     None,
     help="A prefix of the store local to this server (its storage node); repeat for "
@@ -134,6 +139,7 @@ def serve(
     filer: str = _FILER,
     bf16_heads: bool = _BF16_HEADS,
     compile_heads: str = _COMPILE_HEADS,
+    head_compiler: str = _HEAD_COMPILER,
 ) -> None:
     """Serve features computed next to the data over Arrow Flight, until Ctrl-C."""
     given = dict(locals())  # the options, by ServerConfig's names but for two

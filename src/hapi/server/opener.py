@@ -89,7 +89,9 @@ class SessionOpener:
         self.read_ahead = (config.store_options or StoreOptions()).concurrency
         """Objects a chunk reads ahead of the one it decodes."""
         self.tuners = BatchTuners(config.batch_size)
-        self.compiled = CompiledHeads(config.compile_heads, heads.device, scheduler)
+        self.compiled = CompiledHeads(
+            config.compile_heads, heads.device, scheduler, compiler=config.head_compiler
+        )
         heads.on_drop = self.compiled.forget
         self.read_bytes = self.read_ahead * READ_AHEAD_OBJECT
         """Bytes a chunk's read-ahead holds, in its memory model."""

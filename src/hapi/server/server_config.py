@@ -5,10 +5,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import torch
+
 from hapi._sizes import parse_bytes
 from hapi.data import StoreOptions
 from hapi.errors import InvalidRequest, shorten
-from hapi.server.chunks._compiled import COMPILE_MODES, CompileMode
+from hapi.server.chunks._compiled import COMPILE_MODES, CompileMode, HeadCompiler, compiler_for
 
 __all__ = ["ServerConfig"]
 
@@ -68,6 +70,10 @@ class ServerConfig:
     and its features agree (`hapi.server.chunks._compiled`); `always`: compile as soon as
     its batch size settles, and run it whatever its speed; `off`: every head eager. Exact
     sessions always run eager."""
+    head_compiler: HeadCompiler = "auto"
+    """What compiles heads: `openvino` (`pip install 'hapi[openvino]'`; CPU only),
+    `inductor` (`torch.compile`), or `auto`: OpenVINO on a CPU where it is installed (it ran
+    ResNet heads faster here: docs/server.md, "Compiled heads"), else inductor."""
     idle_heads: int = 4
     """Heads no open session uses that stay loaded for the next session (each job opens
     one per epoch); older ones are dropped to bound the server's memory."""
@@ -171,6 +177,7 @@ class ServerConfig:
                 f"compile_heads is one of {', '.join(COMPILE_MODES)}, got "
                 f"{shorten(repr(self.compile_heads))}"
             )
+        compiler_for(self.head_compiler, torch.device(self.device))
 
     def _check_locality(self) -> None:
         if self.beside is None and self.filer is None:

@@ -1,11 +1,11 @@
 """`CompiledHeads`: a head compiled once it has run long enough to win the compile back.
 
 A head runs eager until its eager seconds, times what compiling saves (`SAVING`), reach
-the compile's expected seconds (rent or buy); then a thread compiles it (`torch.compile`,
-inductor with freezing) for the tuner's batch size, and it runs beside eager on `TRIES`
-batches before it runs alone: kept if it agrees within `TOLERANCE` and is `BETTER`
-faster. Otherwise it runs eager, saying why. Why and figures: docs/server.md, "Compiled
-heads"."""
+the compile's expected seconds (rent or buy); then a thread compiles it for the tuner's
+batch size - OpenVINO on a CPU where it is installed, else `torch.compile` (inductor with
+freezing) - and it runs beside eager on `TRIES` batches before it runs alone: kept if it
+agrees within `TOLERANCE` and is `BETTER` faster. Otherwise it runs eager, saying why.
+Why and figures: docs/server.md, "Compiled heads"."""
 
 from __future__ import annotations
 
@@ -21,20 +21,33 @@ import torch
 from torch import nn
 
 from hapi._fx_lock import TRACING
-from hapi.errors import shorten
+from hapi.errors import InvalidRequest, shorten
 from hapi.graph.precision import running_in
+from hapi.server.chunks._openvino import compile_openvino, openvino_installed
 from hapi.server.memory.scheduler import Scheduler
 
-__all__ = ["COMPILE_MODES", "CompileMode", "CompiledHead", "CompiledHeads", "compile_head"]
+__all__ = [
+    "COMPILE_MODES",
+    "HEAD_COMPILERS",
+    "CompileMode",
+    "CompiledHead",
+    "CompiledHeads",
+    "HeadCompiler",
+    "compile_head",
+    "compiler_for",
+]
 
 CompileMode = Literal["auto", "always", "off"]
 COMPILE_MODES: tuple[CompileMode, ...] = ("auto", "always", "off")
+HeadCompiler = Literal["auto", "inductor", "openvino"]
+HEAD_COMPILERS: tuple[HeadCompiler, ...] = ("auto", "inductor", "openvino")
 SAVING = 0.2
 """The share of eager time a compiled head is expected to save before it is measured
 (0.69-0.82x eager measured: `benchmarks/heads.py`)."""
-SECONDS_PER_NODE = 0.4
-"""Compile seconds a graph node is expected to cost, until this server has compiled one
-(ResNet-18's 70-node head: 29 s cold on one core)."""
+SECONDS_PER_NODE = {"inductor": 0.4, "OpenVINO": 0.1}
+"""Compile seconds a graph node is expected to cost, by compiler, until this server has
+compiled one: ResNet-18's 71-node head took inductor 29 s cold on one core, and OpenVINO
+4 s (ResNet-50's 177 nodes: 8 s)."""
 TRIES = 3
 BETTER = 0.05
 """How much faster a batch the compiled head must run, as a median of `TRIES`."""
@@ -46,7 +59,43 @@ BF16_TOLERANCE = 5e-2
 
 HeadKey = tuple[str, int, str]
 """The head cache's key, the input size and the dtype: a head as it runs."""
-Compiler = Callable[[nn.Module], Callable[[torch.Tensor], torch.Tensor]]
+Compiler = Callable[[nn.Module, torch.Tensor, torch.dtype], Callable[[torch.Tensor], torch.Tensor]]
+"""Makes a head's compiled callable for batches shaped as the example, computing in the
+dtype (the session's: `hapi.graph.precision`)."""
+
+
+def compiler_for(choice: HeadCompiler, device: torch.device) -> tuple[str, Compiler]:
+    """The compiler a server uses (its name, for the head's description): `auto` takes
+    OpenVINO on a CPU where it is installed (faster here: `hapi.server.chunks._openvino`),
+    else inductor.
+
+    Raises:
+        InvalidRequest: OpenVINO asked for where it cannot run, saying why.
+    """
+    if choice not in HEAD_COMPILERS:
+        raise InvalidRequest(
+            f"head_compiler is one of {', '.join(HEAD_COMPILERS)}, got {shorten(repr(choice))}"
+        )
+    if choice == "openvino" and device.type != "cpu":
+        raise InvalidRequest(
+            f"head_compiler='openvino' runs heads on a CPU, and this server's device is "
+            f"{device}: use 'inductor' (or 'auto')"
+        )
+    if choice == "openvino" and not openvino_installed():
+        raise InvalidRequest(
+            "head_compiler='openvino' needs OpenVINO: pip install 'hapi[openvino]' "
+            "(or use 'inductor')"
+        )
+    if choice == "openvino" or (choice == "auto" and device.type == "cpu" and openvino_installed()):
+        return "OpenVINO", compile_openvino
+    return "inductor", _inductor
+
+
+def _inductor(
+    head: nn.Module, example: torch.Tensor, dtype: torch.dtype
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    del example, dtype  # compiled on its first call, for that shape; autocast gives the dtype
+    return compile_head(head)
 
 
 def compile_head(head: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -75,7 +124,8 @@ class CompiledHead:
         nbytes: bytes a compiled copy holds (its folded weights), held in the budget.
         expected_s: the compile's expected seconds.
         scheduler: whose budget holds the copy; None: no budget.
-        compiler: makes the compiled callable (`compile_head`).
+        compiler: makes the compiled callable (`compiler_for`).
+        runtime: the compiler's name, for `describe`.
         on_compiled: told the compile's seconds and the head, after a compile.
     """
 
@@ -89,10 +139,12 @@ class CompiledHead:
         nbytes: int,
         expected_s: float,
         scheduler: Scheduler | None = None,
-        compiler: Compiler = compile_head,
+        compiler: Compiler = _inductor,
+        runtime: str = "inductor",
         on_compiled: Callable[[float], None] | None = None,
     ) -> None:
         self.head, self.mode, self.device, self.dtype = head, mode, device, dtype
+        self.runtime = runtime
         self.nbytes, self.expected_s, self.scheduler = nbytes, expected_s, scheduler
         self.state = "off" if mode == "off" else "eager"
         """eager (renting), compiling, checking, compiled, or refused (see `note`)."""
@@ -138,7 +190,7 @@ class CompiledHead:
         if self.state == "compiled":
             return (
                 f"compiled for batches of {self.batch}: {self.speed:.2f}x eager's time, "
-                f"compiled in {self.compile_s:.1f} s"
+                f"compiled in {self.compile_s:.1f} s ({self.runtime})"
             )
         return f"{self.state}: {self.note}" if self.note else self.state
 
@@ -167,10 +219,11 @@ class CompiledHead:
                 self.scheduler.reserve(self.nbytes, "a compiled head's weights")
                 with self._lock:
                     self._held = self.nbytes
-            fn = self._compiler(self.head)
-            # A trace elsewhere must not patch modules while dynamo reads them.
-            with TRACING.shared(), torch.inference_mode(), running_in(self.dtype, self.device):
-                fn(example)
+            # A trace elsewhere must not patch modules while a compiler reads them.
+            with TRACING.shared():
+                fn = self._compiler(self.head, example, self.dtype)
+                with torch.inference_mode(), running_in(self.dtype, self.device):
+                    fn(example)
         except Exception as exc:  # OverBudget included: the head runs eager, saying why
             self._refuse(f"compile failed: {type(exc).__name__}: {shorten(str(exc), 300)}")
             return
@@ -226,7 +279,7 @@ class CompiledHeads:
         device: where heads run.
         scheduler: whose budget holds compiled copies.
         keep: entries kept, the least recently used forgotten past it.
-        compiler: makes a compiled callable (tests give their own).
+        compiler: which compiler (`compiler_for`); or a (name, compiler) of a test's own.
     """
 
     def __init__(
@@ -235,12 +288,14 @@ class CompiledHeads:
         device: torch.device,
         scheduler: Scheduler | None = None,
         keep: int = 16,
-        compiler: Compiler = compile_head,
+        compiler: HeadCompiler | tuple[str, Compiler] = "auto",
     ) -> None:
         self.mode, self.device, self.scheduler, self.keep = mode, device, scheduler, keep
         self.compiles = 0
-        self.seconds_per_node = SECONDS_PER_NODE
-        self._compiler = compiler
+        self.runtime, self._compiler = (
+            compiler if isinstance(compiler, tuple) else compiler_for(compiler, device)
+        )
+        self.seconds_per_node = SECONDS_PER_NODE.get(self.runtime, SECONDS_PER_NODE["inductor"])
         self._heads: OrderedDict[HeadKey, CompiledHead] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -294,6 +349,7 @@ class CompiledHeads:
             expected_s=self.seconds_per_node * nodes,
             scheduler=self.scheduler,
             compiler=self._compiler,
+            runtime=self.runtime,
             on_compiled=lambda s: self._learn(s, nodes),
         )
 
