@@ -153,6 +153,31 @@ def test_to_tensor_and_normalize_match_torchvision_bit_for_bit(
     assert ours.is_contiguous() and ours.dtype == torch.float32
 
 
+@pytest.mark.parametrize(
+    "ops",
+    [Transforms.train(24).ops, Transforms.eval(24).ops, (CenterCrop(24),),
+     (CenterCrop(24), Normalize([0.5], [0.25]), Normalize([0.1], [2.0]))],
+    ids=["train", "eval", "no-normalize", "two-normalizes"],
+)  # fmt: skip
+def test_a_batch_finished_together_is_bit_identical_to_each_sample_alone(
+    ops: tuple[Op, ...],
+) -> None:
+    # The server converts and normalizes a batch's pixels in one pass (`finish`); an exact
+    # job's local features and the caches hold each sample's own (`__call__`).
+    transforms = Transforms(ops)
+    rgb = [decode_image(jpeg(48 + 4 * i, 40), "k") for i in range(3)]
+    sixteen = Image.fromarray(
+        np.random.default_rng(0).integers(0, 65535, (40, 48), dtype=np.uint16)
+    )  # 16-bit: torchvision's conversion, a float tensor from `prepare`
+    gray = [rgb[0].convert("L"), sixteen]
+    for batch, kinds in ((rgb, [torch.uint8] * 3), (gray, [torch.uint8, torch.float32])):
+        alone = torch.stack([transforms(image, seed=i) for i, image in enumerate(batch)])
+        prepared = [transforms.prepare(image, seed=i) for i, image in enumerate(batch)]
+        together = transforms.finish(prepared)
+        assert [p.dtype for p in prepared] == kinds
+        assert torch.equal(together, alone) and together.is_contiguous()
+
+
 def test_normalize_numerics() -> None:
     image = decode_image(jpeg(), "k")
     plain = Transforms()(image, seed=0)

@@ -30,14 +30,19 @@ def decode_image(data: Blob, key: str) -> Image.Image:
     return _decode(data, key, None, 0)[0]
 
 
-def load_sample(data: Blob, key: str, transforms: Transforms, seed: int) -> torch.Tensor:
+def load_sample(
+    data: Blob, key: str, transforms: Transforms, seed: int, *, finish: bool = True
+) -> torch.Tensor:
     """Decode and transform one object into a float32 CHW tensor; a JPEG no larger than
-    the transforms need (`Transforms.reduced_decode`).
+    the transforms need (`Transforms.reduced_decode`). `finish=False`: the tensor
+    `Transforms.prepare` gives, for `Transforms.finish` to convert with its batch.
 
     Raises:
         CorruptObject: the bytes are not a decodable image, naming the key.
     """
     image, full = _decode(data, key, transforms, seed)
+    if not finish:
+        return transforms.prepare(image, seed=seed, full_size=full)
     return transforms(image, seed=seed, full_size=full)
 
 

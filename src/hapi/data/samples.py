@@ -128,9 +128,11 @@ def load_one(
     seed: int,
     epoch: int,
     skip: bool,
+    finish: bool = True,
 ) -> Sample | Skipped:
     """Decode and transform one key's object (or the exception reading it raised); see
-    `load_samples`, which runs this for each key.
+    `load_samples`, which runs this for each key. `finish=False`: its tensor as
+    `Transforms.prepare` gives it, for `Transforms.finish` with its batch.
 
     Raises:
         HapiError: a missing or corrupt object when not `skip`, naming the key.
@@ -138,7 +140,8 @@ def load_one(
     try:
         if isinstance(data, BaseException):
             raise data
-        tensor = load_sample(data, key, transforms, transforms.seed(seed, epoch, key))
+        drawn = transforms.seed(seed, epoch, key)
+        tensor = load_sample(data, key, transforms, drawn, finish=finish)
     except Exception as exc:
         return skip_or_raise(key, exc, skip=skip)
     return Sample(key, label, tensor)

@@ -3,7 +3,8 @@
 A `Transforms` is data (a tuple of frozen ops, `hapi.data.ops`) that travels as JSON;
 random ops draw from a `random.Random` seeded by `sample_seed(job seed, epoch, key)`, so a
 sample is bit-identical wherever it is transformed. The image becomes a float32 CHW tensor
-in [0, 1] right before the first `Normalize` (or at the end). `reduced_decode` (on by
+in [0, 1] right before the first `Normalize` (or at the end): `prepare` runs the image ops,
+and `finish` converts and normalizes a batch of them at once. `reduced_decode` (on by
 default) decodes a JPEG at a reduced size when the first op shrinks it. Details and
 measurements: docs/data.md, "Transforms".
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -141,6 +143,14 @@ class Transforms:
                 at 1/2, 1/4 or 1/8 of it (`decode_size`): the first op then takes its
                 geometry from the full size.
         """
+        return self.finish([self.prepare(image, seed=seed, full_size=full_size)])[0]
+
+    def prepare(
+        self, image: Image.Image, *, seed: int, full_size: tuple[int, int] | None = None
+    ) -> torch.Tensor:
+        """One image through the image ops (`__call__`'s arguments): its 8-bit pixels as an
+        HWC uint8 tensor, which `finish` turns into the model's input with others of the
+        batch; or, for an image of another mode, its CHW float32 tensor already."""
         rng = random.Random(seed)
         value: Any = image
         ops = self.ops
@@ -151,12 +161,26 @@ class Transforms:
             value = first.reduced(image, full_size, _scale(full_size, image.size), rng)
             ops = ops[1:]
         for op in ops:
-            if isinstance(op, Normalize) and isinstance(value, Image.Image):
-                value = _to_tensor(value)
+            if isinstance(op, Normalize):
+                break  # only Normalize follows one (`__post_init__`): `finish`'s
             value = op(value, rng)
-        if isinstance(value, Image.Image):
-            value = _to_tensor(value)
-        return value.as_subclass(torch.Tensor).contiguous()
+        return _pixels(value)
+
+    def finish(self, prepared: Sequence[torch.Tensor]) -> torch.Tensor:
+        """A batch of `prepare`'s tensors (of one size) as the model's input: float32 NCHW,
+        in [0, 1] and normalized by the `Normalize` ops - the same values `__call__` gives
+        each, bit for bit (elementwise arithmetic, in the same order). A batch of 8-bit
+        images is converted in one pass, not a handful of small torch calls a sample."""
+        if all(p.dtype == torch.uint8 for p in prepared):
+            # torchvision's `to_dtype(scale=True)`: the same multiply.
+            batch = torch.stack(list(prepared)).permute(0, 3, 1, 2).to(torch.float32)
+            batch = batch.mul_(1.0 / 255)
+        else:
+            batch = torch.stack([_float(p) for p in prepared])
+        for op in self.ops:
+            if isinstance(op, Normalize):
+                batch = op(batch, _NO_DRAWS)
+        return batch.contiguous()
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe description; `from_dict` rebuilds the same pipeline."""
@@ -216,16 +240,25 @@ def _scale(full: tuple[int, int], decoded: tuple[int, int]) -> int:
     raise ValueError(f"{decoded} is not {full} scaled by 1/2, 1/4 or 1/8")
 
 
-def _to_tensor(image: Image.Image) -> torch.Tensor:
-    """An 8-bit image as a float32 CHW tensor in [0, 1]: torchvision's `to_image` then
-    `to_dtype(scale=True)` - the same copy, layout and `* (1 / 255)` - without its
-    dispatch and wrappers, which cost more than the work on a small image. Other modes
-    take torchvision's path."""
-    array = np.array(image)  # a copy: PIL's buffer is read-only
+def _pixels(image: Image.Image) -> torch.Tensor:
+    """An 8-bit image's pixels as an HWC uint8 tensor (a copy: PIL's buffer is read-only);
+    an image of another mode as a float32 CHW tensor in [0, 1], through torchvision's
+    `to_image` and `to_dtype(scale=True)`."""
+    array = np.array(image)
     if array.dtype != np.uint8:
-        return F.to_dtype(F.to_image(image), torch.float32, scale=True)
-    chw = torch.from_numpy(array).view(image.height, image.width, -1).permute(2, 0, 1)
-    return chw.to(torch.float32).mul_(1.0 / 255)
+        return F.to_dtype(F.to_image(image), torch.float32, scale=True).as_subclass(torch.Tensor)
+    return torch.from_numpy(array).view(image.height, image.width, -1)
+
+
+def _float(prepared: torch.Tensor) -> torch.Tensor:
+    """One `prepare`d tensor as a float32 CHW tensor in [0, 1] (`finish`, a mixed batch)."""
+    if prepared.dtype != torch.uint8:
+        return prepared
+    return prepared.permute(2, 0, 1).to(torch.float32).mul_(1.0 / 255)
+
+
+_NO_DRAWS = random.Random(0)
+"""What `Normalize` is called with in `finish`: it draws nothing."""
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
