@@ -92,7 +92,7 @@ _COMPILE_HEADS = typer.Option(
 )
 _HEAD_COMPILER = typer.Option(
     "auto",
-    help="What compiles heads: openvino (pip install 'hapi[openvino]'; CPU only), inductor "
+    help="What compiles heads: openvino (hapi's openvino extra; CPU only), inductor "
     "(torch.compile), or auto: OpenVINO on a CPU where it is installed, else inductor.",
 )
 _LOCAL_PREFIX = typer.Option(
