@@ -156,6 +156,7 @@ def load_samples(
     seed: int,
     epoch: int,
     skip: bool,
+    finish: bool = True,
 ) -> Iterator[Sample | Skipped]:
     """Decode and transform each key's object into its model input, in order.
 
@@ -168,12 +169,16 @@ def load_samples(
         epoch: the epoch, so augmentations differ between epochs.
         skip: leave out keys whose object is missing or corrupt (yielding `Skipped`)
             instead of raising.
+        finish: False: each tensor as `Transforms.prepare` gives it, for
+            `Transforms.finish` to convert with the others (`load_one`).
 
     Raises:
         HapiError: a missing or corrupt object when not `skip`, naming the key.
     """
     for key, label, data in zip(keys, labels, objects, strict=True):
-        yield load_one(key, label, data, transforms, seed=seed, epoch=epoch, skip=skip)
+        yield load_one(
+            key, label, data, transforms, seed=seed, epoch=epoch, skip=skip, finish=finish
+        )
 
 
 class MemberReader(Protocol):

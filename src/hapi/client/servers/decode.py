@@ -46,12 +46,14 @@ class RawDecoder:
             seed=self.seed,
             epoch=epoch,
             skip=self.on_error == "skip",
+            finish=False,  # converted and normalized together, as a server does
         ):
             if isinstance(item, Sample):
                 samples.append(item)
             else:
                 skipped.append(SkippedKey.of(item.key, item.error))
-        features = torch.stack([s.tensor for s in samples]) if samples else torch.empty(0)
+        prepared = [s.tensor for s in samples]
+        features = self.transforms.finish(prepared) if prepared else torch.empty(0)
         decoded = dataclasses.replace(
             batch,
             keys=[s.key for s in samples],
