@@ -1,9 +1,9 @@
 """A head compiled by OpenVINO for the server's CPU (`hapi[openvino]`).
 
-Beside inductor with freezing, OpenVINO ran ResNet-18 and ResNet-50 heads at 112 px in
-0.75x and 0.74x of eager's time, against inductor's 0.80x and 0.81x in the same run, and
-converted in 4-8 s where inductor compiled in 5-9 s (`benchmarks/heads.py`; why it is the
-server's choice where it is installed: docs/server.md, "Compiled heads").
+Side by side with inductor with freezing (`benchmarks/heads.py`, two runs), OpenVINO ran
+ResNet-18 and ResNet-50 heads at 112 px in 0.74-0.75x and 0.71-0.74x of eager's time,
+inductor 0.79-0.80x and 0.79-0.81x; it converts in 2-6 s where inductor compiles in 7-11 s.
+Why it is the server's choice where it is installed: docs/server.md, "Compiled heads".
 """
 
 from __future__ import annotations
