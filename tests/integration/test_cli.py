@@ -73,6 +73,7 @@ def test_data_import(hapi_cli, tmp_path: Path) -> None:  # type: ignore[no-untyp
         (("serve", "--store", "/nonexistent/hapi-store"), "/nonexistent/hapi-store does not exist"),
         (("serve", "--store", ".", "--port", "0", "--egress-limit", "fast"), "cannot read rate"),
         (("serve", "--store", ".", "--feature-cache-size", "lots"), "cannot read size 'lots'"),
+        (("serve", "--store", ".", "--head-compiler", "tvm"), "head_compiler is one of"),
     ],
 )
 def test_errors_are_one_line_without_traceback(
@@ -127,6 +128,8 @@ def test_serve_runs_until_sigterm(hapi_cli, tmp_path: Path) -> None:  # type: ig
         out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0
     assert f"127.0.0.1:{port}" in out and "stopped" in out
+    # OpenVINO is in the dev extra: `auto` takes it on a CPU.
+    assert "heads compiled by OpenVINO once compiling pays" in out
     assert list(scratch.iterdir()) == []  # its directory went with it
 
 

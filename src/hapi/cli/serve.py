@@ -227,8 +227,20 @@ def _announce(server: HapiServer, config: ServerConfig) -> None:
         f"memory budget {format_bytes(room.budget)}: {basis}; "
         f"{room.slots} batch(es) computed at once"
     )
+    Console(highlight=False, soft_wrap=True).print(_heads_line(server, config))
     if server.memory_limit is None:
         _warn_over_limit(room.budget, config.device)
+
+
+def _heads_line(server: HapiServer, config: ServerConfig) -> str:
+    """How the server will run heads: eager, or compiled by which compiler and when."""
+    if config.compile_heads == "off":
+        return "heads run eager (--compile-heads off)"
+    when = "once compiling pays" if config.compile_heads == "auto" else "as soon as they settle"
+    return (
+        f"heads compiled by {server.opener.compiled.runtime} {when}, exact sessions eager "
+        f"(--compile-heads {config.compile_heads})"
+    )
 
 
 def _warn_over_limit(budget: int, device: str) -> None:
