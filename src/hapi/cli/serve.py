@@ -227,9 +227,9 @@ def _announce(server: HapiServer, config: ServerConfig) -> None:
         f"memory budget {format_bytes(room.budget)}: {basis}; "
         f"{room.slots} batch(es) computed at once"
     )
-    Console(highlight=False, soft_wrap=True).print(_heads_line(server, config))
     if server.memory_limit is None:
-        _warn_over_limit(room.budget, config.device)
+        _warn_over_limit(room.budget, config.device)  # right under the budget it is about
+    Console(highlight=False, soft_wrap=True).print(_heads_line(server, config))
 
 
 def _heads_line(server: HapiServer, config: ServerConfig) -> str:
