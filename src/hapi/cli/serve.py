@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 import typer
 from rich.console import Console
 
+from hapi._gc import freeze_long_lived
+
 if TYPE_CHECKING:
     from hapi.server import HapiServer, ServerConfig
 
@@ -192,6 +194,7 @@ def _serve_until_stopped(config: ServerConfig) -> None:
     signal.signal(signal.SIGTERM, _interrupt)
     with serve(config) as server:
         _announce(server, config)
+        freeze_long_lived()  # loaded: a full collection no longer stops every thread
         try:
             # The main thread waits here, in Python, rather than in the server's C++: there
             # Python runs no signal handler until it returns, so a SIGHUP would wait for the end.

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 import torch
 from torch import nn
 
+from hapi._gc import freeze_long_lived
 from hapi.cache import Cacheability
 from hapi.client.config.job import JobConfig, JobOptions
 from hapi.client.job._data import JobData, connect_all
@@ -82,6 +83,7 @@ class TransferJob:
 
     def _start(self, config: JobConfig, server: str | Connection | Sequence[str]) -> None:
         """Connect, build the model, the data and the plan of the job `config` describes."""
+        freeze_long_lived()  # the imports are done: torch's objects are the process's
         self.config = config
         """The job's options, one part per concern (`JobConfig`)."""
         self.connections = connect_all(config, server)
