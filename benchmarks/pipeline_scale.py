@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import io
 import json
 import os
@@ -44,7 +45,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -165,12 +166,17 @@ def job(address: str, cache_dir: str, epochs: int) -> dict[str, Any]:
     peaks: dict[str, int] = {}
     sampler = threading.Thread(target=_sample_memory, args=(stop, peaks), daemon=True)
     sampler.start()
+    pauses: list[float] = []
+    timer = _full_collections(pauses)
+    gc.callbacks.append(timer)
     try:
         job.fit(epochs=epochs, progress=progress)
     finally:
+        gc.callbacks.remove(timer)
         stop.set()
         sampler.join()
     out.update(peaks)
+    out["gc_full_s"] = pauses
     per_epoch = job.batches_per_epoch()
     firsts = [steps[0] - START]
     for e in range(1, epochs):
@@ -181,6 +187,21 @@ def job(address: str, cache_dir: str, epochs: int) -> dict[str, Any]:
     out["samples"] = [e.samples for e in job.history.epochs]
     out["rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return out
+
+
+def _full_collections(pauses: list[float]) -> Callable[[str, dict[str, int]], None]:
+    """A `gc.callbacks` hook that appends each full collection's seconds to `pauses`: each
+    walks every object the process tracks, holding the GIL (a pause of every thread)."""
+    began = [0.0]
+
+    def timer(phase: str, info: dict[str, int]) -> None:
+        if info["generation"] == 2:
+            if phase == "start":
+                began[0] = time.perf_counter()
+            else:
+                pauses.append(time.perf_counter() - began[0])
+
+    return timer
 
 
 def _sample_memory(stop: threading.Event, peaks: dict[str, int]) -> None:
@@ -364,6 +385,7 @@ def _measure_one(layout: str, n: int, repeats: int) -> dict[str, Any]:
                 "trainer_rss_bytes": max(a["rss_bytes"], b["rss_bytes"]),
                 "trainer_anon_bytes": max(a.get("anon_bytes", 0), b.get("anon_bytes", 0)),
                 "trainer_file_bytes": max(a.get("file_bytes", 0), b.get("file_bytes", 0)),
+                "gc_full_s": a.get("gc_full_s", []),
                 "cache_disk_bytes": _disk_bytes(cache),
                 "payload_bytes": n * WIDTH * 2,
                 "cold": cold,
@@ -410,6 +432,16 @@ def _report(data: dict[str, Any]) -> str:
             f"| {row['trainer_rss_bytes'] / 2**30:.2f} / {row['server_rss_bytes'] / 2**30:.2f} GiB "
             f"| {row['disk_ratio']:.2f}x |"
         )
+    pauses = [
+        f"{row.get('layout', 'folder')} {row['n']:,}: {len(run['gc_full_s'])}, longest "
+        f"{max(run['gc_full_s'], default=0.0):.2f} s"
+        for row in rows
+        for run in row.get("runs", ())[:1]
+        if "gc_full_s" in run
+    ]
+    if pauses:
+        lines += ["", "Full garbage collections in job A (its first run; each holds the GIL): "
+                  + "; ".join(pauses) + "."]  # fmt: skip
     memory = []
     for layout, of in _by_layout(rows).items():
         if len(of) > 1:
