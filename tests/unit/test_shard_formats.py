@@ -19,7 +19,7 @@ import pytest
 from hapi.client.pipeline.distributed import Shard
 from hapi.data import DatasetManifest, open_store
 from hapi.data.formats import expand_braces
-from hapi.data.shards.members import MemberStore, split_member
+from hapi.data.shards.members import MemberStore, member_containers, split_member
 from hapi.data.shards.order import shard_order, shard_runs
 from hapi.data.shards.parquet_index import ParquetIndex
 from hapi.data.shards.tar_index import LARGE, TarIndex
@@ -335,6 +335,22 @@ def test_brace_patterns_and_member_keys() -> None:
     assert split_member("s/t-003.tar#k/1") == ("s/t-003.tar", "k/1")
     assert split_member("d/x.PARQUET#row=3") == ("d/x.PARQUET", "row=3")
     assert split_member("photos/a#b.jpg") is None
+
+
+def test_shard_runs_name_the_containers_split_member_names() -> None:
+    # Arrow's regex in one pass, against `split_member` a key at a time: upper case, both
+    # formats, whole objects, a '#' without a container, an extension at the key's start.
+    keys = ["a/p-1.tar#x", "b.jpg", "a/P-2.TAR#z", "d/q.parquet#row=1", "photos/a#b.jpg",
+            ".tar#a/b.tar#c", "x.tar#a.parquet#b", "a/p-1.tar#w", "e.PARQUET#row=2"]  # fmt: skip
+    assert member_containers(pa.array(keys)).to_pylist() == [
+        parts[0] if (parts := split_member(k)) else None for k in keys
+    ]
+    seen: dict[str, int] = {}
+    expected = [seen.setdefault(parts[0] if (parts := split_member(k)) else k, len(seen))
+                for k in keys]  # fmt: skip
+    runs = shard_runs(keys)
+    assert runs is not None and runs.tolist() == expected
+    assert shard_runs(["a/1.jpg", "photos/a#b.jpg"]) is None
 
 
 def test_the_shard_order_is_every_index_once_seeded_and_read_in_runs() -> None:

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from hapi.data.columns import column_of
-from hapi.data.shards.members import split_member
+from hapi.data.shards.members import member_containers
 
 __all__ = ["SHARDS_MIXED", "shard_order", "shard_runs"]
 
@@ -26,17 +26,15 @@ def shard_runs(keys: Sequence[str]) -> np.ndarray | None:
     """Each key's shard, numbered in the order shards first appear (a key naming a whole
     object is a shard of its own); None when no key names a shard's member. Made once
     for a manifest, `shard_order`'s input every epoch."""
-    keys = column_of(keys)
-    if not pc.any(pc.match_substring(keys.array, "#")).as_py():
+    array = column_of(keys).array
+    if not pc.any(pc.match_substring(array, "#")).as_py():
         return None  # no member key: `split_member` needs a '#'
-    shards: dict[str, int] = {}
-    members = 0
-    ids = np.empty(len(keys), dtype=np.int64)
-    for i, key in enumerate(keys):
-        parts = split_member(key)
-        members += parts is not None
-        ids[i] = shards.setdefault(parts[0] if parts else key, len(shards))
-    return ids if members else None
+    containers = member_containers(array)
+    if containers.null_count == len(containers):
+        return None
+    # Codes in the order values first appear: the shards' order in the manifest.
+    shards = pc.coalesce(containers, array).dictionary_encode().indices
+    return shards.to_numpy(zero_copy_only=False).astype(np.int64)
 
 
 def shard_order(
