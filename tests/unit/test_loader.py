@@ -280,6 +280,27 @@ def test_a_stopped_epoch_cuts_a_backoff_short() -> None:
     assert len(calls) == 2
 
 
+def test_a_released_flow_wakes_its_waiters_and_keeps_no_events_of_its_own() -> None:
+    flows = [Flow(i, [f"k{i}"], [0], Route(local=False, cut=5), None, None)  # type: ignore[arg-type]
+             for i in range(2)]  # fmt: skip
+    # The next chunk on its server waits for its read; the chunk is trained and kept
+    # before its reading thread says the read is over.
+    waiting = flows[0].read_done
+    woke = threading.Event()
+    waiter = threading.Thread(target=lambda: waiting.wait() and woke.set(), daemon=True)
+    waiter.start()
+    for flow in flows:
+        flow.kept.set()
+        flow.release()
+    assert woke.wait(10)
+    waiter.join()
+    flows[0].read_done.set()  # the reading thread's own word, after: harmless
+    # An epoch keeps its flows to the end: released, they share one Event (an Event of
+    # their own was ten objects each full garbage collection walked).
+    assert flows[0].kept is flows[1].kept is flows[1].read_done
+    assert flows[0].kept.is_set() and flows[0].keys == [] and not flows[0].remaining
+
+
 def test_a_chunks_link_time_is_a_lower_bound_when_the_server_was_done_first() -> None:
     flow = Flow(0, ["k0"], [0], Route(local=False, cut=5), None, None)  # type: ignore[arg-type]
     flow.bytes, flow.server_s, flow.queue_s = 1000, 0.2, 0.05

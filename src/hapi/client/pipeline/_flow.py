@@ -23,6 +23,12 @@ __all__ = ["DONE", "Flow", "Stopped", "busy_clock"]
 DONE = object()
 """The last item of a chunk's queue once all its pieces are in it."""
 
+_OVER = threading.Event()
+_OVER.set()
+"""The `kept` and `read_done` of every released flow: nothing waits on one any more, and
+an Event of its own is ten objects each full garbage collection walks (an epoch keeps
+its flows: at a million samples, 7,800 of them)."""
+
 
 class Flow:
     """One chunk on its way: its route, the pieces it delivered, what it cost.
@@ -126,11 +132,17 @@ class Flow:
         return not (self.fell_back or self.rerouted or self.recalled or self.hits == self.size)
 
     def release(self) -> None:
-        """Let its keys and labels go, once delivered, trained and kept: an epoch keeps
-        its flows to the end, and a million keys as strings take about 90 MB."""
+        """Let its keys, labels and events go, once delivered, trained and kept: an epoch
+        keeps its flows to the end, and a million keys as strings take about 90 MB."""
         self.keys, self.labels, self.merge = [], [], None
         self.stream = None
         self.remaining.clear()
+        # Its reading is over (its end was delivered), but its thread may not have said
+        # so yet: a chunk waiting on the Event it holds goes on, and later ones find
+        # `_OVER`.
+        self.kept.set()
+        self.read_done.set()
+        self.kept = self.read_done = _OVER
 
     def read_measurement(self) -> ReadMeasurement:
         """What its read measured, for the router: its server's and link's times."""
