@@ -18,12 +18,11 @@ import torch
 from hapi._sizes import parse_bytes
 from hapi.data import DatasetManifest, ObjectStore, open_store
 from hapi.errors import InvalidRequest, shorten
-from hapi.graph import RAW
 from hapi.server._guard import tenant_call
 from hapi.server._listen import Listener, serve_metrics
+from hapi.server.chunk_streams import ChunkStreams
 from hapi.server.chunks._order import SendOrder
 from hapi.server.chunks.feature_cache import open_feature_cache
-from hapi.server.chunks.session import Session
 from hapi.server.head_cache import HeadCache
 from hapi.server.locality import Locality
 from hapi.server.memory.batch_memory import device_memory
@@ -53,8 +52,8 @@ from hapi.wire import (
 )
 from hapi.wire.heads import head_digest_of
 from hapi.wire.messages import HasHeadRequest, KeepaliveRequest, LocateRequest, ProfileRequest
-from hapi.wire.packed import Packer, packed_schema
-from hapi.wire.replies import ChunkReport, HasHeadReply, LocateReply, ProfileReply
+from hapi.wire.packed import packed_schema
+from hapi.wire.replies import HasHeadReply, LocateReply, ProfileReply
 from hapi.wire.tables import table_to_ipc
 
 if TYPE_CHECKING:
@@ -132,6 +131,10 @@ class HapiServer(flight.FlightServerBase):
         self.shaper = TokenBucket(parse_rate(config.egress_limit)) if config.egress_limit else None
         self.sending = SendOrder()
         """Each client connection's chunk streams send in chunk order."""
+        self.streams = ChunkStreams(
+            store=self.store, sending=self.sending, shaper=self.shaper, metrics=self.metrics,
+            clock=clock, guard=self._guard,
+        )  # fmt: skip
         self._clock = clock
         self.features = open_feature_cache(config.feature_cache, size=config.feature_cache_size)
         """Computed features kept beside the data (`--feature-cache`), shared by sessions."""
@@ -348,97 +351,10 @@ class HapiServer(flight.FlightServerBase):
             session = self._sessions.get(chunk.session, tenant)
             # Every key before any read: a refusal says nothing of what exists.
             check_keys(self.store, tenant, chunk.keys)
-        stream = self._stream(session, chunk, tenant, started, context)
+        stream = self.streams.stream(session, chunk, tenant, started, context)
         next(stream)  # the chunk starts now and takes its place in its connection's order
         schema = packed_schema(session.schema, session.info.compression)
         return flight.GeneratorStream(schema, stream)
-
-    def _stream(
-        self,
-        session: Session,
-        chunk: ChunkTicket,
-        tenant: Tenant,
-        started: float,
-        context: flight.ServerCallContext,
-    ) -> Iterator[tuple[pa.RecordBatch, pa.Buffer | None] | None]:
-        """A chunk's stream; its first item, None, is taken by `do_get`: started so, the
-        chunk runs from the request on, not from the stream's first read, and is closed
-        (its thread stopped, its place given up) however its stream ends.
-
-        A client that cancels or disconnects stops the chunk within a batch: this thread
-        (the call's own, the only one that may ask its context) watches for it wherever it
-        waits - for its turn, for the chunk's next batch, for the link - and closes the
-        outbox, which the chunk's thread checks before each batch and while queued."""
-        # Its errors need their own guard: the stream runs after do_get returned. One lane
-        # per connection: its streams share one TCP stream, first in, first out.
-        lane = (tenant.name, context.peer())
-        gone = context.is_cancelled
-        with (
-            self._guard(f"chunk {chunk.chunk} of session {session.id}", tenant),
-            self.sending.stream(lane, chunk.epoch, chunk.chunk, gone=gone) as send,
-        ):
-            out = session.run_chunk(chunk, self.store)
-            ended = False
-            try:
-                yield None
-                samples = sent = 0
-                pack = Packer(session.info.compression)
-                for encoded, report in out.items(gone=gone):
-                    batch = pack(encoded)  # once, before its turn: counted and shaped as sent
-                    self._await_turn(session, batch, send, gone)
-                    if gone():
-                        break  # left while this stream waited for its turn or the link
-                    self._count_sent(session, encoded.num_rows, batch.nbytes)
-                    samples, sent = samples + encoded.num_rows, sent + batch.nbytes
-                    if report is not None:  # the chunk's last batch: its bytes are all counted
-                        report = ChunkReport.with_sent_bytes(report, sent, packing_s=pack.seconds)
-                    yield batch, (pa.py_buffer(report) if report is not None else None)
-                    ended = report is not None
-                if ended:
-                    self.metrics.chunk_done(
-                        tenant.name,
-                        session.id,
-                        samples=samples,
-                        nbytes=sent,
-                        seconds=time.perf_counter() - started,
-                    )
-            except Exception:
-                ended = True  # failed, not abandoned: the guard sends the error
-                raise
-            finally:
-                out.close()
-                if not ended:
-                    # The client left before the chunk's end (a cancel, a disconnect, or
-                    # a write to a call already gone, which ends the generator here).
-                    self._count_abandoned(session, chunk, tenant)
-
-    def _await_turn(
-        self,
-        session: Session,
-        batch: pa.RecordBatch,
-        send: Callable[[], None],
-        gone: Callable[[], bool],
-    ) -> None:
-        """Wait for the batch's turn on the connection, then for the link's egress limit."""
-        send()  # the first waits for the streams before it on the connection
-        if self.shaper is not None:
-            waited = self.shaper.consume(batch.nbytes, gone=gone)
-            session.stats.add(shaping_wait_s=waited)
-
-    def _count_sent(self, session: Session, rows: int, nbytes: int) -> None:
-        """Count a batch that is about to be sent in the session's stats and the metrics."""
-        session.stats.add(bytes_sent=nbytes)
-        # A chunk streaming longer than the idle time is use, not abandonment.
-        session.last_used = self._clock()
-        if session.request.cut != RAW and rows:
-            # A feature session sends each batch its head ran as one wire batch.
-            self.metrics.observe_batch(rows)
-
-    def _count_abandoned(self, session: Session, chunk: ChunkTicket, tenant: Tenant) -> None:
-        """Count a chunk whose client left before its end."""
-        session.stats.add(abandoned=1)
-        self.metrics.chunk_abandoned(tenant.name)
-        log.info("chunk %d of session %s: the client left", chunk.chunk, session.id)
 
     def open_session(self, request: SessionRequest, *, tenant: Tenant) -> SessionInfo:
         """Load (or reuse) the head a request needs and register a session for `tenant`."""
