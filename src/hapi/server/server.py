@@ -135,7 +135,6 @@ class HapiServer(flight.FlightServerBase):
             store=self.store, sending=self.sending, shaper=self.shaper, metrics=self.metrics,
             clock=clock, guard=self._guard,
         )  # fmt: skip
-        self._clock = clock
         self.features = open_feature_cache(config.feature_cache, size=config.feature_cache_size)
         """Computed features kept beside the data (`--feature-cache`), shared by sessions."""
         self.locality = Locality.of(
