@@ -9,7 +9,7 @@ import pytest
 from hapi.client import FeatureLoader
 from hapi.client.pipeline._home_order import WINDOW_CHUNKS, home_order
 from hapi.client.servers.memory import MemorySource
-from hapi.client.servers.placement import NO_HOME, Placement
+from hapi.client.servers.placement import NO_HOME, Backlog, Placement
 from hapi.client.servers.pool import Servers
 from hapi.client.servers.sessions import Sessions
 from hapi.data import DatasetManifest
@@ -65,6 +65,38 @@ def test_home_order_keeps_the_short_last_chunk_last() -> None:
     chunks = [order[i : i + 10] for i in range(0, 1005, 10)]
     assert len(chunks[-1]) == 5 and sorted(order.tolist()) == list(range(1005))
     assert all(len(set(homes[c].tolist())) == 1 for c in chunks[:-3])
+
+
+def test_home_order_spreads_each_homes_chunks_so_every_server_has_work_at_once() -> None:
+    # A few chunks in flight at a time: each home's chunks evenly spaced, never bunched.
+    servers, block = 3, 64
+    for seed in range(5):
+        homes = _homes(10_000, servers, seed)
+        shuffled = np.random.default_rng(seed + 1).permutation(10_000)
+        order = home_order(shuffled, homes, block=block, seed=seed, epoch=0)
+        firsts = [int(homes[order[i]]) for i in range(0, len(order), block)][:-servers]
+        for home in range(servers):
+            at = [j for j, h in enumerate(firsts) if h == home]
+            assert max(np.diff([-1, *at, len(firsts)])) <= 2 * servers
+
+
+def test_home_order_ends_with_chunks_mostly_of_one_home() -> None:
+    # 19, 15 and 12 keys: whole chunks of 10 leave 9, 5 and 2, largest first at the end.
+    homes = np.array([0] * 19 + [1] * 15 + [2] * 12)
+    shuffled = np.random.default_rng(0).permutation(len(homes))
+    order = home_order(shuffled, homes, block=10, seed=0, epoch=0)
+    last_two = homes[order[30:40]], homes[order[40:]]
+    assert np.bincount(last_two[0]).max() == 9 and len(last_two[1]) == 6
+
+
+def test_a_backlog_counts_each_servers_own_keys_still_to_issue() -> None:
+    homes = np.array([0, 0, 1, NO_HOME, 1, 0])
+    backlog = Backlog(homes, np.arange(6), servers=3)
+    assert backlog.rest.tolist() == [3, 2, 0]
+    backlog.issue(np.array([0, 3]))
+    assert backlog.ahead(more=False).tolist() == [2, 2, 0]
+    # Another epoch follows: its keys are ahead of every server too.
+    assert backlog.ahead(more=True).tolist() == [5, 4, 0]
 
 
 def test_one_home_leaves_the_order_as_it_is() -> None:
@@ -145,6 +177,25 @@ def test_a_server_takes_another_nodes_chunks_as_fast_as_it_reads_them() -> None:
         # Read as fast as its own (fast links between nodes): it takes the chunk, 2 s
         # against 4 s at home; read 10x slower (the links bind): the chunk waits at home.
         assert (servers.pick(keys[:3], where=home).index == 1) is taken
+
+
+def test_an_idle_server_with_its_own_work_ahead_leaves_a_chunk_at_its_home() -> None:
+    keys = [f"k{i}" for i in range(12)]
+    clock = _Clock()
+    servers = _pool([set(keys[:6]), set(keys[6:])], clock)
+    assert servers.place(keys) is not None
+    home, other = np.arange(3), np.arange(6, 9)
+    _rate(servers, clock, 0, home, 1.0)
+    _rate(servers, clock, 1, other, 1.0)
+    _rate(servers, clock, 1, home, 1.0)  # it reads the other node's bytes as fast
+    servers.members[0].inflight, servers.members[1].inflight = 9, 0
+    # Both have 39 of their own keys to read from now on (in flight or ahead): moving
+    # the chunk would not end the epoch sooner.
+    even = np.array([30, 39])
+    assert servers.pick(keys[:3], where=home, ahead=even).index == 0
+    # The home holds more than its share: the other takes its chunk.
+    servers.members[0].inflight = 9
+    assert servers.pick(keys[:3], where=home, ahead=np.array([30, 6])).index == 1
 
 
 def test_without_two_servers_that_know_where_they_are_there_is_no_placement() -> None:

@@ -3,10 +3,11 @@ one server (`hapi.client.servers.placement`), as WebDataset shuffles within shar
 
 The permutation is made first, as without placement. Each window of it (a few dozen
 chunks) is then split by home - each home's keys keep their shuffled order - into whole
-chunks, whose order is shuffled within the window so every server has work at once. A
-home's keys short of a whole chunk wait for the next window; what is left at the epoch's
-end makes its last chunks, the only ones that mix homes. Every chunk but the last is
-whole, so chunk boundaries stay at multiples of the chunk size.
+chunks, and each home's chunks are spread evenly over the window (from a random offset),
+so every server has work in any few chunks in flight. A home's keys short of a whole
+chunk wait for the next window; what is left at the epoch's end makes its last chunks,
+the only ones that mix homes. Every chunk but the last is whole, so chunk boundaries stay
+at multiples of the chunk size.
 """
 
 from __future__ import annotations
@@ -41,13 +42,21 @@ def home_order(
     out: list[np.ndarray] = []
     for start in range(0, len(order), window):
         part = order[start : start + window]
-        blocks = []
+        blocks: list[np.ndarray] = []
+        at: list[np.ndarray] = []
         for home in np.unique(homes[part]).tolist():
             mine = np.concatenate([carried[home], part[homes[part] == home]])
             whole = len(mine) - len(mine) % block
-            blocks += np.split(mine[:whole], whole // block) if whole else []
+            if whole:
+                blocks += np.split(mine[:whole], whole // block)
+                # Its k-th of n chunks at (k + offset) / n of the window: evenly spread.
+                n = whole // block
+                at.append((np.arange(n) + rng.random()) / n)
             carried[home] = mine[whole:]
-        out += [blocks[i] for i in rng.permutation(len(blocks))]
-    # The epoch's end: the homes' remainders, mixed, the one short chunk last.
-    out.append(np.concatenate(list(carried.values())))
+        if blocks:
+            out += [blocks[i] for i in np.argsort(np.concatenate(at), kind="stable")]
+    # The epoch's end: the homes' remainders, largest first, so that each of these
+    # chunks is mostly one home's; the one short chunk last.
+    rest = sorted(carried.values(), key=len, reverse=True)
+    out.append(np.concatenate(rest))
     return np.concatenate(out)

@@ -16,6 +16,7 @@ from hapi.client.pipeline.fetch import FetchContext, Fetcher
 from hapi.client.pipeline.keys import Chunks, EpochKeys
 from hapi.client.pipeline.rebatch import Batch, Piece, Rebatcher
 from hapi.client.pipeline.routing import ChunkRecord, Route
+from hapi.client.servers.placement import Backlog
 from hapi.client.servers.pool import Member
 from hapi.data.columns import Versions
 from hapi.errors import DuplicateDelivery, IncompleteEpoch, shorten
@@ -150,6 +151,17 @@ class EpochRun:
         self._listing_ahead = False
         self._settled: collections.deque[Flow] = collections.deque()
         """Flows settled, in order, whose keys `release` lets go once they are kept."""
+        placement = fetch.servers.placement
+        self._backlog = (
+            Backlog(
+                placement.homes,
+                chunks.order[chunks.bounds[0] : chunks.bounds[-1]],
+                len(fetch.servers),
+            )
+            if placement is not None and isinstance(chunks, Chunks)
+            else None
+        )
+        """Each server's own keys in the chunks not yet issued, where keys have homes."""
 
     def _maybe_list_ahead(self) -> None:
         """Begin the next epoch's listing once this epoch's rest is about as long as a
@@ -296,7 +308,11 @@ class EpochRun:
     def _issue(self, index: int, route: Route) -> None:
         keys, labels = self.chunks[index]
         where = self.chunks.indices(index)
-        member = self.context.fetch.servers.pick(keys, where=where)
+        ahead = None
+        if self._backlog is not None:
+            self._backlog.issue(where)
+            ahead = self._backlog.ahead(more=self.then is not None)
+        member = self.context.fetch.servers.pick(keys, where=where, ahead=ahead)
         # Each server's link serves its chunks in order: this one's stream is read after
         # the last one issued to the same server.
         previous = _last_on(member, self.flows) or _last_on(member, self.before)

@@ -20,7 +20,7 @@ from hapi.client.servers.source import Server
 from hapi.errors import InvalidRequest
 from hapi.wire import MAX_LOCATE_KEYS
 
-__all__ = ["NO_HOME", "Placement"]
+__all__ = ["NO_HOME", "Backlog", "Placement"]
 
 log = logging.getLogger("hapi.client")
 
@@ -73,6 +73,37 @@ class Placement:
         if total <= 0:
             return [0.0] * self.local.shape[1]
         return [float(x) / total for x in self.local[indices].sum(axis=0)]
+
+
+class Backlog:
+    """The samples each server is home to in an epoch's chunks not yet issued: the work
+    ahead of it, which `Servers.pick` weighs before it sends a chunk away from home.
+
+    Args:
+        homes: each manifest key's home (`Placement.homes`).
+        order: the epoch's manifest places, in order.
+        servers: how many servers there are.
+    """
+
+    def __init__(self, homes: np.ndarray, order: np.ndarray, servers: int) -> None:
+        self.homes, self.servers = homes, servers
+        self.epoch = self._count(order)
+        """Per server, its keys in the whole epoch."""
+        self.rest = self.epoch.copy()
+        """Per server, its keys in the chunks not yet issued."""
+
+    def issue(self, where: np.ndarray) -> None:
+        """A chunk of the manifest places `where` is issued."""
+        self.rest -= self._count(where)
+
+    def ahead(self, *, more: bool) -> np.ndarray:
+        """Per server, the samples it is home to from now on; `more`: another epoch
+        follows, whose chunks are issued as this one's end (its keys count too)."""
+        return self.rest + self.epoch if more else self.rest
+
+    def _count(self, where: np.ndarray) -> np.ndarray:
+        homes = self.homes[where]
+        return np.bincount(homes[homes != NO_HOME], minlength=self.servers)
 
 
 def _locate_all(server: Server, keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray] | None:

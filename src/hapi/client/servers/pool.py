@@ -35,10 +35,10 @@ REMOTE_PRIOR = 0.5
 its rate on its own, until it has read one. Measured after that, per server."""
 
 REMOTE_MARGIN = 2.0
-"""How much sooner a server must be expected to finish another node's chunk than the
-chunk's home server: such a read crosses the storage network - the cost pushdown exists
-to remove - and loads the home node's link and disks besides, which the reader's rate
-does not see. So where the links between nodes are fast and a node holds more than its
+"""How much longer another node's chunk is taken to keep a server than its rate on such
+chunks says: such a read crosses the storage network - the cost pushdown exists to
+remove - and loads the home node's link and disks besides, which the reader's rate does
+not see. So where the links between nodes are fast and a node holds more than its
 share, the others take its chunks; where those links bind, they take few
 (`benchmarks/locality.py`)."""
 
@@ -179,7 +179,12 @@ class Servers:
             return self.placement
 
     def pick(
-        self, keys: Sequence[str], *, avoid: Member | None = None, where: np.ndarray | None = None
+        self,
+        keys: Sequence[str],
+        *,
+        avoid: Member | None = None,
+        where: np.ndarray | None = None,
+        ahead: np.ndarray | None = None,
     ) -> Member:
         """The server for a chunk of `keys`, which are counted as in flight there.
 
@@ -188,6 +193,9 @@ class Servers:
             avoid: the server the chunk failed on; chosen again only if every other
                 server is set aside for longer.
             where: the chunk's places in the manifest, for `placement`.
+            ahead: per server, the samples it is home to in the chunks still to issue
+                (`Backlog.ahead`), with `placement`: a server that is idle now but has
+                as much of its own work ahead does not take the chunk from its home.
         """
         with self._lock:
             now = self._clock()
@@ -204,7 +212,7 @@ class Servers:
                 chosen = min(
                     up,
                     key=lambda m: (
-                        self._finish_s(m, keys, default, local[m.index]),
+                        self._finish_s(m, keys, default, local[m.index], ahead),
                         -local[m.index],
                     ),
                 )
@@ -273,18 +281,32 @@ class Servers:
             return {m.index: shares[m.index] for m in up}
         return {m.index: m.local_share(keys) for m in up}
 
-    def _finish_s(self, member: Member, keys: Sequence[str], default: float, local: float) -> float:
-        """When `member` would finish a chunk of `keys`, `local` of them local to it: with
-        a placement, its work in flight and then the chunk at its rate on chunks like it
-        (its own node's, or others'); else sooner by `LOCAL_GAIN` for the local share of
-        a `--local-prefix`."""
+    def _finish_s(
+        self,
+        member: Member,
+        keys: Sequence[str],
+        default: float,
+        local: float,
+        ahead: np.ndarray | None,
+    ) -> float:
+        """When `member` would finish a chunk of `keys`, `local` of them local to it.
+
+        With a placement: its work in flight and its own work `ahead`, then the chunk at
+        its rate on chunks like it (its own node's, or others' with `REMOTE_MARGIN`).
+        So a chunk leaves its home only when the home has more work before it than the
+        other server has - more than its share of the bytes, or a slow server - not when
+        the other happens to be idle a moment. Without one: sooner by `LOCAL_GAIN` for
+        the local share of a `--local-prefix`."""
         rate = member.rate if member.rate is not None else default
         if self.placement is None:
             return (member.inflight + len(keys)) / rate * (1.0 - LOCAL_GAIN * local)
+        queued = member.inflight
+        if ahead is not None:
+            queued += int(ahead[member.index])
         if local >= 0.5:
-            return (member.inflight + len(keys)) / rate
+            return (queued + len(keys)) / rate
         remote = member.remote_rate if member.remote_rate is not None else rate * REMOTE_PRIOR
-        return REMOTE_MARGIN * (member.inflight / rate + len(keys) / remote)
+        return queued / rate + REMOTE_MARGIN * len(keys) / remote
 
     def __enter__(self) -> Servers:
         with contextlib.ExitStack() as stack:
