@@ -225,10 +225,10 @@ def _spread_volumes(net: ClusterNet, replication: str, per_node: int = 2) -> Non
     29%, 38% and 34%. A balanced epoch then reads a fifth, or a twentieth, of its bytes
     on other nodes whatever the routing: the benchmark measured SeaweedFS's draw."""
     master = f"http://{net.storage_ips[0]}:{PORTS['master']}"
-    for ip in net.storage_ips:
+    for i, ip in enumerate(net.storage_ips):
         query = urllib.parse.urlencode({
             "count": per_node, "collection": BUCKET, "replication": replication,
-            "dataNode": f"{ip}:{PORTS['volume']}",
+            "rack": _rack(i), "dataNode": f"{ip}:{PORTS['volume']}",
         })  # fmt: skip
         with urllib.request.urlopen(f"{master}/vol/grow?{query}", timeout=60):
             pass
