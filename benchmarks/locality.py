@@ -13,9 +13,12 @@ options differ in the trainer alone:
   measured rate, as with servers that cannot say;
 - `located`: the trainer asks, groups each epoch by home and sends each chunk home.
 
-The hapi servers and every SeaweedFS process share core 1, one torch thread each; the
-trainer runs on core 0. ResNet-18 frozen to `layer4`, 64 px, fresh augmentation each epoch
-(so every epoch reads every object), ~90 KB photo-like JPEGs.
+The hapi servers and every SeaweedFS process share core 1, one torch thread each, each
+hapi server held to a share of it (`--server-cpu`, a CPU cgroup of its own: sharing the
+core freely, one ran faster while the others waited, and the router took their chunks
+away from home for a slowness no machine of its own has); the trainer runs on core 0.
+ResNet-18 frozen to `layer4`, 64 px, fresh augmentation each epoch (so every epoch reads
+every object), ~90 KB photo-like JPEGs.
 
     python benchmarks/locality.py                # writes benchmarks/out/locality.{json,png}
     python benchmarks/locality.py --results      # ... and its section of benchmarks/RESULTS.md
@@ -46,6 +49,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from _cluster_net import ClusterNet
+from _cpu_cap import CpuCap
 from _host import end, machine, serving, taskset
 from _results import write_section
 
@@ -74,6 +78,12 @@ def main() -> None:
     parser.add_argument("--scale-images", type=int, default=600)
     parser.add_argument("--scale-epochs", type=int, default=3)
     parser.add_argument("--scale-cut", default="layer1", help="the cut, scaling")
+    parser.add_argument(
+        "--server-cpu",
+        type=float,
+        default=0.3,
+        help="each hapi server's share of core 1, a CPU cgroup (0: none)",
+    )
     parser.add_argument("--kill-after-s", type=float, default=6.0, help="into the killed run")
     parser.add_argument("--parts", default="compare,scale,kill", help="what to run")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # internal: the trainer's job
@@ -335,6 +345,7 @@ def _run(
     """One job over servers just started (nothing loaded, nothing cached)."""
     procs = []
     log_files = [open(logs / f"serve{i}.log", "ab") for i in range(len(net.nodes))]  # noqa: SIM115
+    caps = ExitStack()
     try:
         for i, (ip, front) in enumerate(zip(net.storage_ips, net.front_ips, strict=True)):
             env = {**os.environ, "AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET,
@@ -346,8 +357,11 @@ def _run(
                    "--beside", f"http://{ip}:{PORTS['volume']}",
                    "--filer", f"http://{ip}:{PORTS['filer']}"]  # fmt: skip
             quiet = subprocess.DEVNULL
+            join = caps.enter_context(CpuCap(args.server_cpu)).preexec if args.server_cpu else None
             procs.append(
-                subprocess.Popen(net.node_cmd(i, cmd), env=env, stdout=quiet, stderr=quiet)
+                subprocess.Popen(
+                    net.node_cmd(i, cmd), env=env, stdout=quiet, stderr=quiet, preexec_fn=join
+                )
             )
         addresses = [f"grpc://{front}:{PORTS['hapi']}" for front in net.front_ips]
         for i, (proc, address) in enumerate(zip(procs, addresses, strict=True)):
@@ -368,6 +382,7 @@ def _run(
     finally:
         for proc in procs:
             end(proc)
+        caps.close()
         for file in log_files:
             file.close()
 
@@ -438,7 +453,9 @@ def _section(out: dict[str, Any]) -> str:
         "## Locality: chunks read beside their bytes on a storage cluster",
         "",
         f"{NODES} SeaweedFS storage nodes in their own network namespaces (volume server, "
-        f"filer + S3 gateway, `hapi serve --beside --filer` each; all on core 1), the trainer "
+        f"filer + S3 gateway, `hapi serve --beside --filer` each; all on core 1, each hapi "
+        f"server held to {args.get('server_cpu', '0')} of it by a CPU cgroup of its own, so "
+        f"that it keeps its pace as a machine of its own does), the trainer "
         f"in a fourth (core 0); links between nodes shaped at each rate below, "
         f"{args['trainer']} to the trainer. ResNet-18 to `layer4` at 64 px, fresh "
         f"augmentation, {args['images']} photo-like JPEGs of {out['object_bytes'] / 1e3:.0f} KB, "

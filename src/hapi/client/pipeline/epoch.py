@@ -158,7 +158,9 @@ class EpochRun:
                 chunks.order[chunks.bounds[0] : chunks.bounds[-1]],
                 len(fetch.servers),
             )
-            if placement is not None and isinstance(chunks, Chunks)
+            if placement is not None
+            and isinstance(chunks, Chunks)
+            and len(placement.homes) == len(chunks.manifest)
             else None
         )
         """Each server's own keys in the chunks not yet issued, where keys have homes."""
