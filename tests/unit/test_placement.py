@@ -80,6 +80,20 @@ def test_home_order_spreads_each_homes_chunks_so_every_server_has_work_at_once()
             assert max(np.diff([-1, *at, len(firsts)])) <= 2 * servers
 
 
+def test_home_order_ends_every_homes_chunks_together() -> None:
+    # Whichever home has the most chunks, each home's last comes in the epoch's last few:
+    # no server runs out of its own while another has several left.
+    servers, block = 3, 10
+    homes = np.array([0] * 200 + [1] * 150 + [2] * 120)
+    for epoch in range(5):
+        shuffled = np.random.default_rng(epoch).permutation(len(homes))
+        order = home_order(shuffled, homes, block=block, seed=0, epoch=epoch)
+        firsts = [int(homes[order[i]]) for i in range(0, len(order), block)]
+        whole = firsts[: len(homes) // block]
+        last = [max(j for j, h in enumerate(whole) if h == home) for home in range(servers)]
+        assert min(last) >= len(whole) - servers
+
+
 def test_home_order_ends_with_chunks_mostly_of_one_home() -> None:
     # 19, 15 and 12 keys: whole chunks of 10 leave 9, 5 and 2, largest first at the end.
     homes = np.array([0] * 19 + [1] * 15 + [2] * 12)

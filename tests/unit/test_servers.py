@@ -70,12 +70,30 @@ def test_a_rate_is_samples_over_the_time_between_finishes_while_busy() -> None:
     servers.finished(member, 8, 8, measured=True)
     clock.now += 0.001  # the next chunk had arrived meanwhile: finished at once
     servers.finished(member, 8, 8, measured=True)
-    assert member.rate == pytest.approx((0.7 * 8 + 8) / (0.7 * 2.0 + 0.001))
+    assert member.rate == pytest.approx((0.85 * 8 + 8) / (0.85 * 2.0 + 0.001))
     clock.now += 50.0  # idle: no work in flight, so this time does not count
     servers.pick(_keys(1))
     clock.now += 1.0
     servers.finished(member, 8, 8, measured=True)
-    assert member.rate == pytest.approx((0.49 * 8 + 0.7 * 8 + 8) / (0.49 * 2 + 0.0007 + 1.0))
+    d = 0.85
+    assert member.rate == pytest.approx((d * d * 8 + d * 8 + 8) / (d * d * 2 + d * 0.001 + 1.0))
+
+
+def test_a_rate_needs_a_second_of_work() -> None:
+    # Streams are read in order: a chunk made while the one before was read finishes
+    # right after it. That gap alone is no rate (it made a server seem 30x as fast).
+    clock = _Clock()
+    servers = _servers(1, clock)
+    (member,) = servers.members
+    for gap in (5.0, 0.005):
+        servers.pick(_keys(0))
+        clock.now += gap
+        servers.finished(member, 8, 8, measured=True)
+    assert member.rate is None
+    servers.pick(_keys(0))
+    clock.now += 1.0
+    servers.finished(member, 8, 8, measured=True)
+    assert member.rate == pytest.approx((0.85 * 8 + 8) / (0.85 * 0.005 + 1.0))
 
 
 def test_a_server_without_a_rate_yet_gets_chunks_as_the_others_average() -> None:

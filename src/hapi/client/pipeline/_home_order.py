@@ -3,11 +3,11 @@ one server (`hapi.client.servers.placement`), as WebDataset shuffles within shar
 
 The permutation is made first, as without placement. Each window of it (a few dozen
 chunks) is then split by home - each home's keys keep their shuffled order - into whole
-chunks, and each home's chunks are spread evenly over the window (from a random offset),
-so every server has work in any few chunks in flight. A home's keys short of a whole
-chunk wait for the next window; what is left at the epoch's end makes its last chunks,
-the only ones that mix homes. Every chunk but the last is whole, so chunk boundaries stay
-at multiples of the chunk size.
+chunks, and each home's chunks are spread evenly over the window, every home's last at
+its end, so every server has work in any few chunks in flight until the window ends. A
+home's keys short of a whole chunk wait for the next window; what is left at the epoch's
+end makes its last chunks, the only ones that mix homes. Every chunk but the last is
+whole, so chunk boundaries stay at multiples of the chunk size.
 """
 
 from __future__ import annotations
@@ -49,12 +49,18 @@ def home_order(
             whole = len(mine) - len(mine) % block
             if whole:
                 blocks += np.split(mine[:whole], whole // block)
-                # Its k-th of n chunks at (k + offset) / n of the window: evenly spread.
+                # Its k-th of n chunks at (k + 1) / n of the window: evenly spread, and
+                # every home's last at the window's end, so that no server runs out of
+                # its own chunks while another has a few left (at an epoch's end, they
+                # were taken away from home).
                 n = whole // block
-                at.append((np.arange(n) + rng.random()) / n)
+                at.append((np.arange(n) + 1) / n)
             carried[home] = mine[whole:]
         if blocks:
-            out += [blocks[i] for i in np.argsort(np.concatenate(at), kind="stable")]
+            # Ties (homes with as many chunks) in a random order.
+            shuffled = rng.permutation(len(blocks))
+            ranks = shuffled[np.argsort(np.concatenate(at)[shuffled], kind="stable")]
+            out += [blocks[i] for i in ranks]
     # The epoch's end: the homes' remainders, largest first, so that each of these
     # chunks is mostly one home's; the one short chunk last.
     rest = sorted(carried.values(), key=len, reverse=True)

@@ -48,8 +48,15 @@ MAX_COOLDOWN_S = 8.0
 log = logging.getLogger("hapi.client")
 
 _FIRST_COOLDOWN_S = 0.5
-_DECAY = 0.7
-"""Weight of the past in a server's rate, at each chunk it finishes."""
+_DECAY = 0.85
+"""Weight of the past in a server's rate, at each chunk it finishes: about the last 7
+chunks count. A server's streams are read in order, so chunks it made while the one
+before was read finish in bursts, a few ms apart; at 0.7 (3 chunks) servers held to
+the same share of a core measured 36 to 90 samples/s, and the fast-seeming ones took
+the others' chunks away from home (`benchmarks/locality.py`)."""
+_MIN_RATE_S = 1.0
+"""Busy seconds a rate needs (decayed) before it counts, for the same reason: a first
+gap of 5 ms made a server seem 1,700 samples/s against its 50."""
 
 
 class _Rate:
@@ -62,7 +69,7 @@ class _Rate:
     def add(self, samples: int, seconds: float) -> None:
         self.samples = _DECAY * self.samples + samples
         self.seconds = _DECAY * self.seconds + max(0.0, seconds)
-        if self.seconds > 0:
+        if self.seconds >= _MIN_RATE_S:
             self.value = self.samples / self.seconds
 
 
@@ -216,9 +223,36 @@ class Servers:
                         -local[m.index],
                     ),
                 )
+                if self.placement is not None and local[chosen.index] < 0.5:
+                    self._log_away(chosen, keys, default, local, ahead)
             chosen._busy(now)
             chosen.inflight += len(keys)
             return chosen
+
+    def _log_away(
+        self,
+        chosen: Member,
+        keys: Sequence[str],
+        default: float,
+        local: dict[int, float],
+        ahead: np.ndarray | None,
+    ) -> None:
+        """Say why a chunk went to a server its bytes do not lie beside (debug)."""
+        if not log.isEnabledFor(logging.DEBUG):
+            return
+        log.debug(
+            "a chunk of %d keys to server %d, away from its bytes: %s",
+            len(keys),
+            chosen.index,
+            "; ".join(
+                f"{m.index}: local {local[m.index]:.2f} in flight {m.inflight} ahead "
+                f"{int(ahead[m.index]) if ahead is not None else '-'} rate "
+                f"{m.rate or default:.1f} remote {m.remote_rate or 0:.1f} finish "
+                f"{self._finish_s(m, keys, default, local[m.index], ahead):.2f} s"
+                for m in self.members
+                if m.index in local
+            ),
+        )
 
     def usable(self, member: Member) -> bool:
         """Whether `member` is not set aside now."""
