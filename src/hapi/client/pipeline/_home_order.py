@@ -1,13 +1,11 @@
 """`home_order`: an epoch's shuffled order regrouped so that each chunk's keys lie beside
 one server (`hapi.client.servers.placement`), as WebDataset shuffles within shards.
 
-The permutation is made first, as without placement. Each window of it (a few dozen
-chunks) is then split by home - each home's keys keep their shuffled order - into whole
-chunks, and each home's chunks are spread evenly over the window, every home's last at
-its end, so every server has work in any few chunks in flight until the window ends. A
-home's keys short of a whole chunk wait for the next window; what is left at the epoch's
-end makes its last chunks, the only ones that mix homes. Every chunk but the last is
-whole, so chunk boundaries stay at multiples of the chunk size.
+Each window of the permutation (a few dozen chunks) is split by home into whole chunks,
+each home's keys in their shuffled order; each home's chunks are spread evenly over the
+window, every home's last at its end, so every server has work until the window ends.
+A home's keys short of a whole chunk wait for the next window; the epoch's last chunks
+mix homes. Every chunk but the last is whole: boundaries stay at multiples of the size.
 """
 
 from __future__ import annotations

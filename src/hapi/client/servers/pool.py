@@ -35,8 +35,8 @@ REMOTE_PRIOR = 0.5
 its rate on its own, until it has read one. Measured after that, per server."""
 
 REMOTE_MARGIN = 2.0
-"""How much longer another node's chunk is taken to keep a server than its rate on such
-chunks says: such a read crosses the storage network - the cost pushdown exists to
+"""How many times the time its rate says another node's chunk is counted to keep a
+server: such a read crosses the storage network - the cost pushdown exists to
 remove - and loads the home node's link and disks besides, which the reader's rate does
 not see. So where the links between nodes are fast and a node holds more than its
 share, the others take its chunks; where those links bind, they take few
