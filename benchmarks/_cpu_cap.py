@@ -9,12 +9,14 @@ capped at a fixed share (`cpu.cfs_quota_us`, cgroup v1's `cpu` controller, or v2
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
-import time
+import sys
 from pathlib import Path
 from types import TracebackType
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.memory_cgroup import remove_cgroup  # the tests remove their groups alike
 
 __all__ = ["CpuCap"]
 
@@ -54,19 +56,7 @@ class CpuCap:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        """Move what is left in the group to the top, then remove the group."""
-        with contextlib.suppress(OSError):
-            for pid in (self.path / "cgroup.procs").read_text().split():
-                with contextlib.suppress(OSError):
-                    (self.top / "cgroup.procs").write_text(pid)
-        for _ in range(100):
-            try:
-                self.path.rmdir()
-                return
-            except FileNotFoundError:
-                return
-            except OSError:
-                time.sleep(0.1)
+        remove_cgroup(self.path, self.top)
 
     def preexec(self) -> None:
         """Join the group: `subprocess.Popen(..., preexec_fn=cap.preexec)`."""

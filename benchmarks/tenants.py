@@ -45,6 +45,9 @@ from _results import write_section  # benchmarks/, the script's own directory
 from _tenants_jobs import _cores, _job, _job_spec, _run_jobs
 from _tenants_report import MiB, _jain, _median_row, _plot, _table
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.memory_cgroup import remove_cgroup  # the tests remove their groups alike
+
 HERE = Path(__file__).resolve().parent
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
 
@@ -121,16 +124,7 @@ def _cgroup(limit: int | None) -> Iterator[Path]:
             (path / "memory.limit_in_bytes").write_text(str(limit))
         yield path
     finally:
-        # Move what is left (nothing, normally) to the parent, then remove the group.
-        with contextlib.suppress(OSError):
-            for pid in (path / "cgroup.procs").read_text().split():
-                (CGROUP_ROOT / "cgroup.procs").write_text(pid)
-        for _ in range(50):
-            try:
-                path.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
+        remove_cgroup(path, CGROUP_ROOT)
 
 
 class _Server:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["CgroupUnavailable", "MemoryCgroup"]
+__all__ = ["CgroupUnavailable", "MemoryCgroup", "remove_cgroup"]
 
 V1 = Path("/sys/fs/cgroup/memory")
 V2 = Path("/sys/fs/cgroup")
@@ -111,22 +111,28 @@ class MemoryCgroup:
         return 0
 
     def remove(self) -> None:
-        """Move what is left in the group to the top, then remove it (a group with
-        processes, or one the kernel is still freeing, cannot be removed at once)."""
-        if not self.path.exists():
+        """Remove the group (`remove_cgroup`)."""
+        remove_cgroup(self.path, self.top)
+
+
+def remove_cgroup(path: Path, top: Path) -> None:
+    """Move what is left in the group at `path` to the top of its hierarchy, `top`, then
+    remove it (a group with processes, or one the kernel is still freeing, cannot be
+    removed at once). Any controller's group: `benchmarks/_cpu_cap.py` uses it too."""
+    if not path.exists():
+        return
+    for pid in _read(path / "cgroup.procs").split():
+        with contextlib.suppress(OSError):
+            (top / "cgroup.procs").write_text(pid)
+    for _ in range(100):
+        try:
+            path.rmdir()
             return
-        for pid in self.pids():
-            with contextlib.suppress(OSError):
-                (self.top / "cgroup.procs").write_text(str(pid))
-        for _ in range(100):
-            try:
-                self.path.rmdir()
-                return
-            except FileNotFoundError:
-                return
-            except OSError:
-                time.sleep(0.1)
-        self.path.rmdir()
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.1)
+    path.rmdir()
 
 
 def _read(path: Path) -> str:
